@@ -1,0 +1,1 @@
+"""Flax NNX ports of Qwen-family decoders (issue 3)."""

@@ -1,0 +1,1 @@
+"""Verifiers: sandboxed code execution, math answers, synthetic tasks (issue 5)."""

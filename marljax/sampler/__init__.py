@@ -1,0 +1,1 @@
+"""Prefill + decode generation with a KV cache (issue 4)."""

@@ -1,0 +1,1 @@
+"""Multi-agent interaction patterns (issue 7)."""
