@@ -1,0 +1,182 @@
+"""Group-relative normalisation: the statistic every GRPO-family estimator shares.
+
+Two layouts give the same numbers:
+
+* ragged: flat ``rewards [N]`` with ``group_ids [N]`` in ``[0, num_groups)``,
+  computed with segment sums so shapes stay static under ``jit``;
+* dense: ``rewards [..., G]`` with a mask, one group per trailing row
+  (``normalize_group`` is the unbatched kernel, ``dense_group_advantages``
+  ``vmap``s it over agent x turn).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import chex
+import jax
+import jax.numpy as jnp
+
+from marljax.kernels import _checks
+
+CENTERS = ("mean", "loo", "none")
+SCALES = ("std", "none")
+
+
+def _check_options(center: str, scale: str, eps: float, ddof: int) -> None:
+    _checks.choice(center, "center", CENTERS)
+    _checks.choice(scale, "scale", SCALES)
+    _checks.static_float(eps, "eps", minimum=0.0)
+    _checks.static_int(ddof, "ddof", minimum=0)
+
+
+def _finish(rewards, mask, count, total, sq_dev, center, scale, eps, ddof):
+    """Turns per-element group statistics into advantages (shared by both layouts).
+
+    ``count``, ``total`` and ``sq_dev`` are the valid-member count, sum of
+    rewards and sum of squared deviations from the mean of each element's own
+    group, already broadcast to the elements.
+    """
+    mean = total / jnp.maximum(count, 1)
+    if center == "mean":
+        centred = rewards - mean
+    elif center == "loo":
+        # Leave-one-out baseline: mean of the *other* valid members.
+        centred = rewards - (total - rewards) / jnp.maximum(count - 1, 1)
+    else:
+        centred = rewards
+    if scale == "std":
+        std = jnp.sqrt(sq_dev / jnp.maximum(count - ddof, 1))
+        centred = centred / (std + eps)
+    identity = center == "none" and scale == "none"
+    informative = mask if identity else mask & (count > 1)
+    return jnp.where(informative, centred, 0.0)
+
+
+def group_advantages(
+    rewards: chex.Array,
+    group_ids: chex.Array,
+    num_groups: int,
+    mask: chex.Array | None = None,
+    *,
+    center: str = "mean",
+    scale: str = "std",
+    eps: float = 1e-6,
+    ddof: int = 1,
+) -> jax.Array:
+    """Group-relative advantages over ragged groups.
+
+    ``A_i = (r_i - b_i) / (s_g + eps)`` for sample ``i`` in group ``g``, where
+    the baseline ``b_i`` is the group mean (``center="mean"``, GRPO: Shao et
+    al. 2024, arXiv 2402.03300), the mean of the other members
+    (``center="loo"``, RLOO: Ahmadian et al. 2024, arXiv 2402.14740) or 0
+    (``"none"``), and ``s_g`` is the group's standard deviation with ``ddof``
+    (``scale="std"``) or 1 with ``eps`` dropped (``scale="none"``, Dr.GRPO:
+    Liu et al. 2025, arXiv 2503.20783).
+
+    Conventions:
+      * masked entries get 0 and enter no statistic (even if they hold NaN);
+      * a group with fewer than two valid members carries no comparison and
+        gets 0 (except the identity ``center="none", scale="none"``, which
+        returns the masked rewards unchanged);
+      * a NaN reward makes its own group's advantages NaN and leaves every
+        other group exact; pass ``mask=~jnp.isnan(rewards)`` to drop such
+        samples instead;
+      * ``group_ids`` outside ``[0, num_groups)``: a ``ValueError`` when the
+        ids are concrete; under ``jit`` those samples get NaN and no group is
+        affected.
+
+    Args:
+      rewards: ``[N]`` float rewards.
+      group_ids: ``[N]`` int group of each sample.
+      num_groups: static number of groups.
+      mask: optional ``[N]`` bool, True for valid samples.
+      center, scale, eps, ddof: static options, see above.
+
+    Returns:
+      ``[N]`` advantages, dtype of ``rewards``.
+    """
+    _checks.rank(rewards, 1, "rewards")
+    _checks.floating(rewards, "rewards")
+    _checks.integer(group_ids, "group_ids")
+    _checks.same_shape(rewards, group_ids, "rewards", "group_ids")
+    num_groups = _checks.static_int(num_groups, "num_groups")
+    mask = _checks.mask_or_ones(mask, rewards, "mask", "rewards")
+    _check_options(center, scale, eps, ddof)
+    _checks.ids_in_range(group_ids, num_groups, "group_ids")
+    return _ragged(rewards, group_ids, num_groups, mask, center, scale, eps, ddof)
+
+
+@functools.partial(jax.jit, static_argnums=(2, 4, 5, 6, 7))
+def _ragged(rewards, group_ids, num_groups, mask, center, scale, eps, ddof):
+    in_range = (group_ids >= 0) & (group_ids < num_groups)
+    # Out-of-range ids go to an overflow segment that is never read back.
+    segment = jnp.where(in_range, group_ids, num_groups)
+    valid = mask & in_range
+    values = jnp.where(valid, rewards, 0.0)
+
+    def per_group_sum(x):
+        sums = jax.ops.segment_sum(x, segment, num_segments=num_groups + 1)
+        return sums[segment]
+
+    count = per_group_sum(valid.astype(rewards.dtype))
+    total = per_group_sum(values)
+    mean = total / jnp.maximum(count, 1)
+    sq_dev = per_group_sum(jnp.where(valid, (rewards - mean) ** 2, 0.0))
+    adv = _finish(rewards, valid, count, total, sq_dev, center, scale, eps, ddof)
+    return jnp.where(mask & ~in_range, jnp.nan, adv).astype(rewards.dtype)
+
+
+def normalize_group(
+    rewards: chex.Array,
+    mask: chex.Array | None = None,
+    *,
+    center: str = "mean",
+    scale: str = "std",
+    eps: float = 1e-6,
+    ddof: int = 1,
+) -> jax.Array:
+    """Unbatched kernel: advantages of one group, ``[G] -> [G]``.
+
+    Same formula and conventions as :func:`group_advantages` with every
+    sample in one group; ``vmap`` it over any leading axes.
+    """
+    _checks.rank(rewards, 1, "rewards")
+    _checks.floating(rewards, "rewards")
+    mask = _checks.mask_or_ones(mask, rewards, "mask", "rewards")
+    _check_options(center, scale, eps, ddof)
+    values = jnp.where(mask, rewards, 0.0)
+    count = jnp.sum(mask).astype(rewards.dtype)
+    total = jnp.sum(values)
+    mean = total / jnp.maximum(count, 1)
+    sq_dev = jnp.sum(jnp.where(mask, (rewards - mean) ** 2, 0.0))
+    adv = _finish(rewards, mask, count, total, sq_dev, center, scale, eps, ddof)
+    return adv.astype(rewards.dtype)
+
+
+def dense_group_advantages(
+    rewards: chex.Array,
+    mask: chex.Array | None = None,
+    *,
+    center: str = "mean",
+    scale: str = "std",
+    eps: float = 1e-6,
+    ddof: int = 1,
+) -> jax.Array:
+    """Dense layout: ``rewards [A, T, G]`` (agents x turns x group), one group per ``[a, t]``.
+
+    ``normalize_group`` ``vmap``ped over agent and turn; equal to
+    :func:`group_advantages` with ``group_ids = a * T + t``. Any number of
+    leading axes is accepted (e.g. ``[P, A, T, G]`` with problems first).
+
+    Returns:
+      advantages with the shape of ``rewards``.
+    """
+    _checks.floating(rewards, "rewards")
+    if jnp.ndim(rewards) < 1:
+        raise ValueError("argument `rewards` must have at least one axis (the group axis)")
+    mask = _checks.mask_or_ones(mask, rewards, "mask", "rewards")
+    kernel = functools.partial(normalize_group, center=center, scale=scale, eps=eps, ddof=ddof)
+    for _ in range(jnp.ndim(rewards) - 1):
+        kernel = jax.vmap(kernel)
+    return kernel(rewards, mask)
