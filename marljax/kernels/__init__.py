@@ -17,6 +17,18 @@ from marljax.kernels.advantages import (
     rloo_advantages,
 )
 from marljax.kernels.groups import dense_group_advantages, group_advantages, normalize_group
+from marljax.kernels.losses import (
+    AGG_MODES,
+    LOSS_TYPES,
+    aggregate_loss,
+    entropy_from_logits,
+    kl_penalty,
+    logprobs_from_logits,
+    overlong_penalty,
+    policy_loss,
+    policy_loss_per_token,
+    tis_weights,
+)
 from marljax.kernels.magrpo import magrpo_advantages, magrpo_node_advantages, tree_returns
 from marljax.kernels.shapley import (
     coalition_index,
@@ -28,6 +40,16 @@ from marljax.kernels.shapley import (
 )
 
 __all__ = [
+    "AGG_MODES",
+    "LOSS_TYPES",
+    "aggregate_loss",
+    "entropy_from_logits",
+    "kl_penalty",
+    "logprobs_from_logits",
+    "overlong_penalty",
+    "policy_loss",
+    "policy_loss_per_token",
+    "tis_weights",
     "amplification_factor",
     "at_grpo_advantages",
     "at_grpo_group_ids",
