@@ -1,0 +1,121 @@
+"""Sandbox throughput: programs/s through the pool vs one subprocess at a time.
+
+    python benchmarks/bench_sandbox.py [--n 200] [--json PATH]   (JSON default: $TMPDIR/marljax_bench_sandbox.json)
+
+Workload: trivial HumanEval-style programs (a one-line function and a
+``check(candidate)`` with three asserts).  Prints a markdown table and writes
+JSON.  The per-program overhead is broken down by starting the same things
+bare: ``python -I -S -c pass`` (interpreter start-up), the isolation wrapper
+around it (``bwrap``/``unshare`` cost), and the full harness run (our protocol,
+rlimits, uid drop, temp dir, records, cleanup).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from marljax.rewards import AssertTest, Program, SandboxConfig, SandboxPool, detect_isolation, run_program  # noqa: E402
+from marljax.rewards.sandbox import _bwrap_argv, _unshare_argv  # noqa: E402
+
+CHECK = "def check(candidate):\n    assert candidate(1, 2) == 3\n    assert candidate(0, 0) == 0\n" \
+        "    assert candidate(-1, 1) == 0\n\ncheck(add)\n"
+
+
+def programs(n: int) -> list[Program]:
+    return [Program(f"def add(a, b):\n    # variant {k}\n    return a + b\n", (AssertTest(CHECK),)) for k in range(n)]
+
+
+def timed_runs(argv_fn, n: int) -> float:
+    """Median seconds of running a command n times (sequentially)."""
+    times = []
+    for _ in range(n):
+        t = time.perf_counter()
+        subprocess.run(argv_fn(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--n", type=int, default=200)
+    ap.add_argument("--workers", type=int, default=os.cpu_count())
+    ap.add_argument("--json", default=os.path.join(tempfile.gettempdir(), "marljax_bench_sandbox.json"))
+    args = ap.parse_args()
+    cfg = SandboxConfig()
+    iso = detect_isolation(cfg)
+    progs = programs(args.n)
+    run_program(progs[0])  # warm caches
+
+    # Naive baseline: one sandboxed subprocess at a time.
+    n_seq = max(20, args.n // 4)
+    t = time.perf_counter()
+    seq = [run_program(p) for p in progs[:n_seq]]
+    seq_s = time.perf_counter() - t
+    assert all(r.passed for r in seq)
+
+    t = time.perf_counter()
+    with SandboxPool(max_workers=args.workers) as pool:
+        res = pool.map(progs)
+    pool_s = time.perf_counter() - t
+    assert all(r.passed for r in res)
+
+    # Overhead breakdown (sequential medians).
+    k = 15
+    py = [cfg.python, "-I", "-S", "-c", "pass"]
+    bare = timed_runs(lambda: py, k)
+    wrapped = None
+    tmp = tempfile.mkdtemp(prefix="marljax-bench-")
+    payload = os.path.join(tmp, "p.json")
+    Path(payload).write_text("{}")
+    if iso.level == "bwrap":
+        argv = _bwrap_argv(cfg, tmp, payload, drop=False)
+        cut = argv.index("--") + 1
+        wrapped = timed_runs(lambda: argv[:cut] + py, k)
+    elif iso.level == "unshare":
+        wrapped = timed_runs(lambda: _unshare_argv(cfg, payload)[:-len(py) + 1] + py, k)
+    shutil.rmtree(tmp)
+    full = statistics.median([run_program(p).wall_s for p in progs[:k]])
+    startup = statistics.median([r.startup_s for r in seq])
+    tests = statistics.median([r.tests_s for r in seq])
+
+    out = {
+        "machine": f"{platform.node()} {platform.machine()} {os.cpu_count()} cpus, python {platform.python_version()}",
+        "date": time.strftime("%Y-%m-%d"), "isolation": iso.level, "workers": args.workers, "n": args.n,
+        "pool_programs_per_s": args.n / pool_s, "sequential_programs_per_s": n_seq / seq_s,
+        "speedup": (args.n / pool_s) / (n_seq / seq_s),
+        "overhead_ms": {"python_-I_-S_start": bare * 1e3,
+                        "isolation_wrapper_plus_python": None if wrapped is None else wrapped * 1e3,
+                        "full_run_program": full * 1e3, "child_startup_until_ready": startup * 1e3,
+                        "tests_themselves": tests * 1e3},
+    }
+    Path(args.json).write_text(json.dumps(out, indent=2))
+    o = out["overhead_ms"]
+    print(f"Sandbox benchmark - {out['machine']}, {out['date']}, isolation={iso.level}\n")
+    print("| measure | value |\n|---|---|")
+    print(f"| pool ({args.workers} workers), programs/s | {out['pool_programs_per_s']:.1f} |")
+    print(f"| one at a time, programs/s | {out['sequential_programs_per_s']:.1f} |")
+    print(f"| speed-up | {out['speedup']:.2f}x |")
+    print(f"| `python -I -S -c pass` | {o['python_-I_-S_start']:.1f} ms |")
+    if wrapped is not None:
+        print(f"| {iso.level} + python | {o['isolation_wrapper_plus_python']:.1f} ms |")
+    print(f"| full run_program (wall) | {o['full_run_program']:.1f} ms |")
+    print(f"| child start-up until ready (incl. harness imports, rlimits, uid drop) | "
+          f"{o['child_startup_until_ready']:.1f} ms |")
+    print(f"| the tests themselves | {o['tests_themselves']:.2f} ms |")
+    print(f"\nJSON written to {args.json}")
+
+
+if __name__ == "__main__":
+    main()

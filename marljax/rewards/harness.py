@@ -1,0 +1,492 @@
+"""Child-side driver for the code sandbox.  Runs as ``python -I -S harness.py``.
+
+This file is executed *inside* the sandboxed process, never imported by the
+parent (the parent only needs its path).  It must stay standard-library only
+and must not import marljax.
+
+Protocol (see ``sandbox.py`` for the parent side):
+
+1. The parent writes a JSON payload to ``./.payload.json`` in the fresh working
+   directory and passes the write end of a pipe (the *record channel*) as an
+   inherited fd.  The payload names that fd and a random nonce.
+2. The harness reads and unlinks the payload, optionally builds the filesystem
+   jail (``unshare`` level), applies rlimits, drops privileges, and only then
+   compiles and runs the untrusted program.
+3. For the load phase and for every test the harness writes one
+   ``<nonce> <json>\n`` record *after* the step actually ran.  The parent
+   trusts nothing else: a program that exits early (``sys.exit``,
+   ``os._exit``, a signal) leaves records missing, and missing records count
+   as failures.
+
+For stdin/stdout and call-based tests the harness only reports the *actual*
+output; expected outputs never enter the child and the parent compares.
+For assert-style tests (HumanEval ``check``, MBPP asserts) the expected values
+are part of the test code, so the verdict is computed here; see
+``sandbox.py``'s module docstring for the remaining trust boundary.
+"""
+
+import builtins
+import io
+import json
+import os
+import resource
+import signal
+import sys
+import time
+
+# ast, linecache and traceback are imported only on error paths: they cost
+# ~15 ms of start-up per program, which is most of the harness's own overhead.
+_SOURCES = {}
+
+_SOLUTION = "<solution>"
+_SETUP = "<setup>"
+_TEST = "<test>"
+
+
+class _TestTimeout(BaseException):
+    """Raised by the per-test alarm; BaseException so ``except Exception`` misses it."""
+
+
+class OutputLimitExceeded(Exception):
+    pass
+
+
+class _Capture(io.TextIOBase):
+    """A text stream with a byte cap; ``.buffer`` shares the same store."""
+
+    def __init__(self, cap):
+        self._data = bytearray()
+        self._cap = cap
+        self.overflow = False
+        self.buffer = _CaptureBytes(self)
+
+    def _add(self, b):
+        if len(self._data) + len(b) > self._cap:
+            room = max(0, self._cap - len(self._data))
+            self._data += b[:room]
+            self.overflow = True
+            raise OutputLimitExceeded("output exceeded %d bytes" % self._cap)
+        self._data += b
+
+    def write(self, s):
+        if not isinstance(s, str):
+            raise TypeError("write() argument must be str, not %s" % type(s).__name__)
+        self._add(s.encode("utf-8", "backslashreplace"))
+        return len(s)
+
+    def writable(self):
+        return True
+
+    def flush(self):
+        pass
+
+    def isatty(self):
+        return False
+
+    def getvalue(self):
+        return self._data.decode("utf-8", "replace")
+
+
+class _CaptureBytes(io.RawIOBase):
+    def __init__(self, owner):
+        self._owner = owner
+
+    def write(self, b):
+        self._owner._add(bytes(b))
+        return len(b)
+
+    def writable(self):
+        return True
+
+
+def _write_all(fd, data):
+    while data:
+        try:
+            n = os.write(fd, data)
+        except InterruptedError:
+            continue
+        data = data[n:]
+
+
+def _limit(text, n):
+    if text is None:
+        return None
+    text = str(text)
+    return text if len(text) <= n else text[: n // 2] + "\n...[truncated]...\n" + text[-n // 2:]
+
+
+def _safe_repr(value, n):
+    try:
+        return _limit(repr(value), n)
+    except BaseException as exc:  # noqa: BLE001 - a hostile __repr__
+        return "<unrepresentable %s: %s>" % (type(value).__name__, type(exc).__name__)
+
+
+def _format_tb(exc, n_chars):
+    """Traceback restricted to frames of the untrusted code and the tests."""
+    import linecache
+    import traceback
+
+    for name, src in _SOURCES.items():
+        linecache.cache[name] = (len(src), None, src.splitlines(True), name)
+    frames = [f for f in traceback.extract_tb(exc.__traceback__)
+              if f.filename in (_SOLUTION, _SETUP, _TEST)]
+    lines = ["Traceback (most recent call last):\n"]
+    lines += traceback.format_list(frames[-8:])
+    lines += traceback.format_exception_only(type(exc), exc)
+    return _limit("".join(lines), n_chars)
+
+
+# ---------------------------------------------------------------- jail setup
+_MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_NOEXEC = 1, 2, 4, 8
+_MS_BIND, _MS_MOVE, _MS_REC = 4096, 8192, 16384
+
+
+def _libc():
+    import ctypes
+    return ctypes, ctypes.CDLL(None, use_errno=True)
+
+
+def _mount(libc_pair, src, target, fstype, flags, data=None):
+    ctypes, libc = libc_pair
+    enc = lambda s: None if s is None else os.fsencode(s)  # noqa: E731
+    if libc.mount(enc(src), enc(target), enc(fstype), ctypes.c_ulong(flags), enc(data)) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, "mount %s on %s: %s" % (src, target, os.strerror(err)))
+
+
+def _build_jail(jail, workdir):
+    """``unshare`` level: runs as root in fresh mount+pid+net namespaces.
+
+    * a fresh /proc for the new pid namespace (host processes invisible);
+    * the working directory bind-mounted on /tmp and /var/tmp, small tmpfs on
+      /dev/shm and /run/lock (world-writable places no longer reach the host);
+    * directories the dropped uid cannot traverse (e.g. a python under /root)
+      covered by a tmpfs that only re-exposes the interpreter's prefix.
+    """
+    lc = _libc()
+    _mount(lc, "proc", "/proc", "proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC)
+    stage = None
+    exposes = [p for p in jail.get("expose", []) if os.path.isdir(p)]
+    covers = jail.get("cover", [])
+    if exposes and covers:
+        stage = "/dev/shm"
+        _mount(lc, "tmpfs", stage, "tmpfs", _MS_NOSUID | _MS_NODEV, "mode=0700,size=64k")
+        staged = []
+        for k, p in enumerate(exposes):
+            s = os.path.join(stage, str(k))
+            os.mkdir(s)
+            _mount(lc, p, s, None, _MS_BIND | _MS_REC)
+            staged.append((s, p))
+        for c in covers:
+            _mount(lc, "tmpfs", c, "tmpfs", _MS_NOSUID | _MS_NODEV, "mode=0755,size=64k")
+        for s, p in staged:
+            os.makedirs(p, mode=0o755, exist_ok=True)
+            _mount(lc, s, p, None, _MS_MOVE)
+    for d in ("/var/tmp", "/tmp"):  # /tmp last: it hides the workdir path
+        if os.path.isdir(d) and not os.path.islink(d):
+            _mount(lc, workdir, d, None, _MS_BIND)
+    for d in ("/dev/shm", "/run/lock"):
+        if os.path.isdir(d) and not os.path.islink(d):
+            _mount(lc, "tmpfs", d, "tmpfs", _MS_NOSUID | _MS_NODEV, "mode=1777,size=1m")
+    os.chdir("/tmp")
+
+
+def _drop_privileges(uid, gid):
+    os.setgroups([])
+    os.setresgid(gid, gid, gid)
+    os.setresuid(uid, uid, uid)
+
+
+def _prctl_guard(pdeathsig):
+    try:
+        ctypes, libc = _libc()
+    except Exception:  # noqa: BLE001 - ctypes missing: best effort
+        return
+    libc.prctl(38, 1, 0, 0, 0)  # PR_SET_NO_NEW_PRIVS
+    if pdeathsig:
+        libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+
+
+def _apply_limits(lim):
+    def setl(res, value):
+        if value is None:
+            return
+        soft, hard = resource.getrlimit(res)
+        value = int(value)
+        if hard != resource.RLIM_INFINITY:
+            value = min(value, hard)
+        try:
+            resource.setrlimit(res, (value, value if res != resource.RLIMIT_CPU else value + 1))
+        except (ValueError, OSError):
+            resource.setrlimit(res, (value, hard))
+
+    setl(resource.RLIMIT_CPU, lim.get("cpu_s"))
+    setl(resource.RLIMIT_AS, lim.get("as_bytes"))
+    setl(resource.RLIMIT_FSIZE, lim.get("fsize_bytes"))
+    setl(resource.RLIMIT_NOFILE, lim.get("nofile"))
+    setl(resource.RLIMIT_NPROC, lim.get("nproc"))
+    setl(resource.RLIMIT_CORE, 0)
+
+
+# ------------------------------------------------------------- explanations
+def _explain_assert(exc, test_src, n_chars):
+    """For ``assert lhs == rhs`` failing in test code: (input, expected, actual)."""
+    import ast
+
+    tb = exc.__traceback__
+    frame = lineno = None
+    while tb is not None:
+        if tb.tb_frame.f_code.co_filename == _TEST:
+            frame, lineno = tb.tb_frame, tb.tb_lineno
+        tb = tb.tb_next
+    if frame is None:
+        return None
+    try:
+        tree = ast.parse(test_src)
+    except SyntaxError:
+        return None
+    node = None
+    for n in ast.walk(tree):
+        if isinstance(n, ast.Assert) and n.lineno <= lineno <= (n.end_lineno or n.lineno):
+            node = n
+    if node is None:
+        return None
+    src = ast.get_source_segment(test_src, node.test) or ""
+    info = {"input": _limit(src, n_chars), "expected": None, "actual": None}
+    t = node.test
+    if isinstance(t, ast.Compare) and len(t.ops) == 1 and isinstance(t.ops[0], (ast.Eq, ast.Is)):
+        left, right = t.left, t.comparators[0]
+        # Report the side that calls something as "actual"; the literal as expected.
+        if isinstance(left, ast.Constant) and not isinstance(right, ast.Constant):
+            left, right = right, left
+        info["input"] = _limit(ast.get_source_segment(test_src, left) or src, n_chars)
+        try:
+            g, loc = frame.f_globals, dict(frame.f_locals)
+            actual = eval(compile(ast.Expression(left), _TEST, "eval"), g, loc)
+            expected = eval(compile(ast.Expression(right), _TEST, "eval"), g, loc)
+            info["actual"] = _safe_repr(actual, n_chars)
+            info["expected"] = _safe_repr(expected, n_chars)
+        except BaseException:  # noqa: BLE001 - re-evaluation is best effort
+            pass
+    return info
+
+
+# --------------------------------------------------------------------- main
+def main():
+    t_start = time.perf_counter()
+    with open(sys.argv[1], "rb") as f:
+        cfg = json.loads(f.read())
+    try:  # where the payload is a plain file (not a read-only bind), remove it
+        os.unlink(sys.argv[1])
+    except OSError:
+        pass
+    rfd = cfg["result_fd"]
+    tag = (cfg["nonce"] + " ").encode()
+    os.set_inheritable(rfd, False)
+    workdir = os.getcwd()
+
+    my_pid = os.getpid()
+
+    def record(rec):
+        # The pid lets the parent drop records written by forked copies of the harness.
+        rec["pid"] = my_pid if os.getpid() == my_pid else os.getpid()
+        _write_all(rfd, tag + json.dumps(rec).encode() + b"\n")
+
+    # stdin of the process itself: nothing to read.
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)
+    os.close(devnull)
+
+    if cfg.get("jail") is not None:
+        _build_jail(cfg["jail"], workdir)
+    _apply_limits(cfg["limits"])
+    if cfg.get("drop"):
+        _drop_privileges(cfg["drop"]["uid"], cfg["drop"]["gid"])
+    _prctl_guard(cfg.get("pdeathsig", False))
+    env_info = {"uid": os.getuid(), "pid": os.getpid()}
+
+    n_chars = cfg["max_message_chars"]
+    cap = cfg["max_output_bytes"]
+    test_timeout = cfg["test_timeout_s"]
+    mode = cfg["mode"]
+
+    def on_alarm(signum, frame):
+        raise _TestTimeout()
+
+    signal.signal(signal.SIGALRM, on_alarm)
+
+    program = cfg.pop("program")
+    setup = cfg.pop("setup") or ""
+    tests = cfg.pop("tests")
+    _SOURCES[_SOLUTION], _SOURCES[_SETUP] = program, setup
+
+    def error_record(exc, status=None):
+        if status is None:
+            if isinstance(exc, _TestTimeout):
+                status = "timeout"
+            elif isinstance(exc, MemoryError):
+                status = "memory_exceeded"
+            else:
+                status = "runtime_error"
+        return {"status": status, "exc_type": type(exc).__name__ if not isinstance(exc, _TestTimeout) else "Timeout",
+                "message": _limit(_safe_msg(exc), n_chars), "traceback": _safe_tb(exc, n_chars)}
+
+    def run_timed(fn):
+        signal.setitimer(signal.ITIMER_REAL, test_timeout)
+        try:
+            return fn()
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+
+    # ---- load phase: compile (and for non-stdin modes, execute) the program.
+    try:
+        code = compile(program, _SOLUTION, "exec", dont_inherit=True)
+        setup_code = compile(setup, _SETUP, "exec", dont_inherit=True) if setup else None
+    except (SyntaxError, ValueError, OverflowError, RecursionError, MemoryError) as exc:
+        import traceback
+
+        rec = {"e": "load", "status": "syntax_error", "exc_type": type(exc).__name__,
+               "message": _limit(_safe_msg(exc), n_chars),
+               "traceback": _limit("".join(traceback.format_exception_only(type(exc), exc)), n_chars)}
+        record(rec)
+        return
+    ns = {"__name__": "__main__" if mode == "stdin" else "solution", "__builtins__": builtins}
+    real_stdout, real_stderr = sys.stdout, sys.stderr
+    if mode != "stdin":
+        cap_out = _Capture(cap)
+        sys.stdout = sys.stderr = cap_out
+        sys.stdin = io.StringIO("")
+        try:
+            t0 = time.perf_counter()
+            record({"e": "load_start"})
+            run_timed(lambda: exec(code, ns))
+            if setup_code is not None:
+                run_timed(lambda: exec(setup_code, ns))
+            rec = {"e": "load", "status": "ok", "time_s": time.perf_counter() - t0}
+        except BaseException as exc:  # noqa: BLE001 - untrusted code may raise anything
+            rec = {"e": "load"}
+            rec.update(error_record(exc))
+            if isinstance(exc, OutputLimitExceeded) or cap_out.overflow:
+                rec["exc_type"] = "OutputLimitExceeded"
+        sys.stdout, sys.stderr = real_stdout, real_stderr
+        record(rec)
+        if rec["status"] != "ok":
+            return
+    else:
+        record({"e": "load", "status": "ok", "time_s": 0.0})
+    record({"e": "ready", "startup_s": time.perf_counter() - t_start, **env_info})
+
+    target = None
+    if mode == "call":
+        fn_name = cfg["fn_name"]
+        target = ns.get(fn_name)
+        if target is None and "Solution" in ns:
+            try:
+                target = getattr(ns["Solution"](), fn_name)
+            except BaseException:  # noqa: BLE001
+                target = None
+
+    for i, test in enumerate(tests):
+        record({"e": "start", "i": i})
+        out = _Capture(cap)
+        rec = {"e": "end", "i": i}
+        t0 = time.perf_counter()
+        try:
+            sys.stdout = sys.stderr = out
+            if mode == "stdin":
+                data = test["input"].encode()
+                mfd = os.memfd_create("stdin")
+                _write_all(mfd, data)
+                os.lseek(mfd, 0, os.SEEK_SET)
+                if mfd != 0:  # fd 0 may be free: a previous test's open(0) closed it
+                    os.dup2(mfd, 0)
+                    os.close(mfd)
+                sys.stdin = io.TextIOWrapper(io.BufferedReader(io.FileIO(0, "r", closefd=False)),
+                                             encoding="utf-8", errors="replace")
+                tns = {"__name__": "__main__", "__builtins__": builtins}
+                try:
+                    run_timed(lambda: exec(code, tns))
+                except SystemExit as exc:
+                    if exc.code not in (None, 0):
+                        raise
+                rec.update(status="ok", actual=out.getvalue())
+            elif mode == "call":
+                sys.stdin = io.StringIO("")
+                if target is None:
+                    raise NameError("function %r is not defined" % cfg["fn_name"])
+                args = test["args"]
+                value = run_timed(lambda: target(*args))
+                try:
+                    rec.update(status="ok", actual=json.dumps(value), json=True)
+                except (TypeError, ValueError):
+                    rec.update(status="ok", actual=_safe_repr(value, n_chars), json=False)
+            else:  # assert
+                sys.stdin = io.StringIO("")
+                src = test["code"]
+                _SOURCES[_TEST] = src
+                tcode = compile(src, _TEST, "exec", dont_inherit=True)
+                run_timed(lambda: exec(tcode, ns))
+                rec.update(status="passed")
+            if out.overflow:
+                raise OutputLimitExceeded("output exceeded %d bytes" % cap)
+        except AssertionError as exc:
+            tb = exc.__traceback__
+            last = None
+            while tb is not None:
+                last = tb.tb_frame.f_code.co_filename
+                tb = tb.tb_next
+            if mode == "assert" and last == _TEST:
+                rec.update(status="wrong_answer", exc_type="AssertionError",
+                           message=_limit(_safe_msg(exc), n_chars))
+                try:
+                    info = run_timed(lambda: _explain_assert(exc, test["code"], n_chars))
+                except BaseException:  # noqa: BLE001
+                    info = None
+                if info:
+                    rec.update(info)
+            else:
+                rec.update(error_record(exc))
+        except BaseException as exc:  # noqa: BLE001
+            rec.update(error_record(exc))
+            if isinstance(exc, OutputLimitExceeded) or out.overflow:
+                rec["exc_type"] = "OutputLimitExceeded"
+        finally:
+            sys.stdout, sys.stderr = real_stdout, real_stderr
+        rec["time_s"] = time.perf_counter() - t0
+        if "actual" in rec and rec["actual"] is not None and mode != "assert":
+            rec["actual"] = rec["actual"][:cap]
+        try:
+            record(rec)
+        except BaseException:  # noqa: BLE001 - e.g. a late alarm; retry once
+            record(rec)
+    record({"e": "done"})
+
+
+def _safe_tb(exc, n_chars):
+    try:
+        return _format_tb(exc, n_chars)
+    except BaseException:  # noqa: BLE001 - e.g. MemoryError while importing traceback
+        return None
+
+
+def _safe_msg(exc):
+    try:
+        return str(exc)
+    except BaseException:  # noqa: BLE001
+        return "<unprintable %s>" % type(exc).__name__
+
+
+if __name__ == "__main__":
+    _status = 0
+    try:
+        main()
+    except BaseException:  # noqa: BLE001 - a harness failure: say why on fd 2
+        _status = 70
+        try:
+            import traceback
+
+            os.write(2, traceback.format_exc().encode()[-4000:])
+        except BaseException:  # noqa: BLE001
+            pass
+    os._exit(_status)

@@ -1,0 +1,137 @@
+"""Synthetic verifiable coding tasks, deterministic from a seed.
+
+"Write ``f(x)`` matching these input/output examples": a hidden integer
+function is composed of ``difficulty`` random primitive operations (add,
+multiply, floor-divide, modulo, square, abs, max/min with a constant, a parity
+branch); from difficulty 3 on, half the tasks take a list and sum or count a
+hidden per-element function.  Some examples are shown in the prompt (public
+tests); held-out examples are private tests.  Tasks run through the same
+sandbox as every other program (``task.program(code)``), and each task's
+``reference`` solution passes all of its tests.
+
+Outputs are computed in the parent by composing Python closures, never by
+``eval`` of generated text.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import Callable
+
+from .formats import CallTest, Program, StdioTest
+
+
+@dataclass(frozen=True)
+class SyntheticTask:
+    task_id: str
+    prompt: str
+    fn_name: str
+    reference: str  # a correct solution (source of ``fn_name``)
+    public: tuple  # ((args, output), ...) shown in the prompt
+    private: tuple  # held out
+    difficulty: int
+    seed: int
+
+    def program(self, code: str, io: str = "call") -> Program:
+        """Tests for ``code``: call-based (default) or stdin/stdout (one argument per line)."""
+        if io == "call":
+            tests = [CallTest(a, o, "public") for a, o in self.public] + \
+                    [CallTest(a, o, "private") for a, o in self.private]
+            return Program(code=code, tests=tuple(tests), fn_name=self.fn_name)
+        if io == "stdin":
+            def fmt(args):
+                return "\n".join(" ".join(map(str, a)) if isinstance(a, list) else str(a) for a in args) + "\n"
+            tests = [StdioTest(fmt(a), f"{o}\n", "public") for a, o in self.public] + \
+                    [StdioTest(fmt(a), f"{o}\n", "private") for a, o in self.private]
+            return Program(code=code, tests=tuple(tests))
+        raise ValueError(f"io must be 'call' or 'stdin', got {io!r}")
+
+
+def _ops(rng: random.Random) -> tuple[str, Callable[[int], int]]:
+    """One primitive op: (template with {} for the inner expression, function)."""
+    kind = rng.choice(["add", "mul", "floordiv", "mod", "square", "abs", "max", "min", "parity"])
+    c = rng.randint(2, 9)
+    if kind == "add":
+        c = rng.choice([-1, 1]) * c
+        return f"({{}} + {c})", lambda v: v + c
+    if kind == "mul":
+        c = rng.choice([-1, 1]) * c
+        return f"({{}} * {c})", lambda v: v * c
+    if kind == "floordiv":
+        return f"({{}} // {c})", lambda v: v // c
+    if kind == "mod":
+        return f"({{}} % {c})", lambda v: v % c
+    if kind == "square":
+        return "({} * {})", lambda v: v * v
+    if kind == "abs":
+        return "abs({})", abs
+    if kind == "max":
+        return f"max({{}}, {c})", lambda v: max(v, c)
+    if kind == "min":
+        return f"min({{}}, {c})", lambda v: min(v, c)
+    d = rng.randint(1, 5)
+    return (f"(({{v}}) // 2 if ({{v}}) % 2 == 0 else ({{v}}) * 3 + {d})",
+            lambda v: v // 2 if v % 2 == 0 else v * 3 + d)
+
+
+def _compose(rng: random.Random, depth: int) -> tuple[str, Callable[[int], int]]:
+    expr, fn = "x", (lambda v: v)
+    for _ in range(depth):
+        tmpl, op = _ops(rng)
+        expr = tmpl.format(v=expr) if "{v}" in tmpl else tmpl.replace("{}", expr)
+        fn = (lambda f, g: (lambda v: g(f(v))))(fn, op)
+    return expr, fn
+
+
+def make_task(seed: int, difficulty: int = 2, n_public: int = 4, n_private: int = 8) -> SyntheticTask:
+    """One task; the same ``(seed, difficulty, n_public, n_private)`` always gives the same task."""
+    if not 1 <= difficulty <= 10:
+        raise ValueError(f"difficulty must be in 1..10, got {difficulty!r}")
+    if n_public < 1 or n_private < 0:
+        raise ValueError("need n_public >= 1 and n_private >= 0")
+    rng = random.Random(f"marljax-synthetic:{seed}:{difficulty}")
+    span = 5 * difficulty + 5
+    use_list = difficulty >= 3 and rng.random() < 0.5
+    n = n_public + n_private
+    if use_list:
+        expr, g = _compose(rng, difficulty - 1)
+        agg = rng.choice(["sum", "count"])
+        if agg == "sum":
+            body = f"sum({expr} for x in xs)"
+            fn = lambda xs: sum(g(v) for v in xs)  # noqa: E731
+            what = "a list of integers `xs`"
+        else:
+            k = rng.randint(2, 4)
+            body = f"sum(1 for x in xs if {expr} % {k} == 0)"
+            fn = lambda xs: sum(1 for v in xs if g(v) % k == 0)  # noqa: E731
+            what = "a list of integers `xs`"
+        reference = f"def f(xs):\n    return {body}\n"
+        seen, args = set(), []
+        while len(args) < n:
+            xs = [rng.randint(-span, span) for _ in range(rng.randint(0, 3 + difficulty))]
+            if tuple(xs) not in seen:
+                seen.add(tuple(xs))
+                args.append((xs,))
+        sig = "f(xs)"
+    else:
+        expr, fn1 = _compose(rng, difficulty)
+        fn = fn1
+        reference = f"def f(x):\n    return {expr}\n"
+        values = rng.sample(range(-span * 4, span * 4 + 1), n)
+        args = [(v,) for v in values]
+        what = "an integer `x`"
+        sig = "f(x)"
+    cases = tuple((a, fn(*a)) for a in args)
+    public, private = cases[:n_public], cases[n_public:]
+    shown = "\n".join(f"f({', '.join(map(repr, a))}) == {o!r}" for a, o in public)
+    prompt = (f"Write a Python function `{sig}` that takes {what} and returns an integer, "
+              f"matching these examples:\n{shown}\n"
+              "It will also be checked on held-out inputs. Reply with the function in a ```python block.")
+    return SyntheticTask(task_id=f"synthetic/{difficulty}/{seed}", prompt=prompt, fn_name="f",
+                         reference=reference, public=public, private=private, difficulty=difficulty, seed=seed)
+
+
+def make_tasks(n: int, seed: int = 0, difficulty: int = 2, **kwargs) -> list[SyntheticTask]:
+    """``n`` tasks with seeds ``seed .. seed + n - 1``."""
+    return [make_task(seed + k, difficulty, **kwargs) for k in range(n)]

@@ -1,0 +1,177 @@
+"""The one-program runner: classification of every outcome, on every isolation level that works here."""
+
+from __future__ import annotations
+
+import pytest
+
+from marljax.rewards import (AssertTest, CallTest, Limits, Program, SandboxConfig, Status, StdioTest,
+                             detect_isolation, io_program, mbpp_program, run_program)
+from marljax.rewards.sandbox import LEVELS
+
+FAST = Limits(test_timeout_s=1.0, program_timeout_s=10.0, memory_mb=256)
+
+
+def _level_config(level: str) -> SandboxConfig:
+    cfg = SandboxConfig(isolation=level)
+    try:
+        detect_isolation(cfg)
+    except RuntimeError as exc:
+        pytest.skip(f"isolation level {level!r} does not work on this machine: {exc}")
+    return cfg
+
+
+@pytest.fixture(params=LEVELS)
+def level_config(request):
+    return _level_config(request.param)
+
+
+def test_auto_picks_a_level_and_reports_it(isolation):
+    assert isolation.level in LEVELS
+    res = run_program(Program("def f():\n    return 1\n", (CallTest((), 1),), fn_name="f"))
+    assert res.passed and res.isolation == isolation
+    # What each level promises (see results.Isolation).
+    assert isolation.network_denied == (isolation.level in ("bwrap", "unshare"))
+    assert isolation.pid_namespace == (isolation.level in ("bwrap", "unshare"))
+
+
+def test_call_based_passed_and_wrong_answer(level_config, no_leaks):
+    prog = Program("def f(x):\n    return x * 2\n",
+                   (CallTest((1,), 2), CallTest((3,), 7), CallTest((2,), 4, "private")), fn_name="f")
+    res = run_program(prog, FAST, level_config)
+    assert [t.status for t in res.tests] == [Status.PASSED, Status.WRONG_ANSWER, Status.PASSED]
+    assert res.status is Status.WRONG_ANSWER
+    wa = res.tests[1]
+    assert (wa.input, wa.expected, wa.actual) == ("3", "7", "6")
+    assert res.pass_fraction() == pytest.approx(2 / 3)
+    assert res.pass_fraction("public") == 0.5 and res.pass_fraction("private") == 1.0
+    assert res.isolation.level == level_config.isolation
+
+
+def test_stdio_passed_wrong_and_exit_zero(level_config, no_leaks):
+    code = "import sys\na, b = map(int, sys.stdin.readline().split())\nprint(a + b)\nsys.exit(0)\n"
+    prog = io_program(code, ["1 2\n", "5 5\n", "2 2"], ["3\n", "11\n", "4"], public=2)
+    res = run_program(prog, FAST, level_config)
+    assert [t.status for t in res.tests] == [Status.PASSED, Status.WRONG_ANSWER, Status.PASSED]
+    assert res.tests[1].actual == "10\n" and res.tests[1].expected == "11\n"
+    assert [t.split for t in res.tests] == ["public", "public", "private"]
+
+
+def test_stdin_styles_open0_and_buffer(no_leaks):
+    code = "data = open(0).read().split()\nimport sys\nprint(sum(map(int, data)))\n"
+    code2 = "import sys\nprint(sum(map(int, sys.stdin.buffer.read().split())))\n"
+    for c in (code, code2):
+        res = run_program(io_program(c, ["1 2 3\n", "10\n"], ["6", "10"]), FAST)
+        assert res.passed, res
+
+
+def test_mbpp_asserts_report_input_expected_actual(no_leaks):
+    prog = mbpp_program("def add(a, b):\n    return a + b + (a == 2)\n",
+                        ["assert add(1, 2) == 3", "assert add(2, 2) == 4"], challenge_tests=["assert add(0, 0) == 0"])
+    res = run_program(prog, FAST)
+    assert [t.status for t in res.tests] == [Status.PASSED, Status.WRONG_ANSWER, Status.PASSED]
+    wa = res.tests[1]
+    assert (wa.input, wa.expected, wa.actual) == ("add(2, 2)", "4", "5")
+    assert [t.split for t in res.tests] == ["public", "public", "private"]
+
+
+def test_mbpp_setup_code_runs_before_tests(no_leaks):
+    prog = mbpp_program("def g(x):\n    return x + OFFSET\n", ["assert g(1) == 11"], setup="OFFSET = 10")
+    assert run_program(prog, FAST).passed
+
+
+def test_runtime_error_has_type_message_and_trimmed_traceback(no_leaks):
+    code = "def f(x):\n    return helper(x)\n\ndef helper(x):\n    return [1, 2][x]\n"
+    res = run_program(Program(code, (CallTest((0,), 1), CallTest((5,), 0)), fn_name="f"), FAST)
+    assert res.tests[0].passed
+    t = res.tests[1]
+    assert t.status is Status.RUNTIME_ERROR and t.exc_type == "IndexError"
+    assert "list index out of range" in t.message
+    assert "helper" in t.traceback and "return [1, 2][x]" in t.traceback
+    assert "harness" not in t.traceback  # the driver's own frames are trimmed away
+
+
+def test_error_at_import_time_fails_every_test(no_leaks):
+    res = run_program(Program("import nonexistent_module_xyz\n", (CallTest((), 1),) * 2, fn_name="f"), FAST)
+    assert res.status is Status.RUNTIME_ERROR and res.error_type == "ModuleNotFoundError"
+    assert all(t.status is Status.NOT_RUN for t in res.tests) and res.pass_fraction() == 0.0
+
+
+def test_syntax_error_and_no_code_do_not_spawn():
+    res = run_program(Program("def f(:\n", (CallTest((), 1),), fn_name="f"), FAST)
+    assert res.status is Status.SYNTAX_ERROR and res.error_type == "SyntaxError" and res.wall_s == 0.0
+    assert run_program(Program("   \n", (CallTest((), 1),), fn_name="f"), FAST).status is Status.NO_CODE
+
+
+def test_missing_function_is_runtime_error(no_leaks):
+    res = run_program(Program("def g():\n    return 1\n", (CallTest((), 1),), fn_name="f"), FAST)
+    assert res.status is Status.RUNTIME_ERROR and res.tests[0].exc_type == "NameError"
+
+
+def test_leetcode_style_solution_class(no_leaks):
+    code = "class Solution:\n    def twoSum(self, nums, target):\n        return [0, 1]\n"
+    res = run_program(io_program(code, ["[2, 7]\n9"], ["[0, 1]"], fn_name="twoSum"), FAST)
+    assert res.passed, res
+
+
+def test_timeout_then_later_tests_still_classified(level_config, no_leaks):
+    code = "def f(x):\n    while x:\n        pass\n    return 0\n"
+    res = run_program(Program(code, (CallTest((0,), 0), CallTest((1,), 0), CallTest((0,), 0)), fn_name="f"),
+                      FAST, level_config)
+    assert [t.status for t in res.tests] == [Status.PASSED, Status.TIMEOUT, Status.PASSED]
+    assert res.status is Status.TIMEOUT
+
+
+def test_uninterruptible_timeout_is_killed_by_the_parent(no_leaks):
+    # A C-level loop ignores the child's alarm and the code swallows the alarm exception anyway.
+    code = ("def f():\n    while True:\n        try:\n            sum(range(10**9))\n"
+            "        except BaseException:\n            pass\n")
+    res = run_program(Program(code, (CallTest((), 0), CallTest((), 0)), fn_name="f"), FAST)
+    assert [t.status for t in res.tests] == [Status.TIMEOUT, Status.NOT_RUN]
+    assert res.status is Status.TIMEOUT and res.wall_s < FAST.test_timeout_s + 3.0
+
+
+def test_memory_exceeded(no_leaks):
+    res = run_program(Program("def f():\n    return len(bytearray(2 << 30))\n", (CallTest((), 0),), fn_name="f"), FAST)
+    assert res.status is Status.MEMORY_EXCEEDED and res.tests[0].exc_type == "MemoryError"
+
+
+@pytest.mark.parametrize("exit_code", ["import sys\nsys.exit(0)", "import os\nos._exit(0)", "raise SystemExit"])
+@pytest.mark.parametrize("where", ["load", "test"])
+def test_early_exit_never_passes(level_config, exit_code, where, no_leaks):
+    if where == "load":
+        code = exit_code + "\ndef f():\n    return 1\n"
+    else:
+        body = "\n".join("    " + line for line in exit_code.splitlines())
+        code = f"def f():\n{body}\n    return 1\n"
+    for prog in (Program(code, (CallTest((), 1),), fn_name="f"),
+                 Program(code, (AssertTest("assert f() == 1"),)),):
+        res = run_program(prog, FAST, level_config)
+        assert not res.passed and res.status is Status.RUNTIME_ERROR, res
+        assert res.pass_fraction() == 0.0
+
+
+def test_printing_fake_records_does_not_pass(no_leaks):
+    code = ('import sys\nprint("passed")\nfor i in range(3):\n'
+            '    print(\'00 {"e": "end", "i": %d, "status": "passed"}\' % i)\n'
+            "sys.stdout.flush()\nimport os\nos._exit(0)\n")
+    res = run_program(mbpp_program(code, ["assert True"] * 3), FAST)
+    assert res.status is Status.RUNTIME_ERROR and res.pass_fraction() == 0.0
+
+
+def test_forked_copies_cannot_report(no_leaks):
+    # The child of a fork returns the right answer and continues into the harness loop;
+    # its records carry another pid and are dropped.
+    code = "import os\ndef f():\n    if os.fork() == 0:\n        return 1\n    os.wait()\n    return 0\n"
+    res = run_program(Program(code, (CallTest((), 1),), fn_name="f"), FAST)
+    assert res.status is Status.WRONG_ANSWER and res.tests[0].actual == "0"
+
+
+def test_limits_validation():
+    with pytest.raises(ValueError, match="test_timeout_s"):
+        Limits(test_timeout_s=0)
+    with pytest.raises(ValueError, match="isolation"):
+        SandboxConfig(isolation="docker")
+    with pytest.raises(ValueError, match="fn_name"):
+        Program("x", (CallTest((), 1),))
+    with pytest.raises(ValueError, match="one kind"):
+        Program("x", (CallTest((), 1), StdioTest("", "")), fn_name="f")
