@@ -1,0 +1,357 @@
+"""`ModelConfig`: the one typed, validated, hashable description of a decoder.
+
+It is built from a Hugging Face config (`ModelConfig.from_hf`) or from a named
+preset (`ModelConfig.preset("tiny-qwen3")`), and turned back into a
+transformers config for `save_pretrained` (`ModelConfig.to_hf_config`).
+
+Being a frozen dataclass, a `ModelConfig` can be a static argument of
+`jax.jit`. Anything in a Hugging Face config that changes the maths and that
+this package does not implement (sliding windows, YaRN rope, MLP biases,
+activations other than SiLU, ...) is refused with an error naming the key.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Mapping
+
+import ml_dtypes  # noqa: F401  (registers bfloat16 with numpy)
+import numpy as np
+
+# architecture name -> (model_type, family switches)
+SUPPORTED_ARCHITECTURES: dict[str, str] = {
+    "Qwen2ForCausalLM": "qwen2",  # Qwen2 and Qwen2.5
+    "Qwen3ForCausalLM": "qwen3",
+    "LlamaForCausalLM": "llama",  # Llama 3.x (and Llama-based models such as Nemotron-Llama)
+}
+_ARCH_OF_TYPE = {v: k for k, v in SUPPORTED_ARCHITECTURES.items()}
+
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
+DTYPES = ("float32", "bfloat16", "float16")
+REMAT_POLICIES = ("none", "full", "dots")
+ATTENTION_IMPLS = (None, "xla", "cudnn")
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    """Hyper-parameters of one decoder plus its runtime choices.
+
+    Architecture fields mirror the Hugging Face names in snake case
+    (`num_layers` = `num_hidden_layers`, `num_heads` = `num_attention_heads`,
+    `num_kv_heads` = `num_key_value_heads`). Runtime fields:
+
+    - `dtype`: compute dtype of activations ("float32" | "bfloat16" | "float16");
+      logits and log-probs are always returned in float32.
+    - `param_dtype`: storage dtype of the parameters.
+    - `remat`: "none", "full" (recompute each layer in the backward pass) or
+      "dots" (save matmul outputs only).
+    - `attention_impl`: passed to `jax.nn.dot_product_attention`
+      (None lets JAX choose; "cudnn" forces the fused GPU kernel).
+    """
+
+    architecture: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    rope_type: str = "default"
+    rope_factor: float = 1.0
+    rope_low_freq_factor: float = 1.0
+    rope_high_freq_factor: float = 4.0
+    rope_original_max_position_embeddings: int = 8192
+    max_position_embeddings: int = 32768
+    qkv_bias: bool = False
+    o_bias: bool = False
+    qk_norm: bool = False
+    tie_word_embeddings: bool = False
+    bos_token_id: int | None = None
+    eos_token_id: int | tuple[int, ...] | None = None
+    pad_token_id: int | None = None
+    # runtime
+    dtype: str = "float32"
+    param_dtype: str = "float32"
+    remat: str = "none"
+    attention_impl: str | None = None
+
+    def __post_init__(self):
+        if self.architecture not in SUPPORTED_ARCHITECTURES:
+            raise ValueError(
+                f"unsupported architecture {self.architecture!r}; supported: "
+                f"{sorted(SUPPORTED_ARCHITECTURES)}"
+            )
+        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers",
+                     "num_heads", "num_kv_heads", "head_dim", "max_position_embeddings",
+                     "rope_original_max_position_embeddings"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+                raise ValueError(f"ModelConfig.{name} must be a positive int, got {v!r}")
+        for name in ("rms_norm_eps", "rope_theta", "rope_factor", "rope_low_freq_factor",
+                     "rope_high_freq_factor"):
+            v = getattr(self, name)
+            if not isinstance(v, (int, float)) or isinstance(v, bool) or not v > 0:
+                raise ValueError(f"ModelConfig.{name} must be a positive number, got {v!r}")
+        for name in ("qkv_bias", "o_bias", "qk_norm", "tie_word_embeddings"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"ModelConfig.{name} must be a bool, got {getattr(self, name)!r}")
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(
+                f"ModelConfig.num_heads ({self.num_heads}) must be a multiple of "
+                f"num_kv_heads ({self.num_kv_heads})"
+            )
+        if self.head_dim % 2:
+            raise ValueError(f"ModelConfig.head_dim must be even for rotary embeddings, got {self.head_dim}")
+        if self.rope_type not in SUPPORTED_ROPE_TYPES:
+            raise ValueError(
+                f"unsupported rope_scaling type {self.rope_type!r}; supported: {SUPPORTED_ROPE_TYPES}"
+            )
+        if self.rope_type == "llama3" and self.rope_high_freq_factor <= self.rope_low_freq_factor:
+            raise ValueError("rope_scaling: high_freq_factor must be > low_freq_factor for 'llama3'")
+        for name in ("dtype", "param_dtype"):
+            value = getattr(self, name)
+            if not isinstance(value, str):  # accept jnp.bfloat16, np.float32, ...
+                try:
+                    object.__setattr__(self, name, np.dtype(value).name)
+                except TypeError:
+                    pass
+            if getattr(self, name) not in DTYPES:
+                raise ValueError(f"ModelConfig.{name} must be one of {DTYPES}, got {getattr(self, name)!r}")
+        if self.remat not in REMAT_POLICIES:
+            raise ValueError(f"ModelConfig.remat must be one of {REMAT_POLICIES}, got {self.remat!r}")
+        if self.attention_impl not in ATTENTION_IMPLS:
+            raise ValueError(
+                f"ModelConfig.attention_impl must be one of {ATTENTION_IMPLS}, got {self.attention_impl!r}"
+            )
+        if isinstance(self.eos_token_id, list):  # keep the dataclass hashable
+            object.__setattr__(self, "eos_token_id", tuple(self.eos_token_id))
+
+    # ------------------------------------------------------------------ derived
+    @property
+    def model_type(self) -> str:
+        return SUPPORTED_ARCHITECTURES[self.architecture]
+
+    @property
+    def num_groups(self) -> int:
+        """Query heads per key/value head (the GQA ratio)."""
+        return self.num_heads // self.num_kv_heads
+
+    def replace(self, **changes: Any) -> "ModelConfig":
+        """A copy with some fields changed (validated again)."""
+        unknown = set(changes) - {f.name for f in dataclasses.fields(self)}
+        if unknown:
+            raise ValueError(f"unknown ModelConfig field(s): {sorted(unknown)}")
+        return dataclasses.replace(self, **changes)
+
+    def num_params(self) -> int:
+        """Number of parameters (embeddings counted once when tied)."""
+        d, f, h = self.hidden_size, self.intermediate_size, self.head_dim
+        q, kv = self.num_heads * h, self.num_kv_heads * h
+        per_layer = d * (q + 2 * kv) + q * d + 3 * d * f + 2 * d
+        per_layer += (q + 2 * kv) * self.qkv_bias + d * self.o_bias + 2 * h * self.qk_norm
+        embed = self.vocab_size * d * (1 if self.tie_word_embeddings else 2)
+        return self.num_layers * per_layer + embed + d
+
+    # ------------------------------------------------------------- HF configs
+    @classmethod
+    def from_hf(cls, hf_config: Any, **runtime: Any) -> "ModelConfig":
+        """Build from a transformers `PretrainedConfig` (or its `to_dict()`).
+
+        `runtime` sets `dtype`, `param_dtype`, `remat`, `attention_impl`.
+        Raises ValueError naming the key for anything not supported.
+        """
+        d: Mapping[str, Any] = hf_config if isinstance(hf_config, Mapping) else hf_config.to_dict()
+        archs = d.get("architectures")
+        model_type = d.get("model_type")
+        if archs:
+            if len(archs) != 1 or archs[0] not in SUPPORTED_ARCHITECTURES:
+                raise ValueError(
+                    f"unsupported architecture(s) {archs} in config key 'architectures'; "
+                    f"supported: {sorted(SUPPORTED_ARCHITECTURES)}"
+                )
+            arch = archs[0]
+            if model_type is not None and SUPPORTED_ARCHITECTURES[arch] != model_type:
+                raise ValueError(
+                    f"config key 'model_type' is {model_type!r} but 'architectures' says {arch!r}"
+                )
+        elif model_type in _ARCH_OF_TYPE:
+            arch = _ARCH_OF_TYPE[model_type]
+        else:
+            raise ValueError(
+                f"unsupported model_type {model_type!r} (config has no 'architectures'); "
+                f"supported: {sorted(_ARCH_OF_TYPE)}"
+            )
+        family = SUPPORTED_ARCHITECTURES[arch]
+
+        def need(key):
+            if d.get(key) is None:
+                raise ValueError(f"config key {key!r} is missing")
+            return d[key]
+
+        act = d.get("hidden_act", "silu")
+        if act != "silu":
+            raise ValueError(f"unsupported config value hidden_act={act!r} (only 'silu')")
+        if d.get("mlp_bias", False):
+            raise ValueError("unsupported config value mlp_bias=True")
+        if d.get("use_sliding_window", False):
+            raise ValueError("unsupported config value use_sliding_window=True (sliding-window attention)")
+        layer_types = d.get("layer_types")
+        if layer_types and any(t != "full_attention" for t in layer_types):
+            raise ValueError(f"unsupported config value layer_types={sorted(set(layer_types))} "
+                             "(only 'full_attention')")
+        if float(d.get("attention_dropout", 0.0) or 0.0) != 0.0:
+            raise ValueError("unsupported config value attention_dropout != 0")
+        if int(d.get("pretraining_tp", 1) or 1) != 1:
+            raise ValueError("unsupported config value pretraining_tp != 1")
+
+        # rope: transformers>=5 keeps `rope_parameters` (with rope_theta inside);
+        # older versions use `rope_theta` + `rope_scaling`.
+        rope = dict(d.get("rope_parameters") or d.get("rope_scaling") or {})
+        theta = rope.get("rope_theta", d.get("rope_theta", 10000.0))
+        rope_type = rope.get("rope_type", rope.get("type", "default")) or "default"
+        if rope_type not in SUPPORTED_ROPE_TYPES:
+            raise ValueError(
+                f"unsupported rope_scaling type {rope_type!r} (config key 'rope_parameters'/"
+                f"'rope_scaling'); supported: {SUPPORTED_ROPE_TYPES}"
+            )
+        if float(rope.get("partial_rotary_factor", d.get("partial_rotary_factor", 1.0)) or 1.0) != 1.0:
+            raise ValueError("unsupported config value partial_rotary_factor != 1")
+        rope_kw: dict[str, Any] = {"rope_theta": float(theta), "rope_type": rope_type}
+        if rope_type in ("linear", "llama3"):
+            if "factor" not in rope:
+                raise ValueError(f"rope_scaling type {rope_type!r} needs key 'factor'")
+            rope_kw["rope_factor"] = float(rope["factor"])
+        if rope_type == "llama3":
+            for key, field in (("low_freq_factor", "rope_low_freq_factor"),
+                               ("high_freq_factor", "rope_high_freq_factor"),
+                               ("original_max_position_embeddings",
+                                "rope_original_max_position_embeddings")):
+                if key not in rope:
+                    raise ValueError(f"rope_scaling type 'llama3' needs key {key!r}")
+                rope_kw[field] = rope[key] if key.startswith("original") else float(rope[key])
+
+        hidden, heads = int(need("hidden_size")), int(need("num_attention_heads"))
+        head_dim = d.get("head_dim") or hidden // heads
+        kv = d.get("num_key_value_heads") or heads
+        attention_bias = bool(d.get("attention_bias", False))
+        if family == "qwen2":
+            qkv_bias, o_bias = True, False
+        else:
+            qkv_bias = o_bias = attention_bias
+        return cls(
+            architecture=arch,
+            vocab_size=int(need("vocab_size")),
+            hidden_size=hidden,
+            intermediate_size=int(need("intermediate_size")),
+            num_layers=int(need("num_hidden_layers")),
+            num_heads=heads,
+            num_kv_heads=int(kv),
+            head_dim=int(head_dim),
+            rms_norm_eps=float(d.get("rms_norm_eps", 1e-6)),
+            max_position_embeddings=int(d.get("max_position_embeddings") or 32768),
+            qkv_bias=qkv_bias,
+            o_bias=o_bias,
+            qk_norm=family == "qwen3",
+            tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
+            bos_token_id=d.get("bos_token_id"),
+            eos_token_id=d.get("eos_token_id"),
+            pad_token_id=d.get("pad_token_id"),
+            **rope_kw,
+            **runtime,
+        )
+
+    def to_hf_dict(self) -> dict[str, Any]:
+        """The Hugging Face config keys (transformers>=5 layout) for this model."""
+        d: dict[str, Any] = {
+            "architectures": [self.architecture],
+            "model_type": self.model_type,
+            "vocab_size": self.vocab_size,
+            "hidden_size": self.hidden_size,
+            "intermediate_size": self.intermediate_size,
+            "num_hidden_layers": self.num_layers,
+            "num_attention_heads": self.num_heads,
+            "num_key_value_heads": self.num_kv_heads,
+            "head_dim": self.head_dim,
+            "hidden_act": "silu",
+            "rms_norm_eps": self.rms_norm_eps,
+            "max_position_embeddings": self.max_position_embeddings,
+            "tie_word_embeddings": self.tie_word_embeddings,
+            "bos_token_id": self.bos_token_id,
+            "eos_token_id": list(self.eos_token_id) if isinstance(self.eos_token_id, tuple)
+            else self.eos_token_id,
+            "pad_token_id": self.pad_token_id,
+        }
+        if self.model_type == "qwen2":
+            if (self.qkv_bias, self.o_bias) != (True, False):
+                raise ValueError("Qwen2 checkpoints have q/k/v biases and no o_proj bias")
+        else:
+            if self.qkv_bias != self.o_bias:
+                raise ValueError(f"{self.architecture} has one attention_bias switch for q/k/v/o")
+            d["attention_bias"] = self.qkv_bias
+        if self.qk_norm != (self.model_type == "qwen3"):
+            raise ValueError("q/k RMSNorm is a Qwen3-only feature in Hugging Face checkpoints")
+        rope: dict[str, Any] = {"rope_type": self.rope_type, "rope_theta": self.rope_theta}
+        if self.rope_type in ("linear", "llama3"):
+            rope["factor"] = self.rope_factor
+        if self.rope_type == "llama3":
+            rope.update(low_freq_factor=self.rope_low_freq_factor,
+                        high_freq_factor=self.rope_high_freq_factor,
+                        original_max_position_embeddings=self.rope_original_max_position_embeddings)
+        d["rope_parameters"] = rope
+        # transformers<5 spelling of the same information
+        d["rope_theta"] = self.rope_theta
+        d["rope_scaling"] = None if self.rope_type == "default" else dict(rope)
+        return d
+
+    def to_hf_config(self):
+        """A `transformers.PretrainedConfig` of the matching class."""
+        import transformers
+
+        d = self.to_hf_dict()
+        model_type = d.pop("model_type")
+        if hasattr(transformers.LlamaConfig(), "rope_parameters"):  # transformers>=5
+            d.pop("rope_theta"), d.pop("rope_scaling")
+        else:
+            d.pop("rope_parameters")
+        cfg = transformers.AutoConfig.for_model(model_type, **d)
+        if hasattr(cfg, "dtype") or not hasattr(cfg, "torch_dtype"):
+            cfg.dtype = self.param_dtype
+        else:
+            cfg.torch_dtype = self.param_dtype
+        return cfg
+
+    # ---------------------------------------------------------------- presets
+    @classmethod
+    def preset(cls, name: str, **changes: Any) -> "ModelConfig":
+        """A named config (see `PRESETS`), optionally with fields changed."""
+        if name not in PRESETS:
+            raise ValueError(f"unknown preset {name!r}; known: {sorted(PRESETS)}")
+        return dataclasses.replace(PRESETS[name], **changes) if changes else PRESETS[name]
+
+
+_TINY = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_layers=2,
+             num_heads=4, num_kv_heads=2, head_dim=16, max_position_embeddings=512)
+
+PRESETS: dict[str, ModelConfig] = {
+    # tiny random models for tests and demos (about 0.1M parameters)
+    "tiny-qwen2": ModelConfig(architecture="Qwen2ForCausalLM", qkv_bias=True, **_TINY),
+    "tiny-qwen3": ModelConfig(architecture="Qwen3ForCausalLM", qk_norm=True,
+                              tie_word_embeddings=True, rope_theta=1e6,
+                              **{**_TINY, "head_dim": 32}),
+    "tiny-llama": ModelConfig(architecture="LlamaForCausalLM", rope_theta=500000.0,
+                              rope_type="llama3", rope_factor=8.0, rope_low_freq_factor=1.0,
+                              rope_high_freq_factor=4.0,
+                              rope_original_max_position_embeddings=64, **_TINY),
+    # shapes of real checkpoints, for memory planning and benchmarks
+    "qwen3-0.6b": ModelConfig(architecture="Qwen3ForCausalLM", vocab_size=151936, hidden_size=1024,
+                              intermediate_size=3072, num_layers=28, num_heads=16, num_kv_heads=8,
+                              head_dim=128, rope_theta=1e6, qk_norm=True, tie_word_embeddings=True,
+                              max_position_embeddings=40960),
+    "qwen2.5-0.5b": ModelConfig(architecture="Qwen2ForCausalLM", vocab_size=151936, hidden_size=896,
+                                intermediate_size=4864, num_layers=24, num_heads=14, num_kv_heads=2,
+                                head_dim=64, rope_theta=1e6, qkv_bias=True, tie_word_embeddings=True,
+                                max_position_embeddings=32768),
+}

@@ -1,0 +1,381 @@
+"""One decoder for Qwen2/2.5, Qwen3 and Llama 3.x, as config switches.
+
+Layout. The NNX module `Decoder` only owns parameters; the maths lives in pure
+functions over a plain nested dict of arrays (`get_params(model)`), so hot
+paths can `jax.jit` over plain pytrees with the hashable `ModelConfig` as a
+static argument:
+
+    params = get_params(model)                       # {'embed': [V, D], 'layers': {...}, ...}
+    logits, _ = forward(params, ids, config=model.config, positions=pos, attention_mask=m)
+
+Layer parameters are stacked on a leading `layers` axis and the layers run
+under `lax.scan`, so compile time does not grow with depth and `remat` wraps
+one layer. Parameter shapes (L layers, D hidden, N query heads, K kv heads,
+H head_dim, F mlp, V vocab):
+
+    embed [V, D]              lm_head [D, V] (absent when tied)   final_norm [D]
+    layers/attn_norm [L, D]   layers/mlp_norm [L, D]
+    layers/wq [L, D, N, H]    layers/wk, wv [L, D, K, H]          layers/wo [L, N, H, D]
+    layers/bq [L, N, H]       layers/bk, bv [L, K, H]             layers/bo [L, D]   (biases: optional)
+    layers/q_norm, k_norm [L, H] (Qwen3)
+    layers/w_gate, w_up [L, D, F]   layers/w_down [L, F, D]
+
+Masks. Without a cache, token t attends to token s when `s <= t`,
+`attention_mask[b, s]` is set and (if given) `segment_ids[b, s] ==
+segment_ids[b, t]` -- so left padding, right padding and packed sequences all
+work, given explicit `positions` (rotary positions, `[B, T]`).
+
+KV cache. `init_cache` preallocates `[L, B, S, K, H]` keys and values; a call
+with `cache=` writes the T new tokens at slots `[index, index + T)` with
+`lax.dynamic_update_slice` (static shapes for every decode step) and the new
+tokens attend to every filled, unmasked slot at or before their own.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from marljax.models.config import ModelConfig
+from marljax.models.rope import apply_rope, inverse_frequencies
+
+Params = dict[str, Any]
+
+
+def _dtype(name: str):
+    return jnp.dtype(name)
+
+
+# --------------------------------------------------------------------- module
+def _param(rngs: nnx.Rngs, shape, axes, dtype, init: str = "normal", std: float = 0.02) -> nnx.Param:
+    if init == "normal":
+        value = std * jax.random.normal(rngs.params(), shape, jnp.float32)
+    elif init == "zeros":
+        value = jnp.zeros(shape, jnp.float32)
+    else:
+        value = jnp.ones(shape, jnp.float32)
+    return nnx.Param(value.astype(dtype), logical_axes=tuple(axes))
+
+
+class DecoderLayers(nnx.Module):
+    """Parameters of all decoder layers, stacked on a leading `layers` axis."""
+
+    def __init__(self, config: ModelConfig, rngs: nnx.Rngs):
+        c = config
+        L, D, F, N, K, H = (c.num_layers, c.hidden_size, c.intermediate_size, c.num_heads,
+                            c.num_kv_heads, c.head_dim)
+        pd = _dtype(c.param_dtype)
+        p = functools.partial(_param, rngs, dtype=pd)
+        self.attn_norm = p((L, D), ("layers", "norm"), init="ones")
+        self.wq = p((L, D, N, H), ("layers", "embed", "q_heads", "head_dim"))
+        self.wk = p((L, D, K, H), ("layers", "embed", "kv_heads", "head_dim"))
+        self.wv = p((L, D, K, H), ("layers", "embed", "kv_heads", "head_dim"))
+        self.wo = p((L, N, H, D), ("layers", "q_heads", "head_dim", "embed"))
+        if c.qkv_bias:
+            self.bq = p((L, N, H), ("layers", "q_heads", "head_dim"), init="zeros")
+            self.bk = p((L, K, H), ("layers", "kv_heads", "head_dim"), init="zeros")
+            self.bv = p((L, K, H), ("layers", "kv_heads", "head_dim"), init="zeros")
+        if c.o_bias:
+            self.bo = p((L, D), ("layers", "norm"), init="zeros")
+        if c.qk_norm:
+            self.q_norm = p((L, H), ("layers", "head_dim"), init="ones")
+            self.k_norm = p((L, H), ("layers", "head_dim"), init="ones")
+        self.mlp_norm = p((L, D), ("layers", "norm"), init="ones")
+        self.w_gate = p((L, D, F), ("layers", "embed", "mlp"))
+        self.w_up = p((L, D, F), ("layers", "embed", "mlp"))
+        self.w_down = p((L, F, D), ("layers", "mlp", "embed"))
+
+
+class Decoder(nnx.Module):
+    """A Qwen2/Qwen3/Llama causal LM. Build with random weights (`Decoder(config,
+    rngs=nnx.Rngs(0))`), or load one with `marljax.models.from_pretrained`.
+
+    Calling it is `forward(get_params(self), ..., config=self.config)`.
+    """
+
+    def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs | None = None):
+        rngs = nnx.Rngs(0) if rngs is None else rngs
+        self.config = config
+        pd = _dtype(config.param_dtype)
+        V, D = config.vocab_size, config.hidden_size
+        self.embed = _param(rngs, (V, D), ("vocab", "embed"), pd)
+        self.layers = DecoderLayers(config, rngs)
+        self.final_norm = _param(rngs, (D,), ("norm",), pd, init="ones")
+        if not config.tie_word_embeddings:
+            self.lm_head = _param(rngs, (D, V), ("embed", "vocab"), pd)
+
+    def __call__(self, input_ids, positions=None, attention_mask=None, segment_ids=None,
+                 cache: "KVCache | None" = None):
+        """Logits `[B, T, V]` float32 and the updated cache (None without one)."""
+        return forward(get_params(self), input_ids, config=self.config, positions=positions,
+                       attention_mask=attention_mask, segment_ids=segment_ids, cache=cache)
+
+    def token_logprobs(self, input_ids, labels, positions=None, attention_mask=None,
+                       segment_ids=None, temperature=1.0, chunk_size: int = 256):
+        """Per-token log-probs `[B, T]` of `labels`; see `token_logprobs`."""
+        return token_logprobs(get_params(self), input_ids, labels, config=self.config,
+                              positions=positions, attention_mask=attention_mask,
+                              segment_ids=segment_ids, temperature=temperature,
+                              chunk_size=chunk_size)
+
+    def init_cache(self, batch_size: int, max_len: int) -> "KVCache":
+        return init_cache(self.config, batch_size, max_len)
+
+
+def init_model(config: ModelConfig, *, seed: int = 0, mesh=None, rules=None) -> Decoder:
+    """A randomly initialised `Decoder`, built in one compiled step.
+
+    With `mesh`, every parameter is created directly with its `NamedSharding`
+    from the rule table (never whole on one device) -- for benchmarks and
+    training from scratch.
+    """
+    graphdef, abstract = nnx.split(nnx.eval_shape(lambda: Decoder(config, rngs=nnx.Rngs(seed))))
+    out_shardings = None
+    if mesh is not None:
+        from marljax.models.sharding import param_shardings
+
+        out_shardings = param_shardings(abstract, mesh, rules)
+
+    @functools.partial(jax.jit, out_shardings=out_shardings)
+    def make():
+        return nnx.split(Decoder(config, rngs=nnx.Rngs(seed)))[1]
+
+    return nnx.merge(graphdef, make())
+
+
+def get_params(model: Decoder) -> Params:
+    """The model's parameters as a plain nested dict of arrays (shapes in the module doc)."""
+    return nnx.to_pure_dict(nnx.state(model, nnx.Param))
+
+
+def set_params(model: Decoder, params: Params) -> Decoder:
+    """Write a nested dict from `get_params` (e.g. after an optimiser step) back into `model`."""
+    state = nnx.state(model, nnx.Param)
+    nnx.replace_by_pure_dict(state, params)
+    nnx.update(model, state)
+    return model
+
+
+# ---------------------------------------------------------------------- cache
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass
+class KVCache:
+    """Preallocated keys/values of every layer.
+
+    k, v: `[L, B, S, K, H]` (compute dtype); mask: `[B, S]` bool, True for filled
+    slots that are real tokens; index: `[]` int32, the next slot to write
+    (the same for every row: left-pad prompts so they end together).
+    The caller keeps `index + T <= S`: under jit the write position cannot be
+    checked, and `lax.dynamic_update_slice` clamps instead of failing.
+    """
+
+    k: jax.Array
+    v: jax.Array
+    mask: jax.Array
+    index: jax.Array
+
+
+def init_cache(config: ModelConfig, batch_size: int, max_len: int, dtype=None) -> KVCache:
+    """An empty `KVCache` for `batch_size` rows and `max_len` slots."""
+    dtype = _dtype(config.dtype) if dtype is None else dtype
+    shape = (config.num_layers, batch_size, max_len, config.num_kv_heads, config.head_dim)
+    return KVCache(k=jnp.zeros(shape, dtype), v=jnp.zeros(shape, dtype),
+                   mask=jnp.zeros((batch_size, max_len), bool), index=jnp.zeros((), jnp.int32))
+
+
+def positions_from_mask(attention_mask: jax.Array) -> jax.Array:
+    """Rotary positions `[B, T]` for a left- or right-padded `attention_mask` `[B, T]`:
+    0, 1, 2, ... over real tokens (pads get the neighbouring value; they are masked)."""
+    m = attention_mask.astype(jnp.int32)
+    return jnp.maximum(jnp.cumsum(m, axis=-1) - 1, 0)
+
+
+# ------------------------------------------------------------------------ maths
+def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
+    """`weight * x / rms(x)` over the last axis, normalised in float32 (as transformers)."""
+    xf = x.astype(jnp.float32)
+    xf = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + eps)
+    return weight.astype(x.dtype) * xf.astype(x.dtype)
+
+
+def _layer(p: Params, x: jax.Array, kv, *, config: ModelConfig, positions, mask, inv_freq):
+    c = config
+    cd = x.dtype
+    w = lambda name: p[name].astype(cd)  # noqa: E731
+
+    h = rms_norm(x, p["attn_norm"], c.rms_norm_eps)
+    q = jnp.einsum("btd,dnh->btnh", h, w("wq"))
+    k = jnp.einsum("btd,dkh->btkh", h, w("wk"))
+    v = jnp.einsum("btd,dkh->btkh", h, w("wv"))
+    if c.qkv_bias:
+        q, k, v = q + w("bq"), k + w("bk"), v + w("bv")
+    if c.qk_norm:
+        q = rms_norm(q, p["q_norm"], c.rms_norm_eps)
+        k = rms_norm(k, p["k_norm"], c.rms_norm_eps)
+    q = apply_rope(q, positions, inv_freq)
+    k = apply_rope(k, positions, inv_freq)
+    new_kv = None
+    if kv is not None:
+        k_cache, v_cache, index = kv
+        k_cache = jax.lax.dynamic_update_slice(k_cache, k.astype(k_cache.dtype), (0, index, 0, 0))
+        v_cache = jax.lax.dynamic_update_slice(v_cache, v.astype(v_cache.dtype), (0, index, 0, 0))
+        new_kv = (k_cache, v_cache)
+        k, v = k_cache.astype(cd), v_cache.astype(cd)
+    attn = jax.nn.dot_product_attention(q, k, v, mask=mask, scale=1.0 / math.sqrt(c.head_dim),
+                                        implementation=c.attention_impl)
+    out = jnp.einsum("btnh,nhd->btd", attn, w("wo"))
+    if c.o_bias:
+        out = out + w("bo")
+    x = x + out
+
+    h = rms_norm(x, p["mlp_norm"], c.rms_norm_eps)
+    gate = jnp.einsum("btd,df->btf", h, w("w_gate"))
+    up = jnp.einsum("btd,df->btf", h, w("w_up"))
+    x = x + jnp.einsum("btf,fd->btd", jax.nn.silu(gate) * up, w("w_down"))
+    return x, new_kv
+
+
+_REMAT_POLICY = {
+    "full": jax.checkpoint_policies.nothing_saveable,
+    "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+}
+
+
+def hidden_states(params: Params, input_ids: jax.Array, *, config: ModelConfig,
+                  positions: jax.Array | None = None, attention_mask: jax.Array | None = None,
+                  segment_ids: jax.Array | None = None, cache: KVCache | None = None):
+    """Final (normed) hidden states `[B, T, D]` in the compute dtype, and the new cache.
+
+    input_ids: `[B, T]` int. positions: `[B, T]` int rotary positions (default
+    `arange(T)`, offset by `cache.index`; pass `positions_from_mask(mask)` for
+    left-padded batches). attention_mask: `[B, T]` (1/True = real token).
+    segment_ids: `[B, T]` int, tokens attend only within their segment (packing;
+    not with a cache). cache: a `KVCache` to read and extend, or None.
+    """
+    if input_ids.ndim != 2:
+        raise ValueError(f"input_ids must be [B, T], got shape {input_ids.shape}")
+    B, T = input_ids.shape
+    for name, arr in (("positions", positions), ("attention_mask", attention_mask),
+                      ("segment_ids", segment_ids)):
+        if arr is not None and arr.shape != (B, T):
+            raise ValueError(f"{name} must have the shape of input_ids {(B, T)}, got {arr.shape}")
+    cd = _dtype(config.dtype)
+    x = jnp.take(params["embed"], input_ids, axis=0).astype(cd)
+    valid = jnp.ones((B, T), bool) if attention_mask is None else attention_mask.astype(bool)
+    offset = 0 if cache is None else cache.index
+    if positions is None:
+        positions = jnp.broadcast_to(offset + jnp.arange(T, dtype=jnp.int32), (B, T))
+
+    if cache is None:
+        t = jnp.arange(T)
+        mask = (t[:, None] >= t[None, :])[None] & valid[:, None, :]  # [B, T, T]
+        if segment_ids is not None:
+            mask &= segment_ids[:, :, None] == segment_ids[:, None, :]
+        new_mask = None
+    else:
+        if segment_ids is not None:
+            raise ValueError("segment_ids (packed sequences) cannot be combined with a KV cache")
+        if cache.k.shape[1] != B:
+            raise ValueError(f"cache has batch {cache.k.shape[1]} but input_ids has batch {B}")
+        S = cache.k.shape[2]
+        new_mask = jax.lax.dynamic_update_slice(cache.mask, valid, (0, cache.index))
+        slot, q_slot = jnp.arange(S), cache.index + jnp.arange(T)
+        mask = (slot[None, :] <= q_slot[:, None])[None] & new_mask[:, None, :]  # [B, T, S]
+    mask = mask[:, None]  # [B, 1, T, S]: broadcast over heads
+
+    layer = functools.partial(_layer, config=config, positions=positions, mask=mask,
+                              inv_freq=inverse_frequencies(config))
+    if config.remat != "none":
+        layer = jax.checkpoint(layer, policy=_REMAT_POLICY[config.remat])
+
+    if cache is None:
+        def body(x, p):
+            return layer(p, x, None)[0], None
+
+        x, _ = jax.lax.scan(body, x, params["layers"])
+        new_cache = None
+    else:
+        def body(x, xs):
+            p, k, v = xs
+            x, kv = layer(p, x, (k, v, cache.index))
+            return x, kv
+
+        x, (ks, vs) = jax.lax.scan(body, x, (params["layers"], cache.k, cache.v))
+        new_cache = KVCache(k=ks, v=vs, mask=new_mask, index=cache.index + T)
+    return rms_norm(x, params["final_norm"], config.rms_norm_eps), new_cache
+
+
+def _unembed(params: Params, h: jax.Array, config: ModelConfig) -> jax.Array:
+    """float32 logits `[..., V]` from hidden states `[..., D]`."""
+    if config.tie_word_embeddings:
+        return jnp.einsum("...d,vd->...v", h, params["embed"].astype(h.dtype),
+                          preferred_element_type=jnp.float32)
+    return jnp.einsum("...d,dv->...v", h, params["lm_head"].astype(h.dtype),
+                      preferred_element_type=jnp.float32)
+
+
+def forward(params: Params, input_ids: jax.Array, *, config: ModelConfig,
+            positions: jax.Array | None = None, attention_mask: jax.Array | None = None,
+            segment_ids: jax.Array | None = None, cache: KVCache | None = None):
+    """Logits `[B, T, V]` (float32) and the new cache (None when `cache` is None).
+
+    Arguments as in `hidden_states`. Pure: jit it with `config` static, e.g.
+    `jax.jit(forward, static_argnames="config")`.
+    """
+    h, new_cache = hidden_states(params, input_ids, config=config, positions=positions,
+                                 attention_mask=attention_mask, segment_ids=segment_ids,
+                                 cache=cache)
+    return _unembed(params, h, config), new_cache
+
+
+def logprobs_from_hidden(params: Params, hidden: jax.Array, labels: jax.Array, *,
+                         config: ModelConfig, temperature: float | jax.Array = 1.0,
+                         chunk_size: int = 256) -> jax.Array:
+    """`log softmax(lm_head(hidden) / temperature)[labels]`, `[B, T]` float32.
+
+    hidden: `[B, T, D]`; labels: `[B, T]` int. The vocabulary projection runs
+    over chunks of `chunk_size` positions (a `lax.map`, each chunk
+    rematerialised in the backward pass), so at most `[B, chunk_size, V]`
+    float32 logits are live at once, forward or backward.
+    """
+    B, T, D = hidden.shape
+    if labels.shape != (B, T):
+        raise ValueError(f"labels must be [B, T] = {(B, T)}, got {labels.shape}")
+    C = max(1, min(int(chunk_size), T))
+    n = -(-T // C)
+    pad = n * C - T
+    hs = jnp.pad(hidden, ((0, 0), (0, pad), (0, 0))).reshape(B, n, C, D).swapaxes(0, 1)
+    ls = jnp.pad(labels.astype(jnp.int32), ((0, 0), (0, pad))).reshape(B, n, C).swapaxes(0, 1)
+    head = {"embed": params["embed"]} if config.tie_word_embeddings else {"lm_head": params["lm_head"]}
+
+    @jax.checkpoint
+    def chunk_logprobs(head, h, lab, temperature):
+        logits = _unembed(head, h, config) / temperature
+        picked = jnp.take_along_axis(logits, lab[..., None], axis=-1)[..., 0]
+        return picked - jax.nn.logsumexp(logits, axis=-1)
+
+    temperature = jnp.asarray(temperature, jnp.float32)
+    out = jax.lax.map(lambda xs: chunk_logprobs(head, xs[0], xs[1], temperature), (hs, ls))
+    return out.swapaxes(0, 1).reshape(B, n * C)[:, :T]
+
+
+def token_logprobs(params: Params, input_ids: jax.Array, labels: jax.Array, *,
+                   config: ModelConfig, positions: jax.Array | None = None,
+                   attention_mask: jax.Array | None = None, segment_ids: jax.Array | None = None,
+                   temperature: float | jax.Array = 1.0, chunk_size: int = 256) -> jax.Array:
+    """Log-prob `[B, T]` (float32) of `labels[b, t]` under the model's next-token
+    distribution at position t, at `temperature`, without building `[B, T, V]`.
+
+    For the usual "log-prob of each response token", pass
+    `labels = jnp.roll(input_ids, -1, axis=1)` and ignore the last column.
+    """
+    h, _ = hidden_states(params, input_ids, config=config, positions=positions,
+                         attention_mask=attention_mask, segment_ids=segment_ids)
+    return logprobs_from_hidden(params, h, labels, config=config, temperature=temperature,
+                                chunk_size=chunk_size)

@@ -1,0 +1,146 @@
+"""Logical axis names, the one rule table mapping them to mesh axes, meshes.
+
+Every parameter carries `logical_axes` metadata (a tuple of names below, one
+per dimension). `LOGICAL_AXIS_RULES` maps each name to a mesh axis of the
+three-axis mesh `("data", "fsdp", "tensor")`:
+
+- `vocab`, `q_heads`, `kv_heads`, `mlp` -> `tensor` (Megatron-style splits)
+- `embed` -> `fsdp` (parameters gathered per layer, ZeRO-3 style)
+- `batch` (activations, caches) -> `("data", "fsdp")`
+- everything else replicated.
+
+A dimension whose size does not divide the mesh axis (e.g. one kv head on
+`tensor=2`) is replicated instead of failing, so one rule table serves every
+model size.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Mapping, Sequence
+
+import jax
+import numpy as np
+from flax import nnx
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+MESH_AXES = ("data", "fsdp", "tensor")
+
+LogicalRules = Mapping[str, str | tuple[str, ...] | None]
+
+LOGICAL_AXIS_RULES: dict[str, str | tuple[str, ...] | None] = {
+    # parameters
+    "vocab": "tensor",
+    "embed": "fsdp",
+    "q_heads": "tensor",
+    "kv_heads": "tensor",
+    "mlp": "tensor",
+    "head_dim": None,
+    "norm": None,
+    "layers": None,
+    # activations / caches
+    "batch": ("data", "fsdp"),
+    "seq": None,
+    "cache_seq": None,
+}
+
+
+def make_mesh(data: int = 1, fsdp: int = 1, tensor: int = 1,
+              devices: Sequence[jax.Device] | None = None) -> Mesh:
+    """A `Mesh` of shape `(data, fsdp, tensor)` with axis names `MESH_AXES`.
+
+    Uses the first `data * fsdp * tensor` of `devices` (default `jax.devices()`),
+    with `tensor` the fastest-varying axis (neighbouring devices), so tensor
+    parallelism stays inside a host / ICI ring.
+    """
+    sizes = {"data": data, "fsdp": fsdp, "tensor": tensor}
+    for name, size in sizes.items():
+        if not isinstance(size, int) or size < 1:
+            raise ValueError(f"mesh axis {name!r} must be a positive int, got {size!r}")
+    devices = list(jax.devices() if devices is None else devices)
+    n = data * fsdp * tensor
+    if n > len(devices):
+        raise ValueError(
+            f"mesh data={data} x fsdp={fsdp} x tensor={tensor} needs {n} devices, "
+            f"only {len(devices)} available"
+        )
+    return Mesh(np.array(devices[:n]).reshape(data, fsdp, tensor), MESH_AXES)
+
+
+def logical_to_spec(logical_axes: Sequence[str | None], shape: Sequence[int] | None = None,
+                    mesh: Mesh | None = None, rules: LogicalRules | None = None) -> P:
+    """`PartitionSpec` for one array from its logical axis names.
+
+    With `shape` and `mesh`, dimensions not divisible by their mesh axes are
+    replicated; a mesh axis is used at most once per array.
+    """
+    rules = LOGICAL_AXIS_RULES if rules is None else rules
+    used: set[str] = set()
+    spec: list[Any] = []
+    for i, name in enumerate(logical_axes):
+        if name is not None and name not in rules:
+            raise ValueError(f"logical axis {name!r} has no entry in the sharding rules")
+        target = None if name is None else rules[name]
+        axes = () if target is None else ((target,) if isinstance(target, str) else tuple(target))
+        axes = tuple(a for a in axes if a not in used)
+        if mesh is not None:
+            axes = tuple(a for a in axes if a in mesh.shape and mesh.shape[a] > 1)
+            if shape is not None and axes and shape[i] % math.prod(mesh.shape[a] for a in axes):
+                axes = ()
+        used.update(axes)
+        spec.append(None if not axes else (axes[0] if len(axes) == 1 else axes))
+    while spec and spec[-1] is None:
+        spec.pop()
+    return P(*spec)
+
+
+def _is_param(x) -> bool:
+    return isinstance(x, nnx.Variable)
+
+
+def param_specs(state: Any, mesh: Mesh | None = None, rules: LogicalRules | None = None) -> Any:
+    """Pytree of `PartitionSpec`s matching `state` (an `nnx.State` of Params).
+
+    Works on abstract states (`nnx.eval_shape`) as well as concrete ones.
+    """
+    def one(v):
+        axes = v.get_metadata().get("logical_axes")
+        if axes is None:
+            raise ValueError(f"parameter of shape {v.get_value().shape} has no logical_axes metadata")
+        return logical_to_spec(axes, v.get_value().shape, mesh, rules)
+
+    return jax.tree.map(one, state, is_leaf=_is_param)
+
+
+def param_shardings(state: Any, mesh: Mesh, rules: LogicalRules | None = None) -> Any:
+    """Pytree of `NamedSharding`s matching `state`."""
+    return jax.tree.map(lambda s: NamedSharding(mesh, s), param_specs(state, mesh, rules),
+                        is_leaf=lambda x: isinstance(x, P))
+
+
+def shard_model(model: nnx.Module, mesh: Mesh, rules: LogicalRules | None = None) -> nnx.Module:
+    """Place every parameter of `model` on `mesh` by the rules (in place; returns `model`)."""
+    state = nnx.state(model, nnx.Param)
+    shardings = param_shardings(state, mesh, rules)
+    placed = jax.tree.map(lambda v, s: jax.device_put(v.get_value(), s), state, shardings, is_leaf=_is_param)
+    nnx.update(model, placed)
+    return model
+
+
+def batch_sharding(mesh: Mesh, ndim: int = 2, rules: LogicalRules | None = None) -> NamedSharding:
+    """Sharding of a `[B, ...]` activation / token array: batch over `("data", "fsdp")`."""
+    return NamedSharding(mesh, logical_to_spec(("batch",) + (None,) * (ndim - 1), None, mesh, rules))
+
+
+def cache_sharding(mesh: Mesh, cache: Any = None, rules: LogicalRules | None = None) -> Any:
+    """Shardings for a `KVCache`: k/v `[L, B, S, K, H]`, mask `[B, S]`, index `[]`.
+
+    Pass the (possibly abstract) `cache` so that dimensions the mesh does not
+    divide (e.g. fewer kv heads than `tensor`) are replicated.
+    """
+    from marljax.models.decoder import KVCache
+
+    shape = None if cache is None else cache.k.shape
+    kv = NamedSharding(mesh, logical_to_spec(("layers", "batch", "cache_seq", "kv_heads", "head_dim"),
+                                             shape, mesh, rules))
+    return KVCache(k=kv, v=kv, mask=batch_sharding(mesh, 2, rules), index=NamedSharding(mesh, P()))

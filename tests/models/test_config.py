@@ -1,0 +1,100 @@
+"""ModelConfig: HF config in/out, validation errors, rotary frequencies vs transformers."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from marljax.models import PRESETS, ModelConfig, inverse_frequencies
+from marljax.models import testing
+
+
+@pytest.mark.parametrize("name", sorted(PRESETS))
+def test_preset_round_trips_through_hf_config(name):
+    cfg = PRESETS[name]
+    hash(cfg)  # usable as a static jit argument
+    again = ModelConfig.from_hf(cfg.to_hf_config())
+    assert again == cfg
+
+
+@pytest.mark.parametrize("family", testing.FAMILIES)
+def test_from_hf_reads_family_switches(family):
+    cfg = ModelConfig.from_hf(testing.hf_config(family))
+    assert cfg.qkv_bias == (family == "qwen2") and cfg.o_bias is False
+    assert cfg.qk_norm == (family == "qwen3")
+    assert cfg.head_dim == (32 if family == "qwen3" else 16)
+    assert cfg.rope_type == ("llama3" if family == "llama" else "default")
+    assert cfg.tie_word_embeddings == (family == "qwen3")
+
+
+def test_transformers_v4_style_rope_keys():
+    d = testing.hf_config("llama").to_dict()
+    d.pop("rope_parameters", None)
+    d.update(rope_theta=500000.0, rope_scaling={"type": "linear", "factor": 4.0})
+    cfg = ModelConfig.from_hf(d)
+    assert (cfg.rope_theta, cfg.rope_type, cfg.rope_factor) == (500000.0, "linear", 4.0)
+
+
+@pytest.mark.parametrize("change, match", [
+    (dict(architectures=["MistralForCausalLM"]), "MistralForCausalLM"),
+    (dict(hidden_act="gelu"), "hidden_act"),
+    (dict(mlp_bias=True), "mlp_bias"),
+    (dict(use_sliding_window=True), "use_sliding_window"),
+    (dict(rope_parameters={"rope_type": "yarn", "factor": 2.0, "rope_theta": 1e4}), "'yarn'"),
+    (dict(rope_parameters={"rope_type": "llama3", "factor": 2.0, "rope_theta": 1e4}), "low_freq_factor"),
+    (dict(num_key_value_heads=3), "num_kv_heads"),
+    (dict(vocab_size=None), "vocab_size"),
+])
+def test_unsupported_hf_configs_name_the_key(change, match):
+    d = {**testing.hf_config("llama").to_dict(), **change}
+    with pytest.raises(ValueError, match=match):
+        ModelConfig.from_hf(d)
+
+
+def test_field_validation():
+    with pytest.raises(ValueError, match="dtype"):
+        PRESETS["tiny-qwen3"].replace(dtype="float8")
+    with pytest.raises(ValueError, match="remat"):
+        PRESETS["tiny-qwen3"].replace(remat="sometimes")
+    with pytest.raises(ValueError, match="unknown ModelConfig field"):
+        PRESETS["tiny-qwen3"].replace(heads=3)
+    with pytest.raises(ValueError, match="unknown preset"):
+        ModelConfig.preset("gpt-5")
+
+
+@pytest.mark.parametrize("rope", [
+    None,
+    {"rope_type": "linear", "factor": 2.0},
+    {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+     "original_max_position_embeddings": 64},
+])
+def test_inverse_frequencies_match_transformers(rope):
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    hf = testing.hf_config("llama", head_dim=64, rope_scaling=rope, rope_theta=500000.0,
+                           max_position_embeddings=1024)
+    cfg = ModelConfig.from_hf(hf)
+    if rope is None:
+        want = 1.0 / (500000.0 ** (np.arange(0, 64, 2) / 64))
+    else:
+        want, attention_factor = ROPE_INIT_FUNCTIONS[rope["rope_type"]](hf, "cpu")
+        want = want.numpy()
+        assert attention_factor == 1.0
+    got = inverse_frequencies(cfg)
+    assert got.shape == (32,) and got.dtype == np.float32
+    np.testing.assert_allclose(got, want, rtol=1e-6)
+    if rope is not None:  # scaling really changed something
+        assert not np.allclose(got, 1.0 / (500000.0 ** (np.arange(0, 64, 2) / 64)), rtol=1e-3)
+
+
+def test_num_params_matches_parameter_count():
+    import jax
+
+    from marljax.models.testing import random_model
+
+    for name in ("tiny-qwen2", "tiny-qwen3", "tiny-llama"):
+        model = random_model(name)
+        from flax import nnx
+
+        n = sum(x.size for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
+        assert n == PRESETS[name].num_params(), name
