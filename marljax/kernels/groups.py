@@ -30,19 +30,20 @@ def _check_options(center: str, scale: str, eps: float, ddof: int) -> None:
     _checks.static_int(ddof, "ddof", minimum=0)
 
 
-def _finish(rewards, mask, count, total, sq_dev, center, scale, eps, ddof):
+def _finish(rewards, shifted, mask, count, total, sq_dev, center, scale, eps, ddof):
     """Turns per-element group statistics into advantages (shared by both layouts).
 
-    ``count``, ``total`` and ``sq_dev`` are the valid-member count, sum of
-    rewards and sum of squared deviations from the mean of each element's own
-    group, already broadcast to the elements.
+    ``shifted`` is each reward minus a member of its own group (its max), so a
+    constant group gives exact zeros instead of rounding noise blown up by the
+    std division; ``count``, ``total`` (sum of ``shifted``) and ``sq_dev`` (sum of
+    squared deviations from the mean) are the valid-member statistics of each
+    element's own group, already broadcast to the elements.
     """
-    mean = total / jnp.maximum(count, 1)
     if center == "mean":
-        centred = rewards - mean
+        centred = shifted - total / jnp.maximum(count, 1)
     elif center == "loo":
         # Leave-one-out baseline: mean of the *other* valid members.
-        centred = rewards - (total - rewards) / jnp.maximum(count - 1, 1)
+        centred = shifted - (total - shifted) / jnp.maximum(count - 1, 1)
     else:
         centred = rewards
     if scale == "std":
@@ -120,10 +121,12 @@ def _ragged(rewards, group_ids, num_groups, mask, center, scale, eps, ddof):
         return sums[segment]
 
     count = per_group_sum(valid.astype(rewards.dtype))
-    total = per_group_sum(values)
+    top = jax.ops.segment_max(jnp.where(valid, rewards, -jnp.inf), segment, num_segments=num_groups + 1)
+    shifted = jnp.where(valid, values - jnp.where(count > 0, top[segment], 0.0), 0.0)
+    total = per_group_sum(shifted)
     mean = total / jnp.maximum(count, 1)
-    sq_dev = per_group_sum(jnp.where(valid, (rewards - mean) ** 2, 0.0))
-    adv = _finish(rewards, valid, count, total, sq_dev, center, scale, eps, ddof)
+    sq_dev = per_group_sum(jnp.where(valid, (shifted - mean) ** 2, 0.0))
+    adv = _finish(rewards, shifted, valid, count, total, sq_dev, center, scale, eps, ddof)
     return jnp.where(mask & ~in_range, jnp.nan, adv).astype(rewards.dtype)
 
 
@@ -145,12 +148,13 @@ def normalize_group(
     _checks.floating(rewards, "rewards")
     mask = _checks.mask_or_ones(mask, rewards, "mask", "rewards")
     _check_options(center, scale, eps, ddof)
-    values = jnp.where(mask, rewards, 0.0)
     count = jnp.sum(mask).astype(rewards.dtype)
-    total = jnp.sum(values)
+    top = jnp.max(jnp.where(mask, rewards, -jnp.inf))
+    shifted = jnp.where(mask, rewards - jnp.where(count > 0, top, 0.0), 0.0)
+    total = jnp.sum(shifted)
     mean = total / jnp.maximum(count, 1)
-    sq_dev = jnp.sum(jnp.where(mask, (rewards - mean) ** 2, 0.0))
-    adv = _finish(rewards, mask, count, total, sq_dev, center, scale, eps, ddof)
+    sq_dev = jnp.sum(jnp.where(mask, (shifted - mean) ** 2, 0.0))
+    adv = _finish(rewards, shifted, mask, count, total, sq_dev, center, scale, eps, ddof)
     return adv.astype(rewards.dtype)
 
 

@@ -208,3 +208,15 @@ def test_out_of_range_ids_raise_eagerly_and_are_nan_under_jit():
 def test_bad_input_names_the_argument(call, match):
     with pytest.raises((ValueError, TypeError, AssertionError), match=match):
         call()
+
+
+@SETTINGS
+@given(st.floats(-1e4, 1e4, width=32), st.integers(2, 9), hnp.arrays(np.bool_, (2, 3, 9)), st.sampled_from(["mean", "loo"]))
+def test_constant_groups_give_exact_zeros(value, size, mask, center):
+    # Rounding in the mean must not be blown up by the (near-zero) std division.
+    rewards = np.full((2, 3, size), value, np.float32)
+    mask = mask[..., :size]
+    dense = np.asarray(K.dense_group_advantages(jnp.asarray(rewards), jnp.asarray(mask), center=center))
+    ids = np.repeat(np.arange(6), size).astype(np.int32)
+    ragged = np.asarray(K.group_advantages(jnp.asarray(rewards.reshape(-1)), jnp.asarray(ids), 6, jnp.asarray(mask.reshape(-1)), center=center))
+    assert np.all(dense == 0) and np.all(ragged == 0)

@@ -35,7 +35,8 @@ SCRIPT = textwrap.dedent(
     got = fn(*sharded)
     assert len(got[0].sharding.device_set) > 1
     for a, b in zip(got, want):
-        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6, atol=1e-7)
+        # Cross-device reductions sum in another order: float32 rounding only.
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
     # The dense path with agents on one mesh axis and turns on the other.
     dense = rng.normal(size=(4, 2, 8)).astype(np.float32)
     spread = jax.device_put(dense, NamedSharding(mesh, P("data", "tensor")))
