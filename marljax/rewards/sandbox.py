@@ -186,7 +186,10 @@ def _bwrap_argv(config: SandboxConfig, workdir: str, payload: str, drop: bool) -
              "--ro-bind", HARNESS_PATH, "/.marljax_harness.py", "--ro-bind", payload, "/.payload.json",
              "--clearenv", "--setenv", "PATH", "/usr/bin:/bin", "--setenv", "HOME", "/sandbox",
              "--setenv", "TMPDIR", "/tmp", "--setenv", "LANG", "C.UTF-8", "--"]
-    argv += [config.python, "-I", "-B"] + ([] if config.site_packages else ["-S"])
+    # Without site-packages the real interpreter is all we need; a venv's own
+    # path may sit under /tmp, which the working directory hides.
+    python = config.python if config.site_packages else os.path.realpath(config.python)
+    argv += [python, "-I", "-B"] + ([] if config.site_packages else ["-S"])
     argv += ["/.marljax_harness.py", "/.payload.json"]
     return argv
 
