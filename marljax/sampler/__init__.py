@@ -1,1 +1,22 @@
-"""Prefill + decode generation with a KV cache (issue 4)."""
+"""Prefill + decode generation with a KV cache under `jit`, returning tokens and log-probs.
+
+    from marljax.sampler import generate, generate_text
+    out = generate(model, [[5, 6, 7], [8, 9]], max_new_tokens=64, temperature=1.0,
+                   top_p=0.9, n=4, seed=0)
+    out.tokens, out.lengths, out.finish_reason, out.logprobs   # [B*n, 64], [B*n], ...
+
+Knows nothing about RL: `logprobs` are the raw model's (temperature 1, no
+truncation), which is what truncated importance sampling compares against.
+`marljax.sampler.sampling` holds the pure per-step token choice;
+`marljax.sampler.engine` the compiled prefill / decode loop, buckets and counters.
+"""
+
+from marljax.sampler.api import SamplerOutput, TextOutput, generate, generate_text
+from marljax.sampler.engine import REASONS, Buckets, Engine, EngineStats, get_engine, next_bucket
+from marljax.sampler.sampling import argmax_first, raw_logprobs, sample_tokens, truncation_mask
+
+__all__ = [
+    "SamplerOutput", "TextOutput", "generate", "generate_text",
+    "REASONS", "Buckets", "Engine", "EngineStats", "get_engine", "next_bucket",
+    "argmax_first", "raw_logprobs", "sample_tokens", "truncation_mask",
+]

@@ -1,14 +1,15 @@
-"""Shared fixtures for the models tests: tiny random HF checkpoints, built once per session."""
+"""Fixtures shared across test packages: tiny random HF checkpoints, built once per session."""
 
 from __future__ import annotations
 
 import pytest
 
-from marljax.models import testing
 
 @pytest.fixture(scope="session")
 def checkpoint(tmp_path_factory):
     """`checkpoint(name)` -> path of the tiny checkpoint `marljax.models.testing.CASES[name]` (built on first use)."""
+    from marljax.models import testing
+
     made: dict[str, object] = {}
 
     def get(name: str, **extra):

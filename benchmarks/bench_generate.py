@@ -1,0 +1,279 @@
+"""Generation throughput: marljax sampler vs transformers `generate` vs tunix's vanilla sampler.
+
+    python benchmarks/bench_generate.py [--batch 8 32] [--prompt 32] [--new 128] [--repeats 5]
+        [--tunix-python /tmp/tunixenv/bin/python] [--json PATH]
+    (JSON default: $TMPDIR/marljax_bench_generate.json)
+
+Same random tiny Qwen3 checkpoint for all three (written once with transformers:
+4 layers, hidden 256, MLP 768, 4 heads / 2 kv heads of 64, vocab 2048, tied
+embeddings: 3.67 M parameters), float32 on CPU. Each prompt is `--prompt`
+random token ids; every row generates exactly `--new` tokens (EOS disabled
+everywhere), greedy and top-p 0.9 (temperature 1, no top-k; transformers'
+default top_k=50 is switched off so all three sample from the same
+distribution). Throughput = generated tokens / wall time of one whole call
+(prefill included), median of `--repeats` calls after a warm-up call that
+compiles. torch gets as many threads as XLA's CPU client has cores.
+
+Each ratio comes from one process in which the two libraries' calls alternate
+(A B A B ...), so both see the same machine load: marljax vs transformers in
+this environment, then marljax vs tunix in tunix's own virtual environment
+(google-tunix from PyPI, `--tunix-python`; see benchmarks/RESULTS.md for how it
+was installed). Its prompts go through a tokenizer shim that maps "5 6 7" to
+ids [5, 6, 7], so all three see identical token ids. Greedy outputs of the
+three are compared token by token as a sanity check.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+CKPT = dict(vocab_size=2048, hidden_size=256, intermediate_size=768, num_hidden_layers=4,
+            num_attention_heads=4, num_key_value_heads=2, head_dim=64, max_position_embeddings=4096)
+SETTINGS = {"greedy": dict(temperature=0.0, top_p=1.0), "top_p=0.9": dict(temperature=1.0, top_p=0.9)}
+
+
+def make_checkpoint(path: Path) -> Path:
+    from marljax.models.testing import make_tiny_checkpoint
+
+    if not (path / "config.json").exists():
+        make_tiny_checkpoint(path, "qwen3", seed=0, tokenizer=False, **CKPT)
+    return path
+
+
+def prompts(batch: int, length: int, vocab: int = CKPT["vocab_size"]) -> list[list[int]]:
+    import numpy as np
+
+    rng = np.random.RandomState(batch * 1000 + length)
+    return rng.randint(3, vocab, size=(batch, length)).tolist()
+
+
+# ----------------------------------------------------------------------------- runners
+# Each runner returns {mode: (call, tokens_of)}: `call()` generates once (B x new tokens),
+# `tokens_of(out)` gives the [B, new] token ids. Calls of different libraries are
+# interleaved in one process (A B A B ...) so that they see the same machine load.
+def setup_marljax(path, batch, plen, new):
+    from marljax.models import from_pretrained
+    from marljax.sampler import generate
+
+    model, _ = from_pretrained(path)
+    ids = prompts(batch, plen)
+
+    def make(kw):
+        def call():
+            out = generate(model, ids, max_new_tokens=new, eos_ids=(), seed=0, **kw)
+            assert (out.lengths == new).all()
+            return out
+        return call, lambda out: out.tokens.tolist()
+
+    return {mode: make(kw) for mode, kw in SETTINGS.items()}
+
+
+def setup_transformers(path, batch, plen, new, threads):
+    import torch
+    import transformers
+
+    torch.set_num_threads(threads)
+    model = transformers.AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
+    model.generation_config.eos_token_id = None
+    model.generation_config.pad_token_id = 0
+    ids = torch.tensor(prompts(batch, plen))
+
+    def make(kw):
+        gkw = (dict(do_sample=False) if kw["temperature"] == 0 else
+               dict(do_sample=True, temperature=kw["temperature"], top_p=kw["top_p"], top_k=0))
+
+        def call():
+            with torch.no_grad():
+                return model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new,
+                                      min_new_tokens=new, **gkw)
+        return call, lambda out: out[:, plen:].tolist()
+
+    return {mode: make(kw) for mode, kw in SETTINGS.items()}
+
+
+class _IdTokenizer:
+    """tunix tokenizer shim: "5 6 7" <-> [5, 6, 7]; no BOS, pad 0, EOS -1 (never produced)."""
+
+    def encode(self, text, **_):
+        return [int(t) for t in text.split()]
+
+    def decode(self, ids, **_):
+        return " ".join(str(int(i)) for i in ids)
+
+    def bos_id(self):
+        return None
+
+    def eos_id(self):
+        return -1
+
+    def pad_id(self):
+        return 0
+
+
+def setup_tunix(path, batch, plen, new):
+    import jax.numpy as jnp
+    from tunix.generate import sampler as tsampler
+    from tunix.models.qwen3 import model as tmodel, params as tparams
+
+    cfg = tmodel.ModelConfig(num_layers=CKPT["num_hidden_layers"], vocab_size=CKPT["vocab_size"],
+                             embed_dim=CKPT["hidden_size"], hidden_dim=CKPT["intermediate_size"],
+                             num_heads=CKPT["num_attention_heads"], head_dim=CKPT["head_dim"],
+                             num_kv_heads=CKPT["num_key_value_heads"], rope_theta=1_000_000,
+                             norm_eps=1e-6, use_tied_embedding=True, dtype=jnp.float32,
+                             param_dtype=jnp.float32)
+    model = tparams.create_model_from_safe_tensors(str(path), cfg, dtype=jnp.float32)
+    s = tsampler.Sampler(model, _IdTokenizer(), tsampler.CacheConfig(
+        cache_size=plen + new, num_layers=cfg.num_layers, num_kv_heads=cfg.num_kv_heads,
+        head_dim=cfg.head_dim))
+    texts = [" ".join(map(str, p)) for p in prompts(batch, plen)]
+
+    def make(kw):
+        skw = (dict(temperature=0.0) if kw["temperature"] == 0 else
+               dict(temperature=kw["temperature"], top_p=kw["top_p"], top_k=None))
+
+        def call():
+            return s(texts, max_generation_steps=new, max_prompt_length=plen, eos_tokens=[-1],
+                     pad_output=True, seed=0, **skw)
+        return call, lambda out: [list(map(int, x.split()))[:new] for x in out.text]
+
+    return {mode: make(kw) for mode, kw in SETTINGS.items()}
+
+
+def measure(setups: dict, batch: int, new: int, repeats: int) -> dict:
+    """Warm up every (library, mode), then `repeats` interleaved rounds; median seconds."""
+    res = {lib: {} for lib in setups}
+    for mode in SETTINGS:
+        last = {lib: setups[lib][mode][0]() for lib in setups}  # warm-up: compiles
+        times = {lib: [] for lib in setups}
+        for _ in range(repeats):
+            for lib in setups:
+                t = time.perf_counter()
+                last[lib] = setups[lib][mode][0]()
+                times[lib].append(time.perf_counter() - t)
+        for lib in setups:
+            sec = statistics.median(times[lib])
+            res[lib][mode] = {"seconds": sec, "tokens_per_s": batch * new / sec,
+                              "all_seconds": times[lib], "tokens": setups[lib][mode][1](last[lib])}
+    return res
+
+
+# ----------------------------------------------------------------------------- main
+def _xla_threads() -> int:
+    return os.cpu_count() or 1  # XLA's CPU client uses one thread per core
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--batch", type=int, nargs="+", default=[8, 32])
+    ap.add_argument("--prompt", type=int, default=32)
+    ap.add_argument("--new", type=int, default=128)
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--tunix-python", default="/tmp/tunixenv/bin/python",
+                    help="python of a venv with google-tunix installed ('' to skip tunix)")
+    ap.add_argument("--checkpoint", default=os.path.join(tempfile.gettempdir(), "marljax_bench_qwen3_3.7m"))
+    ap.add_argument("--json", default=os.path.join(tempfile.gettempdir(), "marljax_bench_generate.json"))
+    ap.add_argument("--only", choices=["marljax", "transformers", "tunix"], help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    path = make_checkpoint(Path(args.checkpoint))
+
+    if args.only:  # child process: interleaved measurements, JSON on stdout
+        import importlib.metadata
+
+        out = {}
+        for b in args.batch:
+            setups = {"marljax": setup_marljax(path, b, args.prompt, args.new)}
+            if args.only == "tunix":
+                setups["tunix"] = setup_tunix(path, b, args.prompt, args.new)
+            else:
+                setups["transformers"] = setup_transformers(path, b, args.prompt, args.new,
+                                                            _xla_threads())
+            out[b] = measure(setups, b, args.new, args.repeats)
+        other = "google-tunix" if args.only == "tunix" else "transformers"
+        out["version"] = importlib.metadata.version(other)
+        print("JSON:" + json.dumps(out))
+        return
+
+    def child(which, python=sys.executable):
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+        cmd = [python, __file__, "--only", which, "--prompt", str(args.prompt), "--new", str(args.new),
+               "--repeats", str(args.repeats), "--checkpoint", str(path), "--batch",
+               *map(str, args.batch)]
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+        line = [ln for ln in proc.stdout.splitlines() if ln.startswith("JSON:")]
+        if proc.returncode or not line:
+            print(f"[{which}] failed:\n{proc.stderr[-3000:]}", file=sys.stderr)
+            return None
+        d = json.loads(line[0][5:])
+        version = d.pop("version")
+        return {int(k): v for k, v in d.items()}, version
+
+    # two child processes, one after the other: marljax interleaved with transformers (in this
+    # environment), then marljax interleaved with tunix (in tunix's environment); each ratio
+    # comes from calls interleaved in one process
+    main_run = child("transformers")
+    tunix_run = None
+    if args.tunix_python and Path(args.tunix_python).exists():
+        tunix_run = child("tunix", args.tunix_python)
+    else:
+        print(f"tunix skipped: {args.tunix_python!r} not found", file=sys.stderr)
+    if main_run is None:
+        sys.exit("the marljax/transformers run failed")
+
+    import numpy as np
+
+    main_res, hf_version = main_run
+    tx_res, tx_version = tunix_run if tunix_run else (None, None)
+    rows = []
+    print(f"\nGeneration, tiny Qwen3 (3.67 M params, float32, CPU, {_xla_threads()} threads), prompt "
+          f"{args.prompt}, {args.new} new tokens; tokens/s, median of {args.repeats} interleaved calls\n")
+    print("| batch | mode | marljax | transformers | marljax (tunix run) | tunix | vs transformers "
+          "| vs tunix | greedy tokens equal (hf / tunix) |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for b in args.batch:
+        for mode in SETTINGS:
+            m, h = main_res[b]["marljax"][mode], main_res[b]["transformers"][mode]
+            m2 = tx_res[b]["marljax"][mode] if tx_res else None
+            tx = tx_res[b]["tunix"][mode] if tx_res else None
+            same = ""
+            if mode == "greedy":
+                mt = np.array(m["tokens"])
+                same = " / ".join(f"{(np.array(o['tokens']) == mt).mean():.3f}" if o else "-"
+                                  for o in (h, tx))
+            row = {"batch": b, "mode": mode, "marljax": m["tokens_per_s"],
+                   "transformers": h["tokens_per_s"],
+                   "marljax_tunix_run": m2["tokens_per_s"] if m2 else None,
+                   "tunix": tx["tokens_per_s"] if tx else None,
+                   "vs_transformers": m["tokens_per_s"] / h["tokens_per_s"],
+                   "vs_tunix": m2["tokens_per_s"] / tx["tokens_per_s"] if tx else None,
+                   "seconds": {"marljax": m["all_seconds"], "transformers": h["all_seconds"],
+                               "marljax_tunix_run": m2["all_seconds"] if m2 else None,
+                               "tunix": tx["all_seconds"] if tx else None}}
+            rows.append(row)
+            f = lambda v: "-" if v is None else f"{v:,.0f}"  # noqa: E731
+            r = lambda v: "-" if v is None else f"{v:.2f}x"  # noqa: E731
+            print(f"| {b} | {mode} | {f(row['marljax'])} | {f(row['transformers'])} "
+                  f"| {f(row['marljax_tunix_run'])} | {f(row['tunix'])} | {r(row['vs_transformers'])} "
+                  f"| {r(row['vs_tunix'])} | {same} |")
+    meta = {"machine": platform.platform(), "cpus": os.cpu_count(), "python": platform.python_version(),
+            "date": time.strftime("%Y-%m-%d %H:%M"), "load_average": os.getloadavg(),
+            "transformers": hf_version, "tunix": tx_version,
+            "prompt": args.prompt, "new_tokens": args.new, "repeats": args.repeats}
+    Path(args.json).write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
+    print(f"\nload average {tuple(round(x, 2) for x in meta['load_average'])}; "
+          f"JSON written to {args.json}")
+
+
+if __name__ == "__main__":
+    main()
