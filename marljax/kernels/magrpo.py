@@ -144,13 +144,13 @@ def magrpo_node_advantages(
     """Unbatched dense kernel for one node: ``[N, G]`` advantages of each agent's completions.
 
     Args:
-      joint_returns: aligned, ``[G]`` returns of the G joint actions (the
-        number of agents N is then taken from nothing, so the result is
-        ``[1, G]``, identical for every agent); cross, ``[G] * N`` (one axis per
-        agent), the return of each combination.
+      joint_returns: aligned mode, ``[G]``: the returns of the G joint actions
+        (every agent's g-th completion shares the g-th return); cross mode,
+        ``[G] * N`` with one axis per agent: the return of each combination.
 
     Returns:
-      ``[N, G]`` (``[1, G]`` when aligned): credit minus the sibling mean.
+      cross: ``[N, G]``, each agent's credit minus its sibling mean; aligned:
+      ``[1, G]``, the same row for every agent (broadcast it over N).
     """
     _checks.floating(joint_returns, "joint_returns")
     _checks.choice(mode, "mode", MODES)
