@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
 
@@ -21,3 +26,20 @@ def checkpoint(tmp_path_factory):
         return made[key]
 
     return get
+
+
+@pytest.fixture(scope="session")
+def run_on_fake_devices():
+    """`run(*python_args, devices=8)` -> CompletedProcess of a Python subprocess on simulated CPU devices.
+
+    The device count is fixed when JAX starts, so multi-device checks run in a
+    fresh interpreter with `--xla_force_host_platform_device_count`.
+    """
+    root = Path(__file__).resolve().parents[1]
+
+    def run(*python_args: str, devices: int = 8) -> subprocess.CompletedProcess:
+        env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}", JAX_PLATFORMS="cpu")
+        env["PYTHONPATH"] = os.pathsep.join([str(root), env.get("PYTHONPATH", "")])
+        return subprocess.run([sys.executable, *python_args], env=env, capture_output=True, text=True, timeout=600)
+
+    return run

@@ -30,15 +30,19 @@ def _check_options(center: str, scale: str, eps: float, ddof: int) -> None:
     _checks.static_int(ddof, "ddof", minimum=0)
 
 
-def _finish(rewards, shifted, mask, count, total, sq_dev, center, scale, eps, ddof):
-    """Turns per-element group statistics into advantages (shared by both layouts).
+def _advantages(rewards, valid, group_sum, group_max, center, scale, eps, ddof):
+    """Advantages from group statistics; shared by both layouts.
 
-    ``shifted`` is each reward minus a member of its own group (its max), so a
-    constant group gives exact zeros instead of rounding noise blown up by the
-    std division; ``count``, ``total`` (sum of ``shifted``) and ``sq_dev`` (sum of
-    squared deviations from the mean) are the valid-member statistics of each
-    element's own group, already broadcast to the elements.
+    ``group_sum`` / ``group_max`` reduce over each element's own group and
+    broadcast the result back to the elements (segment ops for the ragged
+    layout, plain reductions for one dense group). Rewards are shifted by a
+    member of their group (its max) before any sum, so a constant group gives
+    exact zeros instead of rounding noise blown up by the std division.
     """
+    count = group_sum(valid.astype(rewards.dtype))
+    top = group_max(jnp.where(valid, rewards, -jnp.inf))
+    shifted = jnp.where(valid, rewards - jnp.where(count > 0, top, 0.0), 0.0)
+    total = group_sum(shifted)
     if center == "mean":
         centred = shifted - total / jnp.maximum(count, 1)
     elif center == "loo":
@@ -47,10 +51,12 @@ def _finish(rewards, shifted, mask, count, total, sq_dev, center, scale, eps, dd
     else:
         centred = rewards
     if scale == "std":
+        mean = total / jnp.maximum(count, 1)
+        sq_dev = group_sum(jnp.where(valid, (shifted - mean) ** 2, 0.0))
         std = jnp.sqrt(sq_dev / jnp.maximum(count - ddof, 1))
         centred = centred / (std + eps)
     identity = center == "none" and scale == "none"
-    informative = mask if identity else mask & (count > 1)
+    informative = valid if identity else valid & (count > 1)
     return jnp.where(informative, centred, 0.0)
 
 
@@ -114,19 +120,13 @@ def _ragged(rewards, group_ids, num_groups, mask, center, scale, eps, ddof):
     # Out-of-range ids go to an overflow segment that is never read back.
     segment = jnp.where(in_range, group_ids, num_groups)
     valid = mask & in_range
-    values = jnp.where(valid, rewards, 0.0)
 
-    def per_group_sum(x):
-        sums = jax.ops.segment_sum(x, segment, num_segments=num_groups + 1)
-        return sums[segment]
+    def per_group(reduce):
+        return lambda x: reduce(x, segment, num_segments=num_groups + 1)[segment]
 
-    count = per_group_sum(valid.astype(rewards.dtype))
-    top = jax.ops.segment_max(jnp.where(valid, rewards, -jnp.inf), segment, num_segments=num_groups + 1)
-    shifted = jnp.where(valid, values - jnp.where(count > 0, top[segment], 0.0), 0.0)
-    total = per_group_sum(shifted)
-    mean = total / jnp.maximum(count, 1)
-    sq_dev = per_group_sum(jnp.where(valid, (shifted - mean) ** 2, 0.0))
-    adv = _finish(rewards, shifted, valid, count, total, sq_dev, center, scale, eps, ddof)
+    adv = _advantages(
+        rewards, valid, per_group(jax.ops.segment_sum), per_group(jax.ops.segment_max), center, scale, eps, ddof
+    )
     return jnp.where(mask & ~in_range, jnp.nan, adv).astype(rewards.dtype)
 
 
@@ -148,13 +148,7 @@ def normalize_group(
     _checks.floating(rewards, "rewards")
     mask = _checks.mask_or_ones(mask, rewards, "mask", "rewards")
     _check_options(center, scale, eps, ddof)
-    count = jnp.sum(mask).astype(rewards.dtype)
-    top = jnp.max(jnp.where(mask, rewards, -jnp.inf))
-    shifted = jnp.where(mask, rewards - jnp.where(count > 0, top, 0.0), 0.0)
-    total = jnp.sum(shifted)
-    mean = total / jnp.maximum(count, 1)
-    sq_dev = jnp.sum(jnp.where(mask, (shifted - mean) ** 2, 0.0))
-    adv = _finish(rewards, shifted, mask, count, total, sq_dev, center, scale, eps, ddof)
+    adv = _advantages(rewards, mask, jnp.sum, jnp.max, center, scale, eps, ddof)
     return adv.astype(rewards.dtype)
 
 

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 
+from _numeric import np_fd_grad
 from marljax.kernels.losses import AGG_MODES, aggregate_loss, policy_loss, policy_loss_per_token, tis_weights
 
 PROPS = settings(max_examples=20, deadline=None)
@@ -72,17 +73,6 @@ def np_aggregate(loss, mask, mode, norm=None):
         else:
             per_seq.append(vals.sum() / (loss.shape[1] if norm is None else norm))
     return float(np.mean(per_seq)) if per_seq else 0.0
-
-
-def np_fd_grad(f, x, eps=1e-6):
-    x = np.array(x, np.float64)
-    g = np.zeros_like(x)
-    for idx in np.ndindex(x.shape):
-        xp, xm = x.copy(), x.copy()
-        xp[idx] += eps
-        xm[idx] -= eps
-        g[idx] = (f(xp) - f(xm)) / (2 * eps)
-    return g
 
 
 def random_batch(seed, n, length, scale=0.3, per_token_adv=False, empty_row=False):

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 
+from _numeric import np_fd_grad
 from marljax.kernels.losses import entropy_from_logits, kl_penalty, logprobs_from_logits, overlong_penalty
 
 PROPS = settings(max_examples=20, deadline=None)
@@ -26,17 +27,6 @@ def np_log_softmax(z):
     z = np.asarray(z, np.float64)
     shifted = z - z.max(axis=-1, keepdims=True)
     return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
-
-
-def np_fd_grad(f, x, eps=1e-6):
-    x = np.array(x, np.float64)
-    g = np.zeros_like(x)
-    for idx in np.ndindex(x.shape):
-        xp, xm = x.copy(), x.copy()
-        xp[idx] += eps
-        xm[idx] -= eps
-        g[idx] = (f(xp) - f(xm)) / (2 * eps)
-    return g
 
 
 def np_kl(logp, ref, kind):

@@ -1,8 +1,5 @@
 """Kernels run on inputs sharded over 8 simulated CPU devices and give the single-device numbers."""
 
-import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
@@ -47,7 +44,6 @@ SCRIPT = textwrap.dedent(
 
 
 @pytest.mark.slow
-def test_kernels_on_eight_simulated_devices():
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu")
-    result = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=300)
+def test_kernels_on_eight_simulated_devices(run_on_fake_devices):
+    result = run_on_fake_devices("-c", SCRIPT)
     assert result.returncode == 0 and "SHARDED-OK" in result.stdout, result.stderr[-3000:]
