@@ -1,23 +1,109 @@
-"""Command line: `marljax demo [--steps N] [--seed S]`."""
+"""Command line.
+
+    marljax train CONFIG [key=value ...]         train (resumes RUN_DIR's newest checkpoint)
+    marljax eval CONFIG [key=value ...]          held-out evaluation of the newest checkpoint
+    marljax export RUN_DIR --policy NAME OUT_DIR a policy's trained weights as an HF directory
+    marljax plot RUN_DIR                         metric curves to RUN_DIR/plots/*.png
+    marljax demo [...]                           the embedded demonstration
+"""
 
 from __future__ import annotations
 
 import argparse
+import json
+import logging
 import sys
+from pathlib import Path
+
+
+def _trainer(config: str, overrides: list[str]):
+    from marljax.train.config import load_config
+    from marljax.train.loop import Trainer
+
+    return Trainer(load_config(config, overrides))
+
+
+def cmd_train(args) -> int:
+    _trainer(args.config, args.overrides).run()
+    return 0
+
+
+def cmd_eval(args) -> int:
+    trainer = _trainer(args.config, args.overrides)
+    try:
+        restored = trainer.restore()
+        metrics = trainer.evaluate()
+    finally:
+        trainer.close()
+    print(json.dumps({"step": trainer.step if restored else 0, **metrics}, indent=1, sort_keys=True))
+    return 0
+
+
+def cmd_export(args) -> int:
+    from marljax.train.config import load_config
+    from marljax.train.loop import Trainer
+
+    run_dir = Path(args.run_dir)
+    config = run_dir / "config.yaml"
+    if not config.is_file():
+        raise SystemExit(f"{config}: not found (is {run_dir} a marljax run directory?)")
+    cfg = load_config(config, [f"run_dir={run_dir}"])
+    if args.policy not in cfg.policies:
+        raise SystemExit(f"{config}: no policy {args.policy!r}; policies: {sorted(cfg.policies)}")
+    trainer = Trainer(cfg)
+    try:
+        if not trainer.restore():
+            raise SystemExit(f"{run_dir}: no complete checkpoint to export")
+        out = trainer.policies[args.policy].export(args.out_dir)
+    finally:
+        trainer.close()
+    print(f"exported policy {args.policy!r} at step {trainer.step} to {out}")
+    return 0
+
+
+def cmd_plot(args) -> int:
+    from marljax.train.plot import plot_run
+
+    for path in plot_run(args.run_dir):
+        print(path)
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     parser = argparse.ArgumentParser(prog="marljax", description="JAX-native multi-agent RL for LLM teams")
     commands = parser.add_subparsers(dest="command", required=True)
+    for name, fn, what in (("train", cmd_train, "train from a YAML config"),
+                           ("eval", cmd_eval, "evaluate the newest checkpoint on held-out problems")):
+        p = commands.add_parser(name, help=what)
+        p.add_argument("config", help="YAML file under configs/")
+        p.add_argument("overrides", nargs="*", help="dotted.key=value, e.g. policies.main.optimizer.lr=1e-6")
+        p.set_defaults(fn=fn)
+    p = commands.add_parser("export", help="write a policy's weights as a Hugging Face directory")
+    p.add_argument("run_dir")
+    p.add_argument("--policy", required=True)
+    p.add_argument("out_dir")
+    p.set_defaults(fn=cmd_export)
+    p = commands.add_parser("plot", help="draw a run's curves to PNG")
+    p.add_argument("run_dir")
+    p.set_defaults(fn=cmd_plot)
     commands.add_parser("demo", help="run the embedded demonstration", add_help=False)
     args, rest = parser.parse_known_args(argv)
     if args.command == "demo":
         from marljax import demo
 
         return demo.main(rest)
-    parser.error(f"unknown command {args.command!r}")
-    return 2
+    if rest:
+        parser.error(f"unrecognised arguments: {' '.join(rest)}")
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    from marljax.train.config import ConfigError
+    from marljax.train.data import DataError
+
+    try:
+        return args.fn(args)
+    except (ConfigError, DataError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -336,8 +336,11 @@ def forward(params: Params, input_ids: jax.Array, *, config: ModelConfig,
 
 def logprobs_from_hidden(params: Params, hidden: jax.Array, labels: jax.Array, *,
                          config: ModelConfig, temperature: float | jax.Array = 1.0,
-                         chunk_size: int = 256) -> jax.Array:
+                         chunk_size: int = 256, return_entropy: bool = False):
     """`log softmax(lm_head(hidden) / temperature)[labels]`, `[B, T]` float32.
+
+    With `return_entropy`, also the entropy `[B, T]` of each position's
+    distribution (at `temperature`), from the same chunked logits.
 
     hidden: `[B, T, D]`; labels: `[B, T]` int. The vocabulary projection runs
     over chunks of `chunk_size` positions (a `lax.map`, each chunk
@@ -357,12 +360,18 @@ def logprobs_from_hidden(params: Params, hidden: jax.Array, labels: jax.Array, *
     @jax.checkpoint
     def chunk_logprobs(head, h, lab, temperature):
         logits = _unembed(head, h, config) / temperature
-        picked = jnp.take_along_axis(logits, lab[..., None], axis=-1)[..., 0]
-        return picked - jax.nn.logsumexp(logits, axis=-1)
+        lse = jax.nn.logsumexp(logits, axis=-1)
+        picked = jnp.take_along_axis(logits, lab[..., None], axis=-1)[..., 0] - lse
+        if not return_entropy:
+            return picked
+        # H = logsumexp(z) - sum softmax(z) z
+        entropy = lse - jnp.sum(jax.nn.softmax(logits, axis=-1) * logits, axis=-1)
+        return picked, entropy
 
     temperature = jnp.asarray(temperature, jnp.float32)
     out = jax.lax.map(lambda xs: chunk_logprobs(head, xs[0], xs[1], temperature), (hs, ls))
-    return out.swapaxes(0, 1).reshape(B, n * C)[:, :T]
+    unchunk = lambda x: x.swapaxes(0, 1).reshape(B, n * C)[:, :T]  # noqa: E731
+    return jax.tree.map(unchunk, out)
 
 
 def token_logprobs(params: Params, input_ids: jax.Array, labels: jax.Array, *,

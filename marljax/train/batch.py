@@ -1,0 +1,61 @@
+"""Pack variable-length samples into padded, micro-batched arrays for the update step.
+
+Each row is `prompt + completion`, right-padded. Position t of the model
+predicts token t + 1, so the loss covers positions `P - 1 .. P + C - 2`
+(those that predict a completion token) and `labels` is the token sequence
+shifted left by one. Shapes are bucketed (length to a multiple, rows to a
+whole number of micro-batches) so that the jitted update recompiles rarely.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from marljax.workflows.types import Sample
+
+
+def round_up(n: int, multiple: int) -> int:
+    return max(multiple, -(-n // multiple) * multiple)
+
+
+def collate(samples: Sequence[Sample], *, micro_batch_size: int, pad_id: int = 0,
+            length_multiple: int = 32, max_len: int | None = None) -> dict[str, np.ndarray]:
+    """Arrays `[M, micro_batch_size, T]` (M micro-batches) for `samples`.
+
+    Keys: tokens, labels, positions (int32), attention_mask, loss_mask (bool),
+    sampling_logp (float32, aligned with loss positions), advantages
+    `[M, mb]` (float32). Rows added to fill the last micro-batch have an empty
+    loss mask, so they change neither loss nor gradient. `max_len` truncates
+    completions that would not fit (their tail simply gets no loss).
+    """
+    if not samples:
+        raise ValueError("collate needs at least one sample")
+    lengths = [len(s.prompt_ids) + len(s.completion_ids) for s in samples]
+    T = round_up(max(lengths), length_multiple)
+    if max_len is not None:
+        T = min(T, max_len)
+    B = round_up(len(samples), micro_batch_size)
+    tokens = np.full((B, T), pad_id, np.int32)
+    attention = np.zeros((B, T), bool)
+    loss_mask = np.zeros((B, T), bool)
+    sampling = np.zeros((B, T), np.float32)
+    advantages = np.zeros((B,), np.float32)
+    for b, s in enumerate(samples):
+        P = len(s.prompt_ids)
+        if P == 0 or P >= T:
+            raise ValueError(f"sample {b}: prompt of {P} tokens does not fit a {T}-token row")
+        seq = np.concatenate([s.prompt_ids, s.completion_ids])[:T]
+        n = len(seq)
+        tokens[b, :n] = seq
+        attention[b, :n] = True
+        loss_mask[b, P - 1:n - 1] = True
+        sampling[b, P - 1:n - 1] = s.sampling_logprobs[:n - P]
+        advantages[b] = s.advantage
+    labels = np.concatenate([tokens[:, 1:], np.full((B, 1), pad_id, np.int32)], axis=1)
+    positions = np.broadcast_to(np.arange(T, dtype=np.int32), (B, T))
+    M = B // micro_batch_size
+    batch = dict(tokens=tokens, labels=labels, positions=positions, attention_mask=attention,
+                 loss_mask=loss_mask, sampling_logp=sampling, advantages=advantages)
+    return {k: v.reshape(M, micro_batch_size, *v.shape[1:]) for k, v in batch.items()}

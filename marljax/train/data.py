@@ -1,0 +1,173 @@
+"""Problem data for RL training: JSONL loading, the synthetic task set, and a checkpointable stream.
+
+    problems = load_problems("data/train.jsonl.gz")          # schema inferred per row
+    stream = ProblemStream(problems, batch_size=32, seed=0)  # this process's shard, forever
+    for batch in stream:                                      # a list of Problem
+        ...
+        save(stream.get_state())                              # JSON; set_state() resumes exactly
+
+Row schemas and :class:`Problem` live in :mod:`marljax.train.data_schemas`.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import zlib
+from pathlib import Path
+from typing import Iterable, Sequence
+
+import grain
+
+from marljax.rewards.synthetic import make_tasks
+
+from .data_schemas import SCHEMAS, DataError, Problem, detect_schema, parse_row
+
+__all__ = ["SCHEMAS", "DataError", "Problem", "ProblemStream", "detect_schema", "load_problems", "parse_row",
+           "synthetic_rows", "write_jsonl"]
+
+
+def _open_text(path: str, mode: str):
+    if path.endswith(".gz"):
+        return gzip.open(path, mode + "t", encoding="utf-8")
+    return open(path, mode, encoding="utf-8")
+
+
+def load_problems(path, schema: str = "auto") -> list[Problem]:
+    """Problems of a JSONL file (``.gz`` is decompressed); blank lines are skipped.
+
+    Raises :class:`DataError` naming ``path:line`` for invalid JSON, a row that
+    does not fit its schema, or an id seen before (naming both lines).
+    """
+    path = os.fspath(path)
+    problems, first_seen = [], {}
+    try:
+        with _open_text(path, "r") as f:
+            for lineno, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                source = f"{path}:{lineno}"
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError as e:
+                    raise DataError(f"{source}: invalid JSON: {e}") from None
+                problem = parse_row(row, schema, source)
+                if problem.id in first_seen:
+                    raise DataError(f"{source}: duplicate id {problem.id!r} (first at {first_seen[problem.id]})")
+                first_seen[problem.id] = source
+                problems.append(problem)
+    except FileNotFoundError:
+        raise DataError(f"{path}: no such file") from None
+    except (OSError, EOFError, UnicodeDecodeError) as e:  # a truncated or non-gzip .gz, bad bytes
+        raise DataError(f"{path}: cannot read: {e}") from None
+    return problems
+
+
+def write_jsonl(rows: Iterable[dict], path) -> Path:
+    """Write one JSON object per line (gzip-compressed when ``path`` ends in ``.gz``)."""
+    path = Path(path)
+    with _open_text(str(path), "w") as f:
+        for row in rows:
+            f.write(json.dumps(row) + "\n")
+    return path
+
+
+def synthetic_rows(n: int, seed: int = 0, difficulty: int = 2, **kwargs) -> list[dict]:
+    """``marljax.rewards.synthetic`` tasks as call-based ``stdio`` rows (same tests as ``task.program``).
+
+    Going through rows lets the synthetic demo task use the loader and stream
+    like any dataset.  ``kwargs`` go to ``make_tasks`` (``n_public``, ``n_private``).
+    """
+    rows = []
+    for task in make_tasks(n, seed=seed, difficulty=difficulty, **kwargs):
+        cases = task.public + task.private
+        rows.append({"task_id": task.task_id, "question": task.prompt, "fn_name": task.fn_name,
+                     "inputs": [list(args) for args, _ in cases], "outputs": [out for _, out in cases],
+                     "public": len(task.public), "solution": task.reference})
+    return rows
+
+
+class ProblemStream:
+    """Batches (lists) of problems from a grain pipeline: shuffled per epoch, sharded, checkpointable.
+
+    Pipeline: source -> shuffle(seed) -> slice(shard_index::shard_count) ->
+    repeat(epochs) -> batch.  Grain folds the epoch into the shuffle seed, so
+    each epoch is a fresh permutation of all problems; every process slices the
+    same permutation, so within an epoch the shards are disjoint and cover all
+    problems, and a process sees different problems in different epochs.
+
+    Batches run across epoch boundaries; only the last batch of a finite stream
+    can be short (dropped with ``drop_remainder``).  When ``shard_count`` does
+    not divide ``len(problems)`` shards differ by one problem, so with finite
+    ``epochs`` processes can run different numbers of steps.
+    """
+
+    def __init__(self, problems: Sequence[Problem], *, batch_size: int, seed: int = 0, shuffle: bool = True,
+                 epochs: int | None = None, shard_index: int | None = None, shard_count: int | None = None,
+                 drop_remainder: bool = False):
+        problems = list(problems)
+        if (shard_index is None) != (shard_count is None):
+            raise ValueError("pass both shard_index and shard_count, or neither")
+        if shard_index is None:
+            import jax  # one shard per host process
+
+            shard_index, shard_count = jax.process_index(), jax.process_count()
+        grain.sharding.ShardOptions(shard_index, shard_count)  # validates 0 <= index < count
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        if epochs is not None and epochs < 1:
+            raise ValueError(f"epochs must be None (forever) or >= 1, got {epochs}")
+        if not 0 <= seed < 2**32:
+            raise ValueError(f"seed must be in [0, 2**32), got {seed}")
+
+        ds = grain.MapDataset.source(problems)
+        if shuffle:
+            ds = ds.shuffle(seed=seed)
+        ds = ds[shard_index::shard_count]
+        self.epoch_size = len(ds)  # problems per epoch in this shard
+        if self.epoch_size == 0:
+            raise ValueError(f"shard {shard_index} of {shard_count} is empty ({len(problems)} problems)")
+        ds = ds.repeat(epochs).batch(batch_size, drop_remainder=drop_remainder, batch_fn=list)
+        # Elements are in memory: no reader threads or prefetch buffer (grain's default is 16 threads).
+        self._dataset = ds.to_iter_dataset(grain.ReadOptions(num_threads=0, prefetch_buffer_size=0))
+        self._iter = iter(self._dataset)
+        self.batch_size = batch_size
+        # What fixes the order; a state from a stream that differs in any of these would not resume it.
+        ids = "\n".join(p.id for p in problems).encode()
+        self._config = {"num_problems": len(problems), "ids_crc32": zlib.crc32(ids), "batch_size": batch_size,
+                        "seed": seed, "shuffle": shuffle, "shard_index": shard_index, "shard_count": shard_count}
+
+    def __iter__(self) -> "ProblemStream":
+        return self
+
+    def __next__(self) -> list[Problem]:
+        return next(self._iter)
+
+    next_batch = __next__
+
+    @property
+    def step(self) -> int:
+        """Batches served so far."""
+        return int(self._iter.get_state()["next_index"])
+
+    @property
+    def epoch(self) -> int:
+        """Completed epochs of this shard (problems served // epoch_size)."""
+        return self.step * self.batch_size // self.epoch_size
+
+    @property
+    def steps_per_epoch(self) -> float:
+        """Batches per epoch; fractional when ``batch_size`` does not divide ``epoch_size``."""
+        return self.epoch_size / self.batch_size
+
+    def get_state(self) -> dict:
+        """A JSON-serialisable position; ``set_state`` on a stream built the same way resumes from it."""
+        return {"next_index": self.step, **self._config}
+
+    def set_state(self, state: dict) -> None:
+        differs = sorted(k for k, v in self._config.items() if state.get(k) != v)
+        if differs:
+            raise ValueError(f"state is from a different stream: {', '.join(differs)} differ "
+                             f"(state {[state.get(k) for k in differs]}, stream {[self._config[k] for k in differs]})")
+        self._iter.set_state({"next_index": int(state["next_index"])})

@@ -1,0 +1,182 @@
+"""The training loop: workflow rollouts -> per-policy buffers -> updates -> metrics and checkpoints.
+
+Every step draws a batch of problems, runs the workflow (which samples with
+the current policies, scores in the sandbox and assigns credit), routes the
+samples to their policy's buffer, and updates each policy whose buffer is
+full -- independently of the others. Every `save_every` steps all policies
+and the loop state (data iterator, buffers, workflow state, counters) are
+checkpointed together; a restarted run resumes from the newest complete
+checkpoint and, with fixed seeds on CPU, reproduces the uninterrupted run.
+Per-step randomness is derived from `(seed, step)`, so it needs no state.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from marljax.rewards import Limits, SandboxPool
+from marljax.train import data as data_lib
+from marljax.train.buffer import ExperienceBuffer
+from marljax.train.checkpoint import RunCheckpointer
+from marljax.train.config import RunConfig, dump_config
+from marljax.train.metrics import MetricsWriter, Progress
+from marljax.train.policy import Policy
+from marljax.train.sft import run_sft
+from marljax.workflows import build_workflow
+from marljax.workflows.base import Agent, PolicyGenerator
+
+log = logging.getLogger(__name__)
+
+
+def load_split(cfg: Any, split: str) -> list:
+    """Problems of the train or eval split from a JSONL file or the synthetic generator."""
+    if cfg.synthetic is not None:
+        s = cfg.synthetic
+        n, seed = (s.n_train, s.seed) if split == "train" else (s.n_eval, s.seed + 1_000_000)
+        rows = data_lib.synthetic_rows(n, seed=seed, difficulty=s.difficulty)
+        return [data_lib.parse_row(r, "stdio", f"<synthetic {split}>:{k + 1}") for k, r in enumerate(rows)]
+    path = cfg.train if split == "train" else cfg.eval
+    return [] if path is None else data_lib.load_problems(path, cfg.schema)
+
+
+def step_seed(seed: int, step: int) -> int:
+    return int(np.random.SeedSequence([seed, step]).generate_state(1)[0])
+
+
+class Trainer:
+    """Builds everything a run needs from a `RunConfig`; `run()` trains to `train.steps`."""
+
+    def __init__(self, cfg: RunConfig):
+        self.cfg = cfg
+        self.run_dir = Path(cfg.resolved_run_dir())
+        norm = float(cfg.sampler.max_new_tokens)  # Dr.GRPO's constant: the generation budget
+        self.policies = {name: Policy(name, p, norm_constant=norm, seed=cfg.seed)
+                         for name, p in sorted(cfg.policies.items())}
+        self.agents = {name: Agent(name, a.policy, a.role, a.template) for name, a in sorted(cfg.agents.items())}
+        self.buffers = {name: ExperienceBuffer(p.cfg.buffer.threshold, p.cfg.buffer.max_staleness)
+                        for name, p in self.policies.items()}
+        self.train_problems = load_split(cfg.data, "train")
+        self.eval_problems = load_split(cfg.data, "eval")
+        d = cfg.data
+        self.stream = data_lib.ProblemStream(self.train_problems, batch_size=d.batch_size, seed=d.seed,
+                                             shuffle=d.shuffle, epochs=d.epochs)
+        self.workflow = build_workflow(cfg.workflow)
+        self.generator = PolicyGenerator(self.policies, cfg.sampler, cfg.sampler.max_prompt_len)
+        greedy = cfg.sampler.model_copy(update={"temperature": 0.0})
+        self.eval_generator = PolicyGenerator(self.policies, greedy, cfg.sampler.max_prompt_len)
+        t = cfg.train
+        self.checkpointer = RunCheckpointer(self.run_dir, list(self.policies), keep=t.keep_checkpoints,
+                                            async_save=t.async_checkpoint)
+        self.step = 0
+        self._pool: SandboxPool | None = None
+
+    # ------------------------------------------------------------ plumbing
+    @property
+    def pool(self) -> SandboxPool:
+        if self._pool is None:
+            s = self.cfg.sandbox
+            limits = Limits(test_timeout_s=min(4.0, s.timeout_s), program_timeout_s=s.timeout_s,
+                            memory_mb=s.memory_mb)
+            self._pool = SandboxPool(max_workers=s.workers, limits=limits)
+        return self._pool
+
+    def loop_state(self) -> dict[str, Any]:
+        return {"step": self.step, "data": self.stream.get_state(),
+                "buffers": {n: b.state_dict() for n, b in self.buffers.items()},
+                "workflow": getattr(self.workflow, "state_dict", dict)()}
+
+    def save(self) -> None:
+        self.checkpointer.save(self.step, {n: p.state() for n, p in self.policies.items()}, self.loop_state())
+
+    def restore(self) -> bool:
+        """Load the newest complete checkpoint; False for a fresh run."""
+        got = self.checkpointer.restore({n: p.abstract_state() for n, p in self.policies.items()})
+        if got is None:
+            return False
+        step, states, loop = got
+        for name, state in states.items():
+            self.policies[name].load_state(state)
+        self.stream.set_state(loop["data"])
+        for name, state in loop["buffers"].items():
+            self.buffers[name].load_state_dict(state)
+        if hasattr(self.workflow, "load_state_dict"):
+            self.workflow.load_state_dict(loop["workflow"])
+        self.step = int(loop["step"])
+        log.info("resumed %s at step %d", self.run_dir, step)
+        return True
+
+    # ---------------------------------------------------------------- steps
+    def update_ready_policies(self) -> dict[str, float]:
+        """Update every policy whose buffer is full, as often as it is full."""
+        out: dict[str, float] = {}
+        for name, policy in self.policies.items():
+            buf, history = self.buffers[name], []
+            dropped_before = buf.dropped
+            while buf.ready(policy.version):
+                batch, stats = buf.take(policy.version)
+                history.append({**policy.update(batch), **stats})
+            if buf.dropped > dropped_before:
+                log.warning("policy %s: dropped %d samples older than max_staleness=%s", name,
+                            buf.dropped - dropped_before, buf.max_staleness)
+            prefix = f"policy/{name}"
+            out[f"{prefix}/updates"] = float(len(history))
+            out[f"{prefix}/version"] = float(policy.version)
+            out[f"{prefix}/buffer"] = float(len(buf))
+            out[f"{prefix}/dropped_stale"] = float(buf.dropped - dropped_before)
+            for key in (history[0] if history else {}):
+                out[f"{prefix}/{key}"] = float(np.mean([h[key] for h in history]))
+            if history and any(h["skipped"] for h in history):
+                log.warning("policy %s: non-finite loss or gradient, update skipped", name)
+        return out
+
+    def train_step(self) -> dict[str, float]:
+        t0 = time.perf_counter()
+        problems = next(self.stream)
+        rollout = self.workflow.rollout(problems, self.agents, self.generator, self.pool,
+                                        step_seed(self.cfg.seed, self.step))
+        t1 = time.perf_counter()
+        for s in rollout.samples:
+            self.buffers[s.policy].add([s])
+        metrics = {**rollout.metrics, **self.update_ready_policies()}
+        self.step += 1
+        metrics.update({"time/rollout_s": t1 - t0, "time/update_s": time.perf_counter() - t1})
+        return metrics
+
+    def evaluate(self) -> dict[str, float]:
+        if not self.eval_problems:
+            return {}
+        return self.workflow.evaluate(self.eval_problems, self.agents, self.eval_generator, self.pool)
+
+    def run(self) -> None:
+        cfg, t = self.cfg, self.cfg.train
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        dump_config(cfg, self.run_dir / "config.yaml")
+        resumed = self.restore()
+        with MetricsWriter(self.run_dir, tensorboard=t.tensorboard) as writer:
+            if resumed:
+                writer.resume(self.step)
+            elif t.sft_steps:
+                run_sft(self, t.sft_steps, writer)
+            with Progress(t.steps, initial=self.step, enabled=None if t.progress else False) as bar:
+                while self.step < t.steps:
+                    metrics = self.train_step()
+                    if t.eval_every and self.step % t.eval_every == 0:
+                        metrics.update(self.evaluate())
+                    if self.step % t.log_every == 0:
+                        writer.write(self.step, metrics)
+                    bar.update(1, **{k.split("/", 1)[1].replace("/", "."): v for k, v in metrics.items()
+                                     if k.endswith(("/reward", "/kl_ref"))})
+                    if self.step % t.save_every == 0 or self.step == t.steps:
+                        self.save()
+        self.close()
+
+    def close(self) -> None:
+        self.checkpointer.close()
+        if self._pool is not None:
+            self._pool.close()
+            self._pool = None

@@ -1,0 +1,188 @@
+"""A trainable policy: a decoder's parameters, its tokenizer, optimiser, loss settings and mesh.
+
+Several agents may share one policy (a homogeneous team with role prompts) or
+each have their own (a heterogeneous team of different families and sizes).
+The policy owns plain parameter pytrees (`get_params` layout) and jitted
+update functions; `version` counts completed RL updates and tags the samples
+its parameters generate, so the trainer can measure staleness.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from jax.sharding import NamedSharding, PartitionSpec
+
+from marljax.models.config import ModelConfig
+from marljax.models.decoder import Decoder, get_params, init_model, set_params
+from marljax.models.hf_io import from_pretrained, load_tokenizer, save_pretrained
+from marljax.models.sharding import make_mesh
+from marljax.sampler import generate
+from marljax.train.batch import collate
+from marljax.train.optim import make_optimizer
+from marljax.train.update import LossSettings, make_logprob_fn, make_update_fn, rl_loss, sft_loss
+from marljax.workflows.types import Sample
+
+
+def policy_mesh(mesh_cfg: Any):
+    """A mesh for the policy's `mesh` settings, or None for a plain single device."""
+    devices = None
+    if mesh_cfg.devices is not None:
+        all_devices = jax.devices()
+        bad = [d for d in mesh_cfg.devices if not 0 <= d < len(all_devices)]
+        if bad:
+            raise ValueError(f"mesh.devices {bad} out of range: {len(all_devices)} devices")
+        devices = [all_devices[d] for d in mesh_cfg.devices]
+    if mesh_cfg.data * mesh_cfg.fsdp * mesh_cfg.tensor == 1 and devices is None:
+        return None
+    return make_mesh(mesh_cfg.data, mesh_cfg.fsdp, mesh_cfg.tensor, devices=devices)
+
+
+def load_model(spec: Any, mesh=None) -> tuple[ModelConfig, dict, Any]:
+    """(config, params, tokenizer) from a local HF directory or a named preset.
+
+    A preset without a `tokenizer` directory gets marljax's tiny byte-level
+    BPE tokenizer (its vocabulary fits every tiny preset).
+    """
+    remat = "full" if spec.remat else "none"
+    if spec.path is not None:
+        model, config = from_pretrained(spec.path, dtype=spec.dtype, param_dtype=spec.param_dtype,
+                                        mesh=mesh, remat=remat)
+        tokenizer = load_tokenizer(spec.tokenizer or spec.path)
+    else:
+        if spec.tokenizer is not None:
+            tokenizer = load_tokenizer(spec.tokenizer)
+        else:
+            from marljax.models.testing import make_tiny_tokenizer
+
+            tokenizer = make_tiny_tokenizer()
+        config = ModelConfig.preset(spec.preset, dtype=spec.dtype, param_dtype=spec.param_dtype, remat=remat,
+                                    eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+        if len(tokenizer) > config.vocab_size:
+            raise ValueError(f"preset {spec.preset!r} has {config.vocab_size} embeddings but the tokenizer "
+                             f"has {len(tokenizer)} tokens")
+        model = init_model(config, seed=spec.seed, mesh=mesh)
+    return config, get_params(model), tokenizer
+
+
+def _to_float(metrics: dict) -> dict[str, float]:
+    return {k: float(v) for k, v in jax.device_get(metrics).items()}
+
+
+class Policy:
+    """One set of trainable weights with its optimiser; see the module doc."""
+
+    def __init__(self, name: str, cfg: Any, *, norm_constant: float | None = None, seed: int = 0):
+        self.name, self.cfg = name, cfg
+        self.mesh = policy_mesh(cfg.mesh)
+        self.config, self.params, self.tokenizer = load_model(cfg.model, self.mesh)
+        self.optimizer, self.schedule = make_optimizer(cfg.optimizer)
+        self.opt_state = self.optimizer.init(self.params)
+        # a copy, because the update donates (frees) the buffers of `params`
+        self.ref_params = jax.tree.map(jnp.copy, self.params) if cfg.reference else None
+        self.loss = LossSettings.from_config(cfg.loss, norm_constant)
+        self.seed = seed
+        self.version = 0  # completed RL updates
+        self.step = 0  # optimiser steps (RL and SFT)
+        use_old = cfg.mini_batches > 1
+        self._rl_update = make_update_fn(
+            functools.partial(rl_loss, config=self.config, loss=self.loss, use_old_logp=use_old),
+            self.optimizer, self.loss.agg_mode)
+        self._sft_update = make_update_fn(functools.partial(sft_loss, config=self.config),
+                                          self.optimizer, "token-mean")
+        self._logprobs = make_logprob_fn(self.config)
+
+    # ------------------------------------------------------------ sampling
+    @property
+    def pad_id(self) -> int:
+        pad = self.tokenizer.pad_token_id
+        return int(pad if pad is not None else 0)
+
+    @property
+    def eos_ids(self) -> list[int]:
+        eos = self.config.eos_token_id if self.config.eos_token_id is not None else self.tokenizer.eos_token_id
+        return [int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos]) if e is not None]
+
+    def generate(self, prompt_ids: Sequence[Sequence[int]], *, n: int, seed: int, sampler: Any):
+        """`SamplerOutput` for `n` samples of each prompt, with sampling log-probs."""
+        return generate(self.config, prompt_ids, params=self.params, n=n, seed=seed,
+                        max_new_tokens=sampler.max_new_tokens, temperature=sampler.temperature,
+                        top_p=sampler.top_p, top_k=sampler.top_k, eos_ids=self.eos_ids, pad_id=self.pad_id,
+                        return_sampling_logprobs=True, mesh=self.mesh)
+
+    # ------------------------------------------------------------- updates
+    def _collate(self, samples: Sequence[Sample]) -> dict:
+        batch = collate(samples, micro_batch_size=self.cfg.micro_batch_size, pad_id=self.pad_id)
+        if self.mesh is None:
+            return jax.tree.map(jnp.asarray, batch)
+        # rows (axis 1) over the data-parallel axes; micro-batch index and length replicated
+        rows = NamedSharding(self.mesh, PartitionSpec(None, ("data", "fsdp")))
+        return jax.tree.map(lambda x: jax.device_put(x, rows), batch)
+
+    def update(self, samples: Sequence[Sample]) -> dict[str, float]:
+        """One RL update on `samples` (`mini_batches` optimiser steps); bumps `version`."""
+        order = np.random.default_rng([self.seed, self.version]).permutation(len(samples))
+        chunks = [c for c in np.array_split(order, self.cfg.mini_batches) if len(c)]
+        batches = [self._collate([samples[i] for i in c]) for c in chunks]
+        for b in batches:  # log-probs before any step of this update: the PPO "old" policy
+            if self.cfg.mini_batches > 1:
+                b["old_logp"] = self._logprobs(self.params, b)
+            if self.loss.kl_coef:
+                b["ref_logp"] = self._logprobs(self.ref_params, b)
+        history = []
+        for b in batches:
+            lr = float(self.schedule(self.step))
+            self.params, self.opt_state, metrics = self._rl_update(self.params, self.opt_state, b)
+            self.step += 1
+            history.append({**_to_float(metrics), "lr": lr})
+        self.version += 1
+        out = {k: float(np.mean([h[k] for h in history])) for k in history[0]}
+        out["skipped"] = float(sum(h["skipped"] for h in history))
+        return out
+
+    def sft_update(self, samples: Sequence[Sample]) -> dict[str, float]:
+        """One supervised step: maximise the likelihood of the completions."""
+        lr = float(self.schedule(self.step))
+        self.params, self.opt_state, metrics = self._sft_update(self.params, self.opt_state,
+                                                                self._collate(samples))
+        self.step += 1
+        return {**_to_float(metrics), "lr": lr}
+
+    def reset_reference(self) -> None:
+        """Make the current parameters the KL reference (e.g. after an SFT warm start)."""
+        if self.ref_params is not None:
+            self.ref_params = jax.tree.map(jnp.copy, self.params)
+
+    # -------------------------------------------------------- checkpoints
+    def state(self) -> dict:
+        state = {"params": self.params, "opt_state": self.opt_state,
+                 "step": np.int64(self.step), "version": np.int64(self.version)}
+        if self.ref_params is not None:
+            state["ref_params"] = self.ref_params
+        return state
+
+    def load_state(self, state: dict) -> None:
+        self.params, self.opt_state = state["params"], state["opt_state"]
+        self.step, self.version = int(state["step"]), int(state["version"])
+        if self.ref_params is not None:
+            self.ref_params = state["ref_params"]
+
+    def abstract_state(self) -> dict:
+        """`state()` as ShapeDtypeStructs with shardings: the restore target."""
+        def abstract(x):
+            if isinstance(x, jax.Array):
+                return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding)
+            return x
+        return jax.tree.map(abstract, self.state())
+
+    def export(self, path, *, tokenizer: bool = True):
+        """Write the current parameters as a Hugging Face directory (+ tokenizer)."""
+        model = nnx.eval_shape(lambda: Decoder(self.config, rngs=nnx.Rngs(0)))
+        set_params(model, self.params)
+        return save_pretrained(model, path, tokenizer=self.tokenizer if tokenizer else None)
+

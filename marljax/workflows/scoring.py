@@ -1,0 +1,44 @@
+"""Turn completions into rewards: code through the sandbox, math through the answer checker."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Sequence
+
+from marljax.rewards import ExecutionResult, SandboxPool, extract_code, math_reward
+
+
+@dataclasses.dataclass(frozen=True)
+class Score:
+    """reward in [0, 1] (fraction of tests passed, or answer correct), passed: all tests
+    passed; result: the sandbox's `ExecutionResult` (None for math)."""
+
+    reward: float
+    passed: bool
+    result: ExecutionResult | None = None
+
+
+def score_texts(problems: Sequence[Any], texts: Sequence[str], pool: SandboxPool | None,
+                split: str | None = None) -> list[Score]:
+    """Score `texts[i]` against `problems[i]`; code runs in parallel in `pool`.
+
+    split: None scores on all tests, "public" / "private" on that split only.
+    """
+    if len(problems) != len(texts):
+        raise ValueError(f"{len(problems)} problems but {len(texts)} texts")
+    scores: list[Score | None] = [None] * len(texts)
+    code_idx = []
+    for i, (p, t) in enumerate(zip(problems, texts)):
+        if p.schema == "math":
+            r = math_reward(t, str(p.answer))
+            scores[i] = Score(r, r == 1.0)
+        else:
+            code_idx.append(i)
+    if code_idx:
+        if pool is None:
+            raise ValueError("code problems need a SandboxPool")
+        programs = [problems[i].program(extract_code(texts[i]).code) for i in code_idx]
+        for i, res in zip(code_idx, pool.map(programs)):
+            frac = res.pass_fraction(split)
+            scores[i] = Score(frac, frac == 1.0, res)
+    return scores

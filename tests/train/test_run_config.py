@@ -1,0 +1,384 @@
+"""Run configuration: YAML loading, overrides, validation errors that name file and key, round trip."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+import yaml
+
+from marljax.train.config import (
+    ConfigError,
+    GrpoWorkflow,
+    OptimizerConfig,
+    RunConfig,
+    apply_overrides,
+    config_from_dict,
+    dump_config,
+    load_config,
+)
+
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+
+MINIMAL = {
+    "policies": {"main": {"model": {"preset": "tiny-qwen3"}}},
+    "agents": {"solver": {"policy": "main"}},
+    "data": {"synthetic": {}},
+}
+
+
+def write(tmp_path, data, name="run.yaml") -> Path:
+    path = tmp_path / name
+    path.write_text(data if isinstance(data, str) else yaml.safe_dump(data))
+    return path
+
+
+def with_(**changes) -> dict:
+    """MINIMAL with dotted-path changes, e.g. with_(**{"train.steps": 0})."""
+    return apply_overrides(MINIMAL, [f"{k}={yaml.safe_dump(v, default_flow_style=True).strip()}"
+                                     if not isinstance(v, str) else f"{k}={v}" for k, v in changes.items()])
+
+
+def problems(tmp_path, data, overrides=()) -> list[str]:
+    path = write(tmp_path, data)
+    with pytest.raises(ConfigError) as info:
+        load_config(path, overrides)
+    return info.value.problems
+
+
+def only_problem(tmp_path, data, overrides=()) -> str:
+    found = problems(tmp_path, data, overrides)
+    assert len(found) == 1, found
+    return found[0]
+
+
+# ------------------------------------------------------------------ shipped configs
+
+
+@pytest.mark.parametrize("name", ["grpo_tiny.yaml", "grpo_qwen2.5-0.5b.yaml"])
+def test_shipped_configs_load(name):
+    cfg = load_config(CONFIGS / name)
+    assert isinstance(cfg, RunConfig)
+    assert list(cfg.agents) == ["solver"] and cfg.agents["solver"].policy == "main"
+
+
+def test_tiny_config_values():
+    cfg = load_config(CONFIGS / "grpo_tiny.yaml")
+    pol = cfg.policies["main"]
+    assert pol.model.preset == "tiny-qwen3" and pol.model.path is None
+    assert pol.optimizer.lr == 1e-3 and pol.optimizer.schedule == "constant"
+    assert pol.buffer.threshold == 16 and pol.micro_batch_size == 16
+    assert cfg.data.synthetic.n_train == 32 and cfg.data.train is None
+    assert cfg.workflow.group_size == 4 and cfg.train.steps == 30 and cfg.train.save_every == 10
+    assert cfg.sampler.max_new_tokens == 32
+
+
+def test_qwen_config_values():
+    cfg = load_config(CONFIGS / "grpo_qwen2.5-0.5b.yaml")
+    pol = cfg.policies["main"]
+    assert pol.model.path == "checkpoints/Qwen2.5-0.5B-Instruct" and pol.model.dtype == "bfloat16"
+    assert pol.model.tokenizer_dir == pol.model.path
+    assert pol.optimizer.lr == 1e-6 and pol.optimizer.schedule == "cosine"
+    assert (pol.optimizer.warmup_steps, pol.optimizer.decay_steps) == (10, 1000)
+    assert pol.loss.kl_coef == 0.001 and pol.reference
+    assert pol.mesh.fsdp == 8
+    assert cfg.data.schema == "mbpp" and cfg.data.batch_size == 32
+    assert cfg.workflow.group_size == 8 and cfg.sampler.max_new_tokens == 512
+
+
+# ------------------------------------------------------------------ defaults
+
+
+def test_defaults():
+    cfg = config_from_dict(MINIMAL)
+    pol = cfg.policies["main"]
+    assert (pol.model.dtype, pol.model.param_dtype, pol.model.remat) == ("float32", "float32", False)
+    assert pol.optimizer == OptimizerConfig()
+    assert (pol.optimizer.name, pol.optimizer.lr, pol.optimizer.max_grad_norm) == ("adamw", 1e-6, 1.0)
+    assert (pol.loss.type, pol.loss.agg_mode, pol.loss.kl_estimator, pol.loss.tis_level) == (
+        "ppo", "token-mean", "k3", "token")
+    assert pol.loss.tis_cap is None and not pol.reference
+    assert pol.buffer.threshold == 8 and pol.buffer.max_staleness is None
+    assert (pol.micro_batch_size, pol.mini_batches) == (8, 1)
+    assert (pol.mesh.data, pol.mesh.fsdp, pol.mesh.tensor, pol.mesh.devices) == (1, 1, 1, None)
+    assert cfg.agents["solver"].template == "{role}{problem}" and cfg.agents["solver"].role == ""
+    assert cfg.data.schema == "auto" and cfg.data.batch_size == 4 and cfg.data.synthetic.n_eval == 32
+    assert cfg.workflow == GrpoWorkflow() and cfg.workflow.kind == "grpo"
+    assert cfg.sampler.top_p == 1.0 and cfg.sandbox.timeout_s == 5.0
+    assert cfg.train.steps == 100 and cfg.train.eval_every is None
+    assert cfg.name == "run" and cfg.resolved_run_dir() == Path("runs/run")
+
+
+def test_yaml_11_exponent_string_becomes_float(tmp_path):
+    # PyYAML reads `1e-6` (no dot) as a string; lax coercion makes it a float.
+    text = yaml.safe_dump(MINIMAL) + "seed: 3\n"
+    text = text.replace("preset: tiny-qwen3", "preset: tiny-qwen3\n    optimizer: {lr: 1e-6}")
+    cfg = load_config(write(tmp_path, text))
+    assert cfg.policies["main"].optimizer.lr == 1e-6
+
+
+def test_workflow_without_kind_is_grpo():
+    cfg = config_from_dict(with_(**{"workflow.group_size": 6}))
+    assert cfg.workflow.kind == "grpo" and cfg.workflow.group_size == 6
+
+
+# ------------------------------------------------------------------ errors name file and key
+
+
+@pytest.mark.parametrize("key", [
+    "bogus",
+    "train.bogus",
+    "policies.main.optimizer.lrx",
+    "policies.main.model.bogus",
+    "policies.main.mesh.bogus",
+    "data.synthetic.bogus",
+    "workflow.bogus",
+])
+def test_unknown_key_at_any_depth(tmp_path, key):
+    msg = only_problem(tmp_path, with_(**{key: 1}))
+    assert msg.startswith(f"{tmp_path / 'run.yaml'}: {key}: unknown key"), msg
+
+
+def test_unknown_key_suggests_close_match(tmp_path):
+    msg = only_problem(tmp_path, with_(**{"policies.main.optimizer.lrx": 1}))
+    assert "did you mean 'lr'" in msg
+
+
+def test_wrong_type(tmp_path):
+    msg = only_problem(tmp_path, with_(**{"policies.main.optimizer.lr": "fast"}))
+    assert msg.startswith(f"{tmp_path / 'run.yaml'}: policies.main.optimizer.lr: ")
+    assert "'fast'" in msg
+
+
+def test_boolean_is_not_a_number(tmp_path):
+    msg = only_problem(tmp_path, with_(**{"policies.main.optimizer.lr": True}))
+    assert ": policies.main.optimizer.lr: expected a number, not a boolean (got True)" in msg
+    assert config_from_dict(with_(**{"policies.main.model.remat": True})).policies["main"].model.remat
+
+
+def test_wrong_type_for_section(tmp_path):
+    msg = only_problem(tmp_path, with_(**{"sampler": 5}))
+    assert ": sampler: " in msg and "(got 5)" in msg
+
+
+@pytest.mark.parametrize("key,value", [
+    ("policies.main.optimizer.lr", 0),
+    ("policies.main.optimizer.min_lr_ratio", 1.5),
+    ("policies.main.loss.dual_clip", 1.0),
+    ("policies.main.buffer.threshold", 0),
+    ("policies.main.loss.agg_mode", "mean"),
+    ("sampler.top_p", 0),
+    ("workflow.group_size", 1),
+    ("train.steps", 0),
+])
+def test_out_of_range(tmp_path, key, value):
+    msg = only_problem(tmp_path, with_(**{key: value}))
+    assert msg.startswith(f"{tmp_path / 'run.yaml'}: {key}: "), msg
+    assert f"(got {value!r})" in msg
+
+
+@pytest.mark.parametrize("drop,key", [("data", "data"), ("agents", "agents")])
+def test_missing_required(tmp_path, drop, key):
+    data = copy.deepcopy(MINIMAL)
+    del data[drop]
+    assert only_problem(tmp_path, data) == f"{tmp_path / 'run.yaml'}: {key}: missing required key"
+
+
+def test_missing_required_nested(tmp_path):
+    msg = only_problem(tmp_path, with_(**{"policies.main": {}}))
+    assert msg == f"{tmp_path / 'run.yaml'}: policies.main.model: missing required key"
+
+
+def test_model_needs_exactly_one_source(tmp_path):
+    msg = only_problem(tmp_path, with_(**{"policies.main.model.path": "/ckpt"}))
+    assert ": policies.main.model: set exactly one of path, preset" in msg
+
+
+def test_unknown_preset(tmp_path):
+    msg = only_problem(tmp_path, with_(**{"policies.main.model.preset": "huge"}))
+    assert ": policies.main.model.preset: unknown preset" in msg and "tiny-qwen3" in msg
+
+
+def test_data_needs_exactly_one_source(tmp_path):
+    msg = only_problem(tmp_path, with_(**{"data.train": "x.jsonl"}))
+    assert ": data: set exactly one of train, synthetic" in msg
+
+
+def test_unknown_policy_reference(tmp_path):
+    msg = only_problem(tmp_path, with_(**{"agents.solver.policy": "x"}))
+    assert msg == f"{tmp_path / 'run.yaml'}: agents.solver.policy: unknown policy 'x'; known: main (got 'x')"
+
+
+@pytest.mark.parametrize("template", ["{role}{answer}", "{0}", "{}", "{problem", "{problem:{x}}"])
+def test_bad_template(tmp_path, template):
+    msg = only_problem(tmp_path, with_(**{"agents.solver.template": repr(template)}))
+    assert msg.startswith(f"{tmp_path / 'run.yaml'}: agents.solver.template: "), msg
+
+
+def test_good_template_placeholders():
+    cfg = config_from_dict(with_(**{"agents.solver.template": "'{role}|{problem}|{feedback}|{history}'"}))
+    assert cfg.agents["solver"].template.count("{") == 4
+
+
+def test_cosine_without_decay_steps(tmp_path):
+    msg = only_problem(tmp_path, with_(**{"policies.main.optimizer.schedule": "cosine"}))
+    assert msg.startswith(f"{tmp_path / 'run.yaml'}: policies.main.optimizer.decay_steps: ")
+    assert "cosine" in msg
+
+
+def test_kl_without_reference(tmp_path):
+    msg = only_problem(tmp_path, with_(**{"policies.main.loss.kl_coef": 0.01}))
+    assert msg.startswith(f"{tmp_path / 'run.yaml'}: policies.main.reference: ")
+    cfg = config_from_dict(with_(**{"policies.main.loss.kl_coef": 0.01, "policies.main.reference": True}))
+    assert cfg.policies["main"].reference
+
+
+def test_bad_policy_name(tmp_path):
+    data = copy.deepcopy(MINIMAL)
+    data["policies"]["a/b"] = data["policies"].pop("main")
+    data["agents"]["solver"]["policy"] = "a/b"
+    msg = only_problem(tmp_path, data)
+    assert ": policies.a/b: name must match" in msg
+
+
+def test_workflow_agent_checks(tmp_path):
+    msg = only_problem(tmp_path, with_(**{"workflow.agent": "critic"}))
+    assert ": workflow.agent: unknown agent" in msg
+    two = with_(**{"agents.critic": {"policy": "main"}})
+    assert ": workflow.agent: " in only_problem(tmp_path, two)
+    assert config_from_dict(apply_overrides(two, ["workflow.agent=critic"])).workflow.agent == "critic"
+
+
+def test_unknown_workflow_kind(tmp_path):
+    msg = only_problem(tmp_path, with_(**{"workflow.kind": "ppo"}))
+    assert ": workflow.kind: unknown workflow kind; known: grpo (got 'ppo')" in msg
+
+
+def test_mesh_devices_must_fill_mesh(tmp_path):
+    msg = only_problem(tmp_path, with_(**{"policies.main.mesh.fsdp": 2, "policies.main.mesh.devices": [0]}))
+    assert ": policies.main.mesh.devices: need data*fsdp*tensor = 2 devices" in msg
+
+
+def test_multiple_errors_reported_together(tmp_path):
+    data = with_(**{"train.steps": 0, "sampler.bogus": 1, "agents.solver.policy": "x",
+                    "policies.main.optimizer.lr": "fast"})
+    found = problems(tmp_path, data)
+    keys = sorted(line.split(": ")[1] for line in found)
+    assert keys == ["policies.main.optimizer.lr", "sampler.bogus", "train.steps"]
+    # cross-field checks in different sections are reported together too
+    found = problems(tmp_path, with_(**{"data.train": "x.jsonl", "policies.main.loss.kl_coef": 1}))
+    assert [line.split(": ")[1] for line in found] == ["policies.main.reference", "data"]
+    assert str(ConfigError(found)).splitlines()[1:] == found
+
+
+def test_config_from_dict_names_source():
+    with pytest.raises(ConfigError, match=r"^1 problem in config:\nmine.yaml: train.steps: "):
+        config_from_dict(with_(**{"train.steps": 0}), source="mine.yaml")
+    with pytest.raises(ConfigError, match="<root>: expected a mapping"):
+        config_from_dict([1, 2])
+
+
+# ------------------------------------------------------------------ YAML problems
+
+
+def test_yaml_syntax_error_reports_line(tmp_path):
+    msg = only_problem(tmp_path, "name: a\nseed: 1\npolicies: [1, 2\nagents: {}\n")
+    assert msg.startswith(f"{tmp_path / 'run.yaml'}: line ")
+    assert "YAML syntax error" in msg
+    line = int(msg.split("line ")[1].split(",")[0])
+    assert 3 <= line <= 5
+
+
+def test_non_mapping_top_level(tmp_path):
+    msg = only_problem(tmp_path, "- 1\n- 2\n")
+    assert msg == f"{tmp_path / 'run.yaml'}: <root>: expected a mapping of settings (got [1, 2])"
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(ConfigError, match="cannot read file"):
+        load_config(tmp_path / "nope.yaml")
+
+
+# ------------------------------------------------------------------ overrides
+
+
+def test_overrides_parse_values(tmp_path):
+    path = write(tmp_path, MINIMAL)
+    cfg = load_config(path, [
+        "policies.main.optimizer.lr=1e-6",          # a YAML 1.1 string, coerced
+        "policies.main.mesh.devices=[0]",
+        "policies.main.optimizer.max_grad_norm=null",
+        "policies.main.model.remat=true",
+        "train.steps=5",
+        "train.steps=7",                            # applied in order
+        "agents.solver.template={role}: {problem}",  # not valid YAML: taken verbatim
+    ])
+    pol = cfg.policies["main"]
+    assert pol.optimizer.lr == 1e-6 and isinstance(pol.optimizer.lr, float)
+    assert pol.mesh.devices == [0]
+    assert pol.optimizer.max_grad_norm is None
+    assert pol.model.remat is True
+    assert cfg.train.steps == 7
+    assert cfg.agents["solver"].template == "{role}: {problem}"
+
+
+def test_override_adds_new_policy(tmp_path):
+    path = write(tmp_path, MINIMAL)
+    cfg = load_config(path, ["policies.critic.model.preset=tiny-qwen2", "agents.solver.policy=critic"])
+    assert set(cfg.policies) == {"main", "critic"} and cfg.agents["solver"].policy == "critic"
+    # a new entry is validated like any other, and its errors are blamed on the overrides
+    msg = only_problem(tmp_path, MINIMAL, ["policies.critic.model.presetx=tiny-qwen2"])
+    assert msg.startswith("<overrides>: policies.critic.model.presetx: unknown key"), msg
+
+
+def test_override_errors_blame_overrides(tmp_path):
+    msg = only_problem(tmp_path, MINIMAL, ["train.steps=0"])
+    assert msg == "<overrides>: train.steps: Input should be greater than or equal to 1 (got 0)"
+    msg = only_problem(tmp_path, MINIMAL, ["train.stepz=3"])
+    assert msg.startswith("<overrides>: train.stepz: unknown key")
+    # a problem already in the file still names the file
+    msg = only_problem(tmp_path, with_(**{"train.steps": 0}), ["train.save_every=2"])
+    assert msg.startswith(f"{tmp_path / 'run.yaml'}: train.steps: ")
+
+
+@pytest.mark.parametrize("bad", ["train.steps", "=3", "train..steps=3", ".x=1"])
+def test_bad_override_syntax(tmp_path, bad):
+    msg = only_problem(tmp_path, MINIMAL, [bad])
+    assert msg.startswith("<overrides>: "), msg
+
+
+def test_override_into_scalar(tmp_path):
+    msg = only_problem(tmp_path, with_(**{"train.steps": 5}), ["train.steps.x=1"])
+    assert msg.startswith("<overrides>: train.steps: cannot set 'x' inside a non-mapping value"), msg
+
+
+def test_apply_overrides_is_pure():
+    data = copy.deepcopy(MINIMAL)
+    out = apply_overrides(data, ["train.steps=3", "policies.main.model.seed=2"])
+    assert data == MINIMAL
+    assert out["train"] == {"steps": 3} and out["policies"]["main"]["model"]["seed"] == 2
+    # an explicit null becomes a mapping when a key is set under it
+    assert apply_overrides({"data": {"synthetic": None}}, ["data.synthetic.seed=1"]) == {
+        "data": {"synthetic": {"seed": 1}}}
+
+
+# ------------------------------------------------------------------ round trip
+
+
+@pytest.mark.parametrize("name", ["grpo_tiny.yaml", "grpo_qwen2.5-0.5b.yaml"])
+def test_dump_load_round_trip(tmp_path, name):
+    cfg = load_config(CONFIGS / name, ["policies.main.mesh.devices=[0,1,2,3,4,5,6,7]"]
+                      if "qwen" in name else ["policies.main.optimizer.lr=1e-7"])
+    out = tmp_path / "sub" / "config.yaml"
+    dump_config(cfg, out)
+    again = load_config(out)
+    assert again == cfg
+    assert again.model_dump() == cfg.model_dump()
+
+
+def test_run_dir_format(tmp_path):
+    cfg = config_from_dict(with_(**{"name": "exp1", "run_dir": "out/{name}/x"}))
+    assert cfg.resolved_run_dir() == Path("out/exp1/x")
+    msg = only_problem(tmp_path, with_(**{"run_dir": "out/{user}"}))
+    assert ": run_dir: unknown placeholder {user}" in msg

@@ -1,0 +1,209 @@
+"""The update step: packing, exact gradient accumulation, the NaN guard, SFT, buffers."""
+
+from __future__ import annotations
+
+import functools
+from types import SimpleNamespace as NS
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from marljax.models.config import ModelConfig
+from marljax.models.decoder import get_params, init_model, token_logprobs
+from marljax.train.batch import collate
+from marljax.train.buffer import ExperienceBuffer
+from marljax.train.update import LossSettings, accumulate, make_update_fn, rl_loss, sft_loss
+from marljax.workflows.types import Sample
+
+CONFIG = ModelConfig.preset("tiny-qwen2", vocab_size=64)
+
+
+def sample(prompt, completion, adv=0.0, version=0, policy="p", seed=0):
+    rng = np.random.default_rng(seed)
+    return Sample(prompt, completion, -rng.random(len(completion)).astype(np.float32), reward=adv,
+                  advantage=adv, policy=policy, version=version)
+
+
+def random_samples(n, seed=0):
+    rng = np.random.default_rng(seed)
+    return [sample(rng.integers(3, 64, rng.integers(2, 6)), rng.integers(3, 64, rng.integers(1, 9)),
+                   adv=float(rng.normal()), seed=k) for k in range(n)]
+
+
+def test_collate_layout_by_hand():
+    s = [sample([5, 6, 7], [8, 9], adv=1.5), sample([4], [3, 2, 1], adv=-1.0)]
+    b = collate(s, micro_batch_size=4, pad_id=0, length_multiple=8)
+    assert b["tokens"].shape == (1, 4, 8)
+    np.testing.assert_array_equal(b["tokens"][0, 0], [5, 6, 7, 8, 9, 0, 0, 0])
+    np.testing.assert_array_equal(b["labels"][0, 0], [6, 7, 8, 9, 0, 0, 0, 0])
+    # position t predicts t + 1: completion tokens 8, 9 are predicted at positions 2, 3
+    np.testing.assert_array_equal(b["loss_mask"][0, 0], [0, 0, 1, 1, 0, 0, 0, 0])
+    np.testing.assert_array_equal(b["loss_mask"][0, 1], [1, 1, 1, 0, 0, 0, 0, 0])
+    np.testing.assert_array_equal(b["sampling_logp"][0, 0, 2:4], s[0].sampling_logprobs)
+    np.testing.assert_array_equal(b["advantages"][0], [1.5, -1.0, 0.0, 0.0])
+    assert not b["loss_mask"][0, 2:].any() and not b["attention_mask"][0, 2:].any()  # filler rows
+
+
+def test_collate_loss_positions_pick_completion_logprobs():
+    """log-probs gathered at the loss mask equal teacher-forced log-probs of the completion."""
+    params = get_params(init_model(CONFIG, seed=1))
+    s = random_samples(3, seed=2)
+    b = collate(s, micro_batch_size=3, length_multiple=4)
+    mb = jax.tree.map(lambda x: jnp.asarray(x[0]), b)
+    logp = np.asarray(token_logprobs(params, mb["tokens"], mb["labels"], config=CONFIG,
+                                     positions=mb["positions"], attention_mask=mb["attention_mask"]))
+    for k, smp in enumerate(s):
+        ids = np.concatenate([smp.prompt_ids, smp.completion_ids])[None]
+        ref = np.asarray(token_logprobs(params, jnp.asarray(ids), jnp.roll(jnp.asarray(ids), -1, 1), config=CONFIG))
+        P = len(smp.prompt_ids)
+        np.testing.assert_allclose(logp[k][b["loss_mask"][0, k]], ref[0, P - 1:-1], atol=1e-5)
+
+
+@pytest.mark.parametrize("loss_type, agg_mode", [("ppo", "token-mean"), ("gspo", "seq-mean-token-mean"),
+                                                  ("ppo", "seq-mean-token-sum-norm")])
+def test_micro_batches_accumulate_to_the_full_batch_gradient(agg_mode, loss_type):
+    params = get_params(init_model(CONFIG, seed=0))
+    s = random_samples(6, seed=3)
+    loss = LossSettings(loss_type=loss_type, agg_mode=agg_mode, norm_constant=16.0, entropy_coef=0.01,
+                        kl_coef=0.1, tis_cap=2.0)
+    fn = functools.partial(rl_loss, config=CONFIG, loss=loss, use_old_logp=True)
+    out = {}
+    for mb in (6, 2):  # one micro-batch of 6, or three of 2 with different token counts
+        b = jax.tree.map(jnp.asarray, collate(s, micro_batch_size=mb, length_multiple=16))
+        # the same per-row values whatever the micro-batch split (rows stay in order)
+        b["old_logp"] = jnp.asarray(-np.random.default_rng(0).random(b["tokens"].shape), jnp.float32)
+        b["ref_logp"] = b["old_logp"] - 0.1
+        out[mb] = accumulate(fn, params, b, agg_mode)
+    (l6, g6, m6), (l2, g2, m2) = out[6], out[2]
+    np.testing.assert_allclose(l2, l6, rtol=1e-5, atol=1e-7)
+    for a, c in zip(jax.tree.leaves(g2), jax.tree.leaves(g6)):
+        np.testing.assert_allclose(a, c, rtol=1e-4, atol=1e-7)
+    np.testing.assert_allclose(m2["entropy"], m6["entropy"], rtol=1e-5)
+
+
+def _opt():
+    return optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(1e-2))
+
+
+def test_nan_guard_skips_exactly_the_bad_update():
+    params = get_params(init_model(CONFIG, seed=0))
+    opt = _opt()
+    update = make_update_fn(functools.partial(rl_loss, config=CONFIG, loss=LossSettings(), use_old_logp=False),
+                            opt, "token-mean")
+    good = random_samples(4, seed=5)
+    bad = random_samples(4, seed=5)
+    bad[2].advantage = float("nan")
+    state = opt.init(params)
+    before = jax.tree.map(np.asarray, (params, state))
+    p1, s1, m1 = update(params, state, jax.tree.map(jnp.asarray, collate(bad, micro_batch_size=2)))
+    assert float(m1["skipped"]) == 1.0
+    for a, b in zip(jax.tree.leaves(before), jax.tree.leaves((p1, s1))):
+        np.testing.assert_array_equal(a, b)  # parameters and optimiser state untouched
+    p2, s2, m2 = update(p1, s1, jax.tree.map(jnp.asarray, collate(good, micro_batch_size=2)))
+    assert float(m2["skipped"]) == 0.0 and np.isfinite(float(m2["loss"]))
+    changed = [not np.array_equal(a, b) for a, b in zip(jax.tree.leaves(before[0]), jax.tree.leaves(p2))]
+    assert all(changed)
+    assert int(s2[1][0].count) == 1  # adam counted only the good step
+
+
+def test_sft_lowers_the_nll_of_its_targets():
+    params = get_params(init_model(CONFIG, seed=0))
+    opt = optax.adam(1e-2)
+    update = make_update_fn(functools.partial(sft_loss, config=CONFIG), opt, "token-mean")
+    b = jax.tree.map(jnp.asarray, collate(random_samples(4, seed=7), micro_batch_size=4))
+    state, nll = opt.init(params), []
+    for _ in range(20):
+        params, state, m = update(params, state, b)
+        nll.append(float(m["nll"]))
+    assert nll[0] > 3.0 and nll[-1] < 0.5 * nll[0]
+
+
+def test_ppo_step_raises_logprob_of_positive_advantage_tokens():
+    params = get_params(init_model(CONFIG, seed=0))
+    opt = optax.sgd(0.5)
+    fn = functools.partial(rl_loss, config=CONFIG, loss=LossSettings(), use_old_logp=False)
+    update = make_update_fn(fn, opt, "token-mean")
+    s = random_samples(2, seed=9)
+    s[0].advantage, s[1].advantage = 1.0, -1.0
+    b = jax.tree.map(jnp.asarray, collate(s, micro_batch_size=2))
+    mb = jax.tree.map(lambda x: x[0], b)
+
+    def seq_logp(p):
+        lp = token_logprobs(p, mb["tokens"], mb["labels"], config=CONFIG, positions=mb["positions"],
+                            attention_mask=mb["attention_mask"])
+        return np.asarray(jnp.sum(jnp.where(mb["loss_mask"], lp, 0.0), axis=1))
+
+    before = seq_logp(params)
+    new, _, _ = update(jax.tree.map(jnp.copy, params), opt.init(params), b)
+    after = seq_logp(new)
+    assert after[0] > before[0] and after[1] < before[1]
+
+
+# --------------------------------------------------------------------- buffers
+def test_buffer_take_is_fifo_and_keeps_leftovers():
+    buf = ExperienceBuffer(threshold=3)
+    buf.add([sample([1], [2], adv=k) for k in range(7)])
+    assert buf.ready(0)
+    first, stats = buf.take(0)
+    assert [s.advantage for s in first] == [0, 1, 2] and stats["buffer_left"] == 4
+    second, _ = buf.take(0)
+    assert [s.advantage for s in second] == [3, 4, 5]
+    assert len(buf) == 1 and not buf.ready(0)
+    with pytest.raises(RuntimeError, match="fewer than its threshold 3"):
+        buf.take(0)
+    assert (buf.added, buf.taken, buf.dropped) == (7, 6, 0)
+
+
+def test_buffer_drops_only_samples_past_max_staleness_and_counts_them():
+    buf = ExperienceBuffer(threshold=2, max_staleness=1)
+    buf.add([sample([1], [2], version=v) for v in (0, 0, 1, 2, 3)])
+    assert buf.drop_stale(3) == 3  # versions 0, 0, 1 are more than 1 behind version 3
+    batch, stats = buf.take(3)
+    assert [s.version for s in batch] == [2, 3] and stats["staleness_max"] == 1.0
+    assert buf.dropped == 3
+
+
+def test_buffer_state_round_trip_is_exact():
+    buf = ExperienceBuffer(threshold=4)
+    buf.add(random_samples(3, seed=1))
+    state = buf.state_dict()
+    import json
+
+    other = ExperienceBuffer(threshold=4)
+    other.load_state_dict(json.loads(json.dumps(state)))
+    for a, b in zip(buf._samples, other._samples):
+        np.testing.assert_array_equal(a.sampling_logprobs, b.sampling_logprobs)
+        np.testing.assert_array_equal(a.completion_ids, b.completion_ids)
+        assert a.advantage == b.advantage
+
+
+def test_skewed_rates_fast_policy_updates_while_slow_waits():
+    """Policy "fast" gets 5 samples a step and "slow" 1; thresholds 4 and 3."""
+    from marljax.train.loop import Trainer
+
+    class Counting:
+        def __init__(self):
+            self.version, self.batches = 0, []
+
+        def update(self, batch):
+            self.batches.append(len(batch))
+            self.version += 1
+            return {"loss": 0.0, "skipped": 0.0}
+
+    t = Trainer.__new__(Trainer)  # only the buffer routing, no models
+    t.policies = {"fast": Counting(), "slow": Counting()}
+    t.buffers = {"fast": ExperienceBuffer(4), "slow": ExperienceBuffer(3)}
+    updates = []
+    for step in range(6):
+        t.buffers["fast"].add([sample([1], [2], policy="fast") for _ in range(5)])
+        t.buffers["slow"].add([sample([1], [2], policy="slow")])
+        m = t.update_ready_policies()
+        updates.append((m["policy/fast/updates"], m["policy/slow/updates"]))
+    # fast: 5, 10, 15, ... arrive; 4 per update -> cumulative floor(5 (k+1) / 4) updates
+    assert [u[0] for u in updates] == [1, 1, 1, 2, 1, 1]
+    assert [u[1] for u in updates] == [0, 0, 1, 0, 0, 1]
+    assert t.policies["fast"].batches == [4] * 7 and t.policies["slow"].batches == [3, 3]
+    assert len(t.buffers["fast"]) == 30 - 28 and len(t.buffers["slow"]) == 0
