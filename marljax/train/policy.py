@@ -161,7 +161,7 @@ class Policy:
     # -------------------------------------------------------- checkpoints
     def state(self) -> dict:
         state = {"params": self.params, "opt_state": self.opt_state,
-                 "step": np.int64(self.step), "version": np.int64(self.version)}
+                 "step": np.asarray(self.step, np.int64), "version": np.asarray(self.version, np.int64)}
         if self.ref_params is not None:
             state["ref_params"] = self.ref_params
         return state

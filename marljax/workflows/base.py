@@ -81,7 +81,7 @@ class PolicyGenerator:
             prompts = [tok(requests[i][1])["input_ids"] for i in idx]
             if self.max_prompt_len:  # keep the end of an over-long prompt (the question is last)
                 prompts = [p[-self.max_prompt_len:] for p in prompts]
-            res = policy.generate(prompts, n=n, seed=seed * 1009 + k, sampler=self.sampler)
+            res = policy.generate(prompts, n=n, seed=(seed * 1009 + k) % 2**32, sampler=self.sampler)
             for j, i in enumerate(idx):
                 gens = []
                 for r in range(j * n, (j + 1) * n):

@@ -1,0 +1,180 @@
+"""End to end: a tiny GRPO run learns, survives SIGKILL, exports to transformers; CLI errors name the culprit."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import yaml
+
+from marljax.train.config import config_from_dict
+from marljax.train.metrics import read_metrics
+
+
+def seven_task(tmp: Path, run_dir: Path, **train) -> Path:
+    """A math task whose answer is always 7: a random tiny model says a final 7 in
+    about 4% of 16-token answers, so GRPO has a signal from the first step."""
+    data = tmp / "seven.jsonl"
+    with data.open("w") as f:
+        for k in range(16):
+            f.write(json.dumps({"id": f"q{k}", "problem": f"Question {k}: answer 7", "answer": "7"}) + "\n")
+    cfg = {"name": "seven", "run_dir": str(run_dir),
+           "policies": {"main": {"model": {"preset": "tiny-qwen3"}, "optimizer": {"lr": 3e-3},
+                                 "buffer": {"threshold": 64}, "micro_batch_size": 32}},
+           "agents": {"solver": {"policy": "main"}},
+           "data": {"train": str(data), "batch_size": 8},
+           "sampler": {"max_new_tokens": 16},
+           "workflow": {"kind": "grpo", "group_size": 8},
+           "train": {"steps": 30, "save_every": 10, "tensorboard": False, "progress": False, **train}}
+    path = tmp / "seven.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def cli(*args, **kw) -> subprocess.Popen:
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    return subprocess.Popen([sys.executable, "-m", "marljax.cli", *args], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, **kw)
+
+
+def run_cli(*args, timeout=600) -> subprocess.CompletedProcess:
+    p = cli(*args)
+    out, err = p.communicate(timeout=timeout)
+    return subprocess.CompletedProcess(p.args, p.returncode, out, err)
+
+
+@pytest.fixture(scope="module")
+def grpo_run(tmp_path_factory):
+    from marljax.train.loop import Trainer
+
+    tmp = tmp_path_factory.mktemp("grpo")
+    config = seven_task(tmp, tmp / "run")
+    trainer = Trainer(config_from_dict(yaml.safe_load(config.read_text()), str(config)))
+    trainer.run()
+    return trainer, tmp / "run"
+
+
+@pytest.mark.slow
+def test_grpo_mean_reward_rises(grpo_run):
+    _, run_dir = grpo_run
+    rewards = [r["agent/solver/reward"] for r in read_metrics(run_dir)]
+    assert len(rewards) == 30
+    first, last = np.mean(rewards[:5]), np.mean(rewards[-5:])
+    assert 0 < first < 0.15, rewards  # the initial policy sometimes solves it
+    assert last > first + 0.3, rewards
+    assert sorted(os.listdir(run_dir / "checkpoints" / "main")) == ["10", "20", "30"]
+
+
+@pytest.mark.slow
+def test_export_loads_in_transformers_with_the_trained_logits(grpo_run, tmp_path):
+    from marljax.models.decoder import forward
+    from marljax.models.testing import torch_logits
+
+    trainer, run_dir = grpo_run
+    res = run_cli("export", str(run_dir), "--policy", "main", str(tmp_path / "hf"))
+    assert res.returncode == 0, res.stderr
+    ids = np.array([[5, 17, 42, 99, 7, 250, 3, 11]])
+    ours = np.asarray(forward(trainer.policies["main"].params, jnp.asarray(ids),
+                              config=trainer.policies["main"].config)[0])
+    theirs = torch_logits(tmp_path / "hf", ids)
+    np.testing.assert_allclose(theirs, ours, atol=1e-4)
+    from transformers import AutoTokenizer
+
+    assert AutoTokenizer.from_pretrained(str(tmp_path / "hf"))("answer 7")["input_ids"]
+
+
+def _kill_when(proc: subprocess.Popen, ready, timeout=300) -> None:
+    t0 = time.time()
+    while not ready():
+        if proc.poll() is not None:
+            raise AssertionError(f"trainer exited early: {proc.communicate()[1][-2000:]}")
+        if time.time() - t0 > timeout:
+            proc.kill()
+            raise AssertionError("timed out waiting for the kill point")
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+
+
+def _steps_logged(run_dir: Path) -> int:
+    try:
+        return len(read_metrics(run_dir))
+    except (FileNotFoundError, ValueError):
+        return 0
+
+
+def _writing_checkpoint(run_dir: Path) -> bool:
+    ckpt = run_dir / "checkpoints" / "main"
+    return ckpt.is_dir() and any("tmp" in name for name in os.listdir(ckpt))
+
+
+def _comparable(records):
+    return [{k: v for k, v in r.items() if not k.startswith("time")} for r in records]
+
+
+@pytest.mark.slow
+def test_sigkill_mid_run_and_mid_checkpoint_then_resume_matches_uninterrupted(tmp_path):
+    steps = dict(steps=12, save_every=2)
+    reference = tmp_path / "reference"
+    res = run_cli("train", str(seven_task(tmp_path, reference, **steps)))
+    assert res.returncode == 0, res.stderr
+    expected = _comparable(read_metrics(reference))
+    assert len(expected) == 12
+
+    run = tmp_path / "killed"
+    config = str(seven_task(tmp_path, run, **steps))
+    # 1) killed between checkpoints, after step 5 was logged (checkpoint 4 complete)
+    _kill_when(cli("train", config), lambda: _steps_logged(run) >= 5)
+    # 2) resumed, then killed while an orbax write is in flight
+    _kill_when(cli("train", config), lambda: _steps_logged(run) >= 6 and _writing_checkpoint(run))
+    # 3) resumed to the end
+    res = run_cli("train", config)
+    assert res.returncode == 0, res.stderr
+    assert "resumed" in res.stderr
+    assert _comparable(read_metrics(run)) == expected
+
+
+@pytest.mark.slow
+def test_corrupt_latest_checkpoint_falls_back_and_says_so(grpo_run, tmp_path):
+    from marljax.train.checkpoint import RunCheckpointer
+
+    trainer, run_dir = grpo_run
+    step_dir = Path(trainer.checkpointer.step_dir("main", 30))
+    biggest = max((p for p in step_dir.rglob("*") if p.is_file()), key=lambda p: p.stat().st_size)
+    data = biggest.read_bytes()
+    biggest.write_bytes(data[: len(data) // 2])
+    with pytest.warns(RuntimeWarning, match="30"):
+        got = RunCheckpointer(run_dir, ["main"]).restore({"main": trainer.policies["main"].abstract_state()})
+    assert got is not None and got[0] == 20
+    assert int(got[1]["main"]["version"]) == 20 and got[2]["step"] == 20
+
+
+def test_cli_config_error_names_the_key_and_file(tmp_path):
+    path = tmp_path / "bad.yaml"
+    cfg = yaml.safe_load(Path("configs/grpo_tiny.yaml").read_text()) if Path("configs/grpo_tiny.yaml").exists() \
+        else None
+    assert cfg is not None, "run from the repository root"
+    cfg["policies"]["main"]["optimizer"]["lrr"] = 1e-3
+    path.write_text(yaml.safe_dump(cfg))
+    res = run_cli("train", str(path), timeout=120)
+    assert res.returncode == 2
+    assert "policies.main.optimizer.lrr" in res.stderr and str(path) in res.stderr
+    res = run_cli("train", "configs/grpo_tiny.yaml", "train.steps=many", timeout=120)
+    assert res.returncode == 2 and "train.steps" in res.stderr
+
+
+def test_cli_data_error_names_file_and_line(tmp_path):
+    data = tmp_path / "train.jsonl"
+    data.write_text(json.dumps({"problem": "1+1?", "answer": "2"}) + "\n" + '{"problem": "oops"\n')
+    res = run_cli("train", "configs/grpo_tiny.yaml", f"run_dir={tmp_path / 'run'}", f"data.train={data}",
+                  "data.synthetic=null", timeout=300)
+    assert res.returncode == 2
+    assert f"{data}:2" in res.stderr
