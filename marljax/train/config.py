@@ -13,22 +13,24 @@ import copy
 import difflib
 import re
 import string
-import types
 import warnings
 from pathlib import Path
 from typing import Annotated, Any, Literal, Mapping, Sequence, Union, get_args, get_origin
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, Discriminator, Field, Tag, ValidationError, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
 from marljax.kernels.losses import AGG_MODES, LOSS_TYPES
 from marljax.kernels.losses_terms import KL_KINDS
 from marljax.kernels.losses_tis import TIS_LEVELS
 from marljax.models.config import PRESETS
+from marljax.settings import StrictModel, resolve_annotation
+from marljax.workflows import REGISTRY
+from marljax.workflows.grpo import GrpoConfig
 
 __all__ = [
-    "AgentConfig", "BufferConfig", "ConfigError", "DataConfig", "GrpoWorkflow", "LossConfig", "MeshConfig",
+    "AgentConfig", "BufferConfig", "ConfigError", "DataConfig", "GrpoConfig", "LossConfig", "MeshConfig",
     "ModelSpec", "OptimizerConfig", "PolicyConfig", "RunConfig", "SamplerConfig", "SandboxSettings",
     "SyntheticData", "TrainSettings", "WorkflowConfig", "apply_overrides", "config_from_dict", "dump_config",
     "load_config",
@@ -83,16 +85,7 @@ def _check_format(template: str, allowed: Sequence[str]) -> str | None:
     return None
 
 
-class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    @field_validator("*", mode="before")
-    @classmethod
-    def _no_bool_numbers(cls, v, info):
-        # Lax mode would read `true` as 1 for a number; in a config that is a mistake.
-        if isinstance(v, bool) and _resolve(cls.model_fields[info.field_name].annotation) in (int, float):
-            raise ValueError("expected a number, not a boolean")
-        return v
+_Model = StrictModel
 
 
 class ModelSpec(_Model):
@@ -249,17 +242,8 @@ class SamplerConfig(_Model):
     max_prompt_len: int = Field(512, ge=1)
 
 
-class GrpoWorkflow(_Model):
-    """Single-agent GRPO family: sample a group per problem, normalise rewards within it."""
-
-    kind: Literal["grpo"] = "grpo"
-    group_size: int = Field(4, ge=2, description="responses sampled per problem")
-    estimator: Literal["grpo", "dr_grpo", "rloo"] = "grpo"
-    agent: str | None = Field(None, description="agent to train; default: the only agent")
-
-
-# Add new workflow models (magrpo, at_grpo, ...) here; the `kind` key picks one.
-WORKFLOWS = (GrpoWorkflow,)
+# Workflow option models live beside their workflows (marljax.workflows.REGISTRY); `kind` picks one.
+WORKFLOWS = tuple(settings for settings, _ in REGISTRY.values())
 WORKFLOW_KINDS = tuple(m.model_fields["kind"].default for m in WORKFLOWS)
 
 
@@ -298,7 +282,7 @@ class RunConfig(_Model):
     agents: dict[str, AgentConfig] = Field(min_length=1)
     data: DataConfig
     sampler: SamplerConfig = Field(default_factory=SamplerConfig)
-    workflow: WorkflowConfig = Field(default_factory=GrpoWorkflow)
+    workflow: WorkflowConfig = Field(default_factory=GrpoConfig)
     sandbox: SandboxSettings = Field(default_factory=SandboxSettings)
     train: TrainSettings = Field(default_factory=TrainSettings)
 
@@ -330,11 +314,7 @@ class RunConfig(_Model):
             if agent.policy not in self.policies:
                 found.append((("agents", name, "policy"), f"unknown policy {agent.policy!r}; known: {known}",
                               agent.policy))
-        wf = self.workflow
-        if wf.agent is not None and wf.agent not in self.agents:
-            found.append((("workflow", "agent"), f"unknown agent; known: {', '.join(self.agents)}", wf.agent))
-        if wf.kind == "grpo" and wf.agent is None and len(self.agents) != 1:
-            found.append((("workflow", "agent"), "grpo trains one agent: set workflow.agent", None))
+        found += [(("workflow", *key), msg, value) for key, msg, value in self.workflow.check_agents(self.agents)]
         _problems(found)
         return self
 
@@ -386,19 +366,7 @@ def apply_overrides(data: Mapping[str, Any], overrides: Sequence[str]) -> dict:
     return out
 
 
-def _resolve(tp: Any) -> Any:
-    """Strip Annotated/Optional so that a field's annotation shows its container or model."""
-    while True:
-        origin = get_origin(tp)
-        if origin is Annotated:
-            tp = get_args(tp)[0]
-        elif origin in (Union, types.UnionType):
-            args = [a for a in get_args(tp) if a is not type(None)]
-            if len(args) != 1:
-                return None
-            tp = args[0]
-        else:
-            return tp
+_resolve = resolve_annotation
 
 
 def _model_at(loc: Sequence[Any]) -> type[BaseModel] | None:

@@ -17,8 +17,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+import jax.numpy as jnp
 import numpy as np
 
+from marljax import kernels as K
 from marljax.rewards import Limits, SandboxPool
 from marljax.train import data as data_lib
 from marljax.train.buffer import ExperienceBuffer
@@ -42,6 +44,18 @@ def load_split(cfg: Any, split: str) -> list:
         return [data_lib.parse_row(r, "stdio", f"<synthetic {split}>:{k + 1}") for k, r in enumerate(rows)]
     path = cfg.train if split == "train" else cfg.eval
     return [] if path is None else data_lib.load_problems(path, cfg.schema)
+
+
+def amplification_metrics(samples: list) -> dict[str, float]:
+    """Dr. MAS's gradient amplification factor per agent under global normalisation
+    (1 for every agent means agent-wise and global normalisation agree)."""
+    names = sorted({s.agent for s in samples})
+    if len(names) < 2:
+        return {}
+    rewards = jnp.asarray([s.reward for s in samples], jnp.float32)
+    ids = jnp.asarray([names.index(s.agent) for s in samples], jnp.int32)
+    factor = np.asarray(K.amplification_factor(rewards, ids, len(names)))
+    return {f"agent/{a}/amplification": float(f) for a, f in zip(names, factor)}
 
 
 def step_seed(seed: int, step: int) -> int:
@@ -142,7 +156,7 @@ class Trainer:
         t1 = time.perf_counter()
         for s in rollout.samples:
             self.buffers[s.policy].add([s])
-        metrics = {**rollout.metrics, **self.update_ready_policies()}
+        metrics = {**rollout.metrics, **amplification_metrics(rollout.samples), **self.update_ready_policies()}
         self.step += 1
         metrics.update({"time/rollout_s": t1 - t0, "time/update_s": time.perf_counter() - t1})
         return metrics

@@ -6,19 +6,24 @@ text in tests) and the rewards; they know nothing about optimisers.
 
 from typing import Any
 
-from marljax.workflows.base import Agent, Generation, Generator, PolicyGenerator, Rollout, ScriptedGenerator
-from marljax.workflows.grpo import GrpoWorkflow
+from marljax.workflows.base import (Agent, Generation, Generator, PolicyGenerator, Rollout, ScriptedGenerator,
+                                    WorkflowSettings)
+from marljax.workflows.grpo import GrpoConfig, GrpoWorkflow
 from marljax.workflows.types import ID_FIELDS, Sample
 
-WORKFLOWS = {"grpo": GrpoWorkflow}
+# kind -> (typed options, workflow class with `from_config(options)`); the run config's
+# `workflow` section is validated against these option models.
+REGISTRY: dict[str, tuple[type[WorkflowSettings], Any]] = {
+    "grpo": (GrpoConfig, GrpoWorkflow),
+}
 
 
 def build_workflow(cfg: Any):
     """The workflow for a config's `workflow` section (dispatch on `kind`)."""
-    if cfg.kind not in WORKFLOWS:
-        raise ValueError(f"unknown workflow kind {cfg.kind!r}; known: {sorted(WORKFLOWS)}")
-    return WORKFLOWS[cfg.kind].from_config(cfg)
+    if cfg.kind not in REGISTRY:
+        raise ValueError(f"unknown workflow kind {cfg.kind!r}; known: {sorted(REGISTRY)}")
+    return REGISTRY[cfg.kind][1].from_config(cfg)
 
 
-__all__ = ["Agent", "Generation", "Generator", "ID_FIELDS", "PolicyGenerator", "Rollout", "Sample",
-           "ScriptedGenerator", "WORKFLOWS", "build_workflow"]
+__all__ = ["Agent", "Generation", "Generator", "ID_FIELDS", "PolicyGenerator", "REGISTRY", "Rollout", "Sample",
+           "ScriptedGenerator", "WorkflowSettings", "build_workflow"]

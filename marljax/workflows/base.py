@@ -15,9 +15,24 @@ from typing import Any, Callable, Mapping, Protocol, Sequence
 
 import numpy as np
 
+from marljax.settings import StrictModel
 from marljax.workflows.types import Sample
 
 PLACEHOLDERS = ("role", "problem", "feedback", "history")
+
+
+class WorkflowSettings(StrictModel):
+    """Base of each workflow's typed options (`kind` names the workflow in YAML)."""
+
+    kind: str
+
+    def check_agents(self, agents: Mapping[str, Any]) -> list[tuple[tuple[str, ...], str, Any]]:
+        """Cross-checks against the run's agents: `(key under workflow, problem, value)` each.
+        By default an `agent` option, if the workflow has one, must name an agent."""
+        name = getattr(self, "agent", None)
+        if name is not None and name not in agents:
+            return [(("agent",), f"unknown agent; known: {', '.join(agents)}", name)]
+        return []
 
 
 @dataclasses.dataclass(frozen=True)

@@ -7,13 +7,14 @@ reward normalised within its problem's group (GRPO, Dr.GRPO or RLOO).
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Literal, Mapping, Sequence
 
 import jax.numpy as jnp
 import numpy as np
+from pydantic import Field
 
 from marljax import kernels as K
-from marljax.workflows.base import Agent, Generator, Rollout
+from marljax.workflows.base import Agent, Generator, Rollout, WorkflowSettings
 from marljax.workflows.scoring import score_texts
 
 ESTIMATORS = {"grpo": K.grpo_advantages, "dr_grpo": K.dr_grpo_advantages, "rloo": K.rloo_advantages}
@@ -22,6 +23,20 @@ ESTIMATORS = {"grpo": K.grpo_advantages, "dr_grpo": K.dr_grpo_advantages, "rloo"
 def group_stats(prefix: str, rewards: np.ndarray, passed: np.ndarray, advantages: np.ndarray) -> dict[str, float]:
     return {f"{prefix}/reward": float(rewards.mean()), f"{prefix}/pass_rate": float(passed.mean()),
             f"{prefix}/adv_mean": float(advantages.mean()), f"{prefix}/adv_std": float(advantages.std())}
+
+
+class GrpoConfig(WorkflowSettings):
+    """Single-agent GRPO family: sample a group per problem, normalise rewards within it."""
+
+    kind: Literal["grpo"] = "grpo"
+    group_size: int = Field(4, ge=2, description="responses sampled per problem")
+    estimator: Literal["grpo", "dr_grpo", "rloo"] = "grpo"
+    agent: str | None = Field(None, description="agent to train; default: the only agent")
+
+    def check_agents(self, agents: Mapping[str, Any]):
+        if self.agent is None and len(agents) != 1:
+            return [(("agent",), "grpo trains one agent: set workflow.agent", None)]
+        return super().check_agents(agents)
 
 
 class GrpoWorkflow:

@@ -10,7 +10,7 @@ import yaml
 
 from marljax.train.config import (
     ConfigError,
-    GrpoWorkflow,
+    GrpoConfig,
     OptimizerConfig,
     RunConfig,
     apply_overrides,
@@ -104,7 +104,7 @@ def test_defaults():
     assert (pol.mesh.data, pol.mesh.fsdp, pol.mesh.tensor, pol.mesh.devices) == (1, 1, 1, None)
     assert cfg.agents["solver"].template == "{role}{problem}" and cfg.agents["solver"].role == ""
     assert cfg.data.schema == "auto" and cfg.data.batch_size == 4 and cfg.data.synthetic.n_eval == 32
-    assert cfg.workflow == GrpoWorkflow() and cfg.workflow.kind == "grpo"
+    assert cfg.workflow == GrpoConfig() and cfg.workflow.kind == "grpo"
     assert cfg.sampler.top_p == 1.0 and cfg.sandbox.timeout_s == 5.0
     assert cfg.train.steps == 100 and cfg.train.eval_every is None
     assert cfg.name == "run" and cfg.resolved_run_dir() == Path("runs/run")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import functools
-from types import SimpleNamespace as NS
 
 import jax
 import jax.numpy as jnp
