@@ -1,0 +1,205 @@
+"""A procedurally generated planning game for AT-GRPO (arXiv 2510.11062): grid path planning.
+
+A seeded ``size x size`` grid with walls, a start and a goal, always solvable
+(checked by BFS). The planner answers a move string over ``U`` (row - 1),
+``D`` (row + 1), ``L`` (column - 1), ``R`` (column + 1); row 0 is the top.
+
+Shaped reward of a plan run from cell ``p`` (see :func:`plan_reward`):
+
+* the moves run in order; the first illegal move (into a wall or off the
+  grid) ends the plan: it and every later move count for nothing (0);
+* 1 if the plan reaches the goal (at any move: the plan stops there);
+* else ``max(0, 0.5 * (1 - d(end) / d(p)))`` with ``d`` the BFS distance to
+  the goal: partial credit for getting closer, 0 for no progress or worse.
+
+Multi-turn: the next turn starts where the previous turn's best plan ended
+(:class:`PlanEnv`, the environment the AT-GRPO workflow drives).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+import re
+from collections import deque
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+MOVES = {"U": (-1, 0), "D": (1, 0), "L": (0, -1), "R": (0, 1)}
+# A run of move letters (spaces or commas between them allowed) that is not part of a word.
+_PLAN = re.compile(r"(?<![A-Za-z])[UDLR](?:[ ,]*[UDLR])*(?![A-Za-z])")
+_MARK = re.compile(r"moves\s*:", re.I)
+
+
+@dataclasses.dataclass(frozen=True)
+class GridProblem:
+    """Problem-like: ``fields`` holds size, walls [[r, c], ...], start, goal, distance, solution."""
+
+    id: str
+    prompt: str
+    fields: Mapping[str, Any]
+    schema: str = "plan"
+    source: str = "<grid>"
+
+
+def bfs_distances(fields: Mapping[str, Any]) -> dict[tuple[int, int], int]:
+    """Moves from each reachable free cell to the goal (BFS from the goal; moves are reversible)."""
+    size, walls = fields["size"], {tuple(w) for w in fields["walls"]}
+    goal = tuple(fields["goal"])
+    dist, queue = {goal: 0}, deque([goal])
+    while queue:
+        r, c = queue.popleft()
+        for dr, dc in MOVES.values():
+            nxt = (r + dr, c + dc)
+            if 0 <= nxt[0] < size and 0 <= nxt[1] < size and nxt not in walls and nxt not in dist:
+                dist[nxt] = dist[(r, c)] + 1
+                queue.append(nxt)
+    return dist
+
+
+def shortest_plan(fields: Mapping[str, Any], pos: Sequence[int] | None = None) -> str:
+    """One shortest move string from ``pos`` (default: the start) to the goal (first move in UDLR order)."""
+    dist = bfs_distances(fields)
+    cell, plan = tuple(fields["start"] if pos is None else pos), []
+    while dist[cell] > 0:
+        for m, (dr, dc) in MOVES.items():
+            nxt = (cell[0] + dr, cell[1] + dc)
+            if dist.get(nxt, -1) == dist[cell] - 1:
+                plan.append(m)
+                cell = nxt
+                break
+    return "".join(plan)
+
+
+def parse_plan(text: str) -> str:
+    """The moves in an answer: after the last ``Moves:`` (any case) if there is one, else anywhere;
+    the first run of U/D/L/R letters not inside a word, separators dropped ('' if none)."""
+    marks = list(_MARK.finditer(text or ""))
+    segment = (text or "")[marks[-1].end():] if marks else (text or "")
+    m = _PLAN.search(segment)
+    return re.sub(r"[ ,]", "", m.group(0)) if m else ""
+
+
+@dataclasses.dataclass(frozen=True)
+class PlanResult:
+    pos: tuple[int, int]  # where the plan ended
+    reached: bool  # the goal was reached
+    illegal: bool  # an illegal move ended the plan
+    used: int  # moves executed
+
+
+def run_plan(fields: Mapping[str, Any], pos: Sequence[int], moves: str) -> PlanResult:
+    """Execute ``moves`` from ``pos``: stop at the goal or before the first illegal move."""
+    size, walls, goal = fields["size"], {tuple(w) for w in fields["walls"]}, tuple(fields["goal"])
+    cell = tuple(pos)
+    for k, m in enumerate(moves):
+        if cell == goal:
+            return PlanResult(cell, True, False, k)
+        nxt = (cell[0] + MOVES[m][0], cell[1] + MOVES[m][1])
+        if not (0 <= nxt[0] < size and 0 <= nxt[1] < size) or nxt in walls:
+            return PlanResult(cell, False, True, k)
+        cell = nxt
+    return PlanResult(cell, cell == goal, False, len(moves))
+
+
+def plan_reward(fields: Mapping[str, Any], pos: Sequence[int], moves: str) -> float:
+    """1 at the goal, else ``max(0, 0.5 * (1 - d(end) / d(pos)))`` (module doc)."""
+    res = run_plan(fields, pos, moves)
+    if res.reached:
+        return 1.0
+    dist = bfs_distances(fields)
+    return max(0.0, 0.5 * (1.0 - dist[res.pos] / dist[tuple(pos)]))
+
+
+def grid_text(fields: Mapping[str, Any], pos: Sequence[int]) -> str:
+    """One line per row: ``#`` wall, ``.`` free, ``A`` the agent, ``G`` the goal."""
+    walls, goal, size = {tuple(w) for w in fields["walls"]}, tuple(fields["goal"]), fields["size"]
+    def cell(rc):
+        return "A" if rc == tuple(pos) else "G" if rc == goal else "#" if rc in walls else "."
+    return "\n".join("".join(cell((r, c)) for c in range(size)) for r in range(size))
+
+
+def grid_prompt(fields: Mapping[str, Any], pos: Sequence[int]) -> str:
+    return ("Grid path planning. Move A to G. Row 0 is the top; '#' is a wall, '.' is free.\n"
+            f"{grid_text(fields, pos)}\n"
+            "Moves: U (up), D (down), L (left), R (right). A move into a wall or off the grid ends the plan.\n"
+            "Reply with your moves on one line, like `Moves: RRD`.")
+
+
+def make_grid_problems(n: int, seed: int = 0, size: int = 5, wall_prob: float = 0.3) -> list[GridProblem]:
+    """``n`` solvable grids, deterministic from ``seed``; the start is at least 2 moves from the goal."""
+    problems = []
+    for i in range(n):
+        rng = random.Random(f"grid/{seed}/{i}")
+        while True:  # rejection sampling: redraw until the start reaches the goal
+            cells = [(r, c) for r in range(size) for c in range(size)]
+            start, goal = rng.sample(cells, 2)
+            walls = sorted(x for x in cells if x not in (start, goal) and rng.random() < wall_prob)
+            fields = {"size": size, "walls": [list(w) for w in walls], "start": list(start), "goal": list(goal)}
+            d = bfs_distances(fields).get(start)
+            if d is not None and d >= 2:
+                break
+        fields.update(distance=d, solution=shortest_plan(fields))
+        problems.append(GridProblem(f"grid/{seed}/{i}", grid_prompt(fields, start), fields))
+    return problems
+
+
+@dataclasses.dataclass(frozen=True)
+class PlanState:
+    pos: tuple[int, int]
+    moves: str = ""  # moves executed so far (by the best plans)
+    last: PlanResult | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class TurnResult:
+    """One problem's turn: per role, the K candidates' rewards and pass flags and the best index."""
+
+    rewards: dict[str, list[float]]
+    passed: dict[str, list[bool]]
+    best: dict[str, int]
+    state: Any
+    solved: bool
+
+
+def best_branch(rewards: Sequence[float]) -> int:
+    """The branch that continues: highest reward, ties to the lowest index (AT-GRPO's greedy selection)."""
+    return int(np.argmax(np.asarray(rewards, np.float64)))
+
+
+class PlanEnv:
+    """Planner-only environment: each turn the planner plans from where the last best plan ended."""
+
+    def __init__(self, planner: str):
+        self.roles = (planner,)
+
+    def start(self, problem: Any) -> PlanState:
+        if getattr(problem, "schema", None) != "plan":
+            raise ValueError(f"task 'plan' needs grid problems (schema 'plan', from make_grid_problems); "
+                             f"problem {problem.id!r} has schema {getattr(problem, 'schema', None)!r}")
+        return PlanState(tuple(problem.fields["start"]))
+
+    def request(self, problem: Any, state: PlanState, role: str, turn: int) -> tuple[str, str, str]:
+        """(problem text, feedback, history) for the planner at ``state``."""
+        text = grid_prompt(problem.fields, state.pos)
+        if turn == 0 or state.last is None:
+            return text, "", ""
+        d = bfs_distances(problem.fields)[state.pos]
+        how = "was stopped by a wall or the edge" if state.last.illegal else "ended"
+        return text, f"Your last plan {how} at row {state.pos[0]}, column {state.pos[1]}: {d} moves from G.", \
+            f"Moves so far: {state.moves or '(none)'}"
+
+    def step(self, problems: Sequence[Any], states: Sequence[PlanState], texts: Sequence[dict[str, list[str]]],
+             pool: Any) -> list[TurnResult]:
+        out = []
+        (role,) = self.roles
+        for problem, state, cand in zip(problems, states, texts):
+            plans = [parse_plan(t) for t in cand[role]]
+            runs = [run_plan(problem.fields, state.pos, p) for p in plans]
+            rewards = [plan_reward(problem.fields, state.pos, p) for p in plans]
+            b = best_branch(rewards)
+            new = PlanState(runs[b].pos, state.moves + plans[b][:runs[b].used], runs[b])
+            out.append(TurnResult({role: rewards}, {role: [r.reached for r in runs]}, {role: b}, new,
+                                  runs[b].reached))
+        return out

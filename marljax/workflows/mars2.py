@@ -1,0 +1,276 @@
+"""MARS2 (arXiv 2602.07848): multi-agent tree search as the RL environment, and MARS2-T+.
+
+Per problem, a team of agents grows one search tree (`mars2_search`: GEN a
+fresh solution or CONT refine a failed node, agent and action chosen by
+Thompson sampling from per-agent Beta posteriors, with depth guidance
+``gamma(d) ** c_d``). Refinement prompts carry the node's program and, with
+``use_feedback``, the sandbox's error feedback on the *public* tests
+(`marljax.rewards.error_feedback`); fresh-solution prompts never do. Trees
+grow in rounds: each tree plans ``expansions_per_round`` pending nodes, and
+the pending nodes of all trees go to the generator as one call (one sampler
+batch per policy), then are scored together.
+
+Training reward: fraction of all tests passed. Credit: one advantage group
+per tree, ``A_n = (r_n - mean_T) / std_T`` over all nodes of tree ``T`` across
+agents and depths (`marljax.kernels.mars2_advantages`); every node is a
+`Sample` routed to its agent's policy.
+
+MARS2-T+ (`search_eval`): the same search at test time with error feedback,
+rewards from the public tests only; the final answer is the highest public
+score (ties: earliest node) or a reward model's pick, and is scored on the
+private tests.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from typing import Any, Callable, Literal, Mapping, Sequence
+
+import jax.numpy as jnp
+import numpy as np
+from pydantic import Field
+
+from marljax import kernels as K
+from marljax.rewards import error_feedback, extract_code
+from marljax.settings import StrictModel
+from marljax.workflows.base import Agent, Generator, Rollout, WorkflowSettings, template_fields
+from marljax.workflows.mars2_search import CONT, RewardAverage, Tree, select_final
+from marljax.workflows.mars2_search import depth_gamma as make_gamma
+from marljax.workflows.scoring import Score, score_texts
+
+REFINE_NOTE = "Refine the previous attempt so that it passes all tests. Reply with the complete program."
+# reward_model(problem, candidate texts) -> one score per candidate (higher is better)
+RewardModel = Callable[[Any, Sequence[str]], Sequence[float]]
+
+
+class DepthGamma(StrictModel):
+    """gamma(d) = max(floor, start - step * d)."""
+
+    start: float = Field(0.98, gt=0, le=1)
+    step: float = Field(0.05, ge=0)
+    floor: float = Field(0.5, gt=0, le=1)
+
+
+class Mars2Config(WorkflowSettings):
+    """MARS2 tree search as the environment; MARS2-T+ search at evaluation."""
+
+    kind: Literal["mars2"] = "mars2"
+    agents: list[str] | None = Field(None, min_length=1, description="the team, in order; None: every agent")
+    max_nodes: int = Field(8, ge=2, description="nodes per tree")
+    expansions_per_round: int = Field(2, ge=1, description="expansions per tree between generator calls")
+    prior: Literal["uniform", "reward_average"] = "uniform"
+    prior_strength: float = Field(1.0, gt=0, description="a0 + b0 of the reward_average prior")
+    depth_gamma: list[float] | DepthGamma = Field(default_factory=DepthGamma,
+                                                  description="gamma(d): per-depth list (last repeats) or a rule")
+    use_feedback: bool = Field(True, description="refinement prompts carry public-test error feedback")
+    stop_on_solve: bool = Field(True, description="stop a tree once a node passes all tests")
+    select: Literal["public_score", "reward_model"] = Field(
+        "public_score", description="T+ final answer: best public score, or the workflow's reward_model hook")
+    eval_search: bool = Field(False, description="also run MARS2-T+ search at evaluation")
+    eval_max_nodes: int | None = Field(None, ge=2, description="T+ nodes per tree; None: max_nodes")
+
+    def check_agents(self, agents: Mapping[str, Any]):
+        found = []
+        for i, name in enumerate(self.agents or ()):
+            if name not in agents:
+                found.append((("agents", i), f"unknown agent; known: {', '.join(agents)}", name))
+            elif name in self.agents[:i]:
+                found.append((("agents", i), "agent listed twice", name))
+        return found
+
+
+@dataclasses.dataclass(frozen=True)
+class SearchOptions:
+    max_nodes: int = 8
+    expansions_per_round: int = 2
+    depth_gamma: Any = None  # a `depth_gamma` spec
+    use_feedback: bool = True
+    stop_on_solve: bool = True
+
+
+def split_fractions(score: Score) -> dict[str, float]:
+    """Reward on all / public / private tests. Math (no tests) uses the answer check for all three;
+    without private tests "private" means all tests; without public tests "public" is 0."""
+    res = score.result
+    if res is None:
+        return {"all": score.reward, "public": score.reward, "private": score.reward}
+    splits = {t.split for t in res.tests}
+    return {"all": res.pass_fraction(), "public": res.pass_fraction("public"),
+            "private": res.pass_fraction("private" if "private" in splits else None)}
+
+
+def refine_prompt(agent: Agent, problem: Any, code: str, feedback: str) -> str:
+    """The CONT prompt: problem, previous program, feedback. Placed in the template's {history} /
+    {feedback} slots when it has them, else appended to the problem text."""
+    history = f"Previous attempt:\n{code}" if problem.schema == "math" else \
+        f"Previous attempt:\n```python\n{code}\n```"
+    fb = f"Feedback on the public tests:\n{feedback}" if feedback else ""
+    fields = template_fields(agent.template)
+    parts = [problem.prompt] + ([history] if "history" not in fields else []) + \
+        ([fb] if fb and "feedback" not in fields else []) + [REFINE_NOTE]
+    return agent.render("\n\n".join(parts), feedback=fb, history=history)
+
+
+def run_search(problems: Sequence[Any], team: Sequence[Agent], generator: Generator, pool: Any, seed: int,
+               opts: SearchOptions, priors: Mapping[str, tuple[float, float]] | None = None,
+               split: str = "all") -> tuple[list[Tree], int]:
+    """Grow one tree per problem; node rewards are the `split` ("all" or "public") pass fraction.
+    Returns the trees and the number of generator rounds."""
+    by_name = {a.name: a for a in team}
+    gamma = make_gamma(opts.depth_gamma)
+    trees = [Tree(list(by_name), opts.max_nodes, priors, gamma, opts.stop_on_solve) for _ in problems]
+    rng = np.random.default_rng(seed)
+    for rnd in itertools.count():
+        pending = [(i, n) for i, t in enumerate(trees) for n in t.plan_round(rng, opts.expansions_per_round)]
+        if not pending:
+            return trees, rnd
+        prompts = []
+        for i, n in pending:
+            agent, p = by_name[n.agent], problems[i]
+            if n.kind == CONT:
+                parent = trees[i].nodes[n.parent].data
+                prompts.append(refine_prompt(agent, p, parent["code"], parent["feedback"]))
+            else:
+                prompts.append(agent.render(p.prompt))
+        # One call for every pending node of every tree: the generator batches per policy.
+        gens = generator.generate([(by_name[n.agent], q) for (_, n), q in zip(pending, prompts)], 1,
+                                  (seed * 1_000_003 + rnd) % 2**31)
+        texts = [g[0].text for g in gens]
+        scores = score_texts([problems[i] for i, _ in pending], texts, pool)
+        for (i, n), g, text, s, q in zip(pending, gens, texts, scores, prompts):
+            frac = split_fractions(s)
+            fb = error_feedback(s.result) if opts.use_feedback and s.result is not None else ""
+            code = text if problems[i].schema == "math" else extract_code(text).code
+            trees[i].record(n, frac[split], frac[split] >= 1.0, gen=g[0], text=text, code=code, feedback=fb,
+                            fractions=frac, prompt=q)
+
+
+def search_eval(problems: Sequence[Any], agents: Sequence[Agent] | Mapping[str, Agent], generator: Generator,
+                pool: Any, *, max_nodes: int, expansions_per_round: int = 1, depth_gamma: Any = None,
+                stop_on_solve: bool = True, priors: Mapping[str, tuple[float, float]] | None = None,
+                reward_model: RewardModel | None = None, seed: int = 0) -> dict[str, float]:
+    """MARS2-T+: search with error feedback on public-test rewards, pick one answer per problem
+    (best public score, ties earliest; or `reward_model`), score it on the private tests.
+
+    pass_at_1: the chosen answer passes all private tests; oracle: some node does."""
+    team = list(agents.values()) if isinstance(agents, Mapping) else list(agents)
+    opts = SearchOptions(max_nodes, expansions_per_round, depth_gamma, True, stop_on_solve)
+    trees, rounds = run_search(problems, team, generator, pool, seed, opts, priors, split="public")
+    chosen, passed, oracle = [], [], []
+    for p, t in zip(problems, trees):
+        scores = None if reward_model is None else list(reward_model(p, [n.data["text"] for n in t.nodes]))
+        best = select_final(t.nodes, scores)
+        chosen.append(best.agent)
+        passed.append(best.data["fractions"]["private"] >= 1.0)
+        oracle.append(any(n.data["fractions"]["private"] >= 1.0 for n in t.nodes))
+    out = {"eval/search/pass_at_1": float(np.mean(passed)), "eval/search/oracle": float(np.mean(oracle)),
+           "eval/search/nodes": float(np.mean([len(t.nodes) for t in trees])), "eval/search/rounds": float(rounds)}
+    for a in team:
+        out[f"eval/search/{a.name}/nodes"] = float(np.mean([sum(n.agent == a.name for n in t.nodes) for t in trees]))
+        out[f"eval/search/{a.name}/chosen"] = float(np.mean([c == a.name for c in chosen]))
+    return out
+
+
+class Mars2Workflow:
+    """MARS2 training environment; `reward_model` is the optional T+ answer-selection hook."""
+
+    def __init__(self, agents: Sequence[str] | None = None, max_nodes: int = 8, expansions_per_round: int = 2,
+                 prior: str = "uniform", prior_strength: float = 1.0, depth_gamma: Any = None,
+                 use_feedback: bool = True, stop_on_solve: bool = True, select: str = "public_score",
+                 eval_search: bool = False, eval_max_nodes: int | None = None,
+                 reward_model: RewardModel | None = None):
+        if prior not in ("uniform", "reward_average"):
+            raise ValueError(f"prior must be 'uniform' or 'reward_average', got {prior!r}")
+        if select not in ("public_score", "reward_model"):
+            raise ValueError(f"select must be 'public_score' or 'reward_model', got {select!r}")
+        self.team = list(agents) if agents is not None else None
+        self.opts = SearchOptions(max_nodes, expansions_per_round, depth_gamma, use_feedback, stop_on_solve)
+        if max_nodes < 2 or expansions_per_round < 1:
+            raise ValueError(f"need max_nodes >= 2 and expansions_per_round >= 1, got {max_nodes}, "
+                             f"{expansions_per_round}")
+        make_gamma(depth_gamma)  # a bad gamma spec fails here, not mid-rollout
+        self.prior, self.prior_strength, self.select = prior, prior_strength, select
+        self.eval_search, self.eval_max_nodes, self.reward_model = eval_search, eval_max_nodes or max_nodes, reward_model
+        self.averages = RewardAverage()
+
+    @classmethod
+    def from_config(cls, cfg: Mars2Config) -> "Mars2Workflow":
+        gamma = cfg.depth_gamma.model_dump() if isinstance(cfg.depth_gamma, DepthGamma) else cfg.depth_gamma
+        return cls(cfg.agents, cfg.max_nodes, cfg.expansions_per_round, cfg.prior, cfg.prior_strength, gamma,
+                   cfg.use_feedback, cfg.stop_on_solve, cfg.select, cfg.eval_search, cfg.eval_max_nodes)
+
+    def _team(self, agents: Mapping[str, Agent]) -> list[Agent]:
+        names = self.team if self.team is not None else sorted(agents)
+        missing = [n for n in names if n not in agents]
+        if missing:
+            raise ValueError(f"unknown agents {missing}; known: {sorted(agents)}")
+        return [agents[n] for n in names]
+
+    def priors(self, team: Sequence[Agent]) -> dict[str, tuple[float, float]] | None:
+        if self.prior == "uniform":
+            return None
+        return {a.name: self.averages.prior(a.name, self.prior_strength) for a in team}
+
+    def rollout(self, problems: Sequence[Any], agents: Mapping[str, Agent], generator: Generator, pool: Any,
+                seed: int) -> Rollout:
+        team = self._team(agents)
+        trees, rounds = run_search(problems, team, generator, pool, seed, self.opts, self.priors(team))
+        flat = [(i, n) for i, t in enumerate(trees) for n in t.nodes]
+        rewards = np.array([n.reward for _, n in flat], np.float32)
+        tree_ids = np.array([i for i, _ in flat], np.int32)
+        adv = np.asarray(K.mars2_advantages(jnp.asarray(rewards), jnp.asarray(tree_ids), num_trees=len(trees)))
+        by_name = {a.name: a for a in team}
+        samples = []
+        for (i, n), r, a in zip(flat, rewards, adv):
+            agent = by_name[n.agent]
+            samples.append(n.data["gen"].sample(agent, float(r), float(a), generator.versions.get(agent.policy, 0),
+                                                problem=problems[i].id, episode=i, node=n.index, parent=n.parent,
+                                                depth=n.depth, turn=n.index))
+            self.averages.add(n.agent, float(r))
+        metrics = {"mars2/nodes_per_tree": float(np.mean([len(t.nodes) for t in trees])),
+                   "mars2/solved": float(np.mean([t.solved for t in trees])),
+                   "mars2/max_depth": float(np.mean([max(n.depth for n in t.nodes) for t in trees])),
+                   "mars2/rounds": float(rounds)}
+        for a in team:
+            mine = np.array([n.agent == a.name for _, n in flat])
+            nodes = [n for _, n in flat if n.agent == a.name]
+            prefix = f"agent/{a.name}"
+            metrics[f"{prefix}/nodes"] = len(nodes) / len(trees)
+            if nodes:
+                metrics.update({f"{prefix}/reward": float(rewards[mine].mean()),
+                                f"{prefix}/pass_rate": float(np.mean([n.solved for n in nodes])),
+                                f"{prefix}/adv_mean": float(adv[mine].mean()),
+                                f"{prefix}/adv_std": float(adv[mine].std()),
+                                f"{prefix}/refine_frac": float(np.mean([n.kind == CONT for n in nodes])),
+                                f"{prefix}/prior_mean": self.averages.mean(a.name)})
+        return Rollout(samples, metrics)
+
+    def evaluate(self, problems: Sequence[Any], agents: Mapping[str, Agent], generator: Generator,
+                 pool: Any) -> dict[str, float]:
+        """Greedy single-shot pass@1 per agent on all tests; with `eval_search`, MARS2-T+ as well."""
+        team = self._team(agents)
+        P = len(problems)
+        gens = generator.generate([(a, a.render(p.prompt)) for a in team for p in problems], 1, 0)
+        scores = score_texts([p for _ in team for p in problems], [g[0].text for g in gens], pool)
+        out = {}
+        for j, a in enumerate(team):
+            mine = scores[j * P:(j + 1) * P]
+            out[f"eval/{a.name}/pass_at_1"] = float(np.mean([s.passed for s in mine]))
+            out[f"eval/{a.name}/reward"] = float(np.mean([s.reward for s in mine]))
+        if self.eval_search:
+            if self.select == "reward_model" and self.reward_model is None:
+                raise ValueError("select='reward_model' needs the workflow's reward_model hook to be set")
+            out.update(search_eval(problems, team, generator, pool, max_nodes=self.eval_max_nodes,
+                                   expansions_per_round=self.opts.expansions_per_round,
+                                   depth_gamma=self.opts.depth_gamma, stop_on_solve=self.opts.stop_on_solve,
+                                   priors=self.priors(team), seed=0,
+                                   reward_model=self.reward_model if self.select == "reward_model" else None))
+        return out
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"reward_average": self.averages.state_dict()}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.averages.load_state_dict(state.get("reward_average", {}))
+
