@@ -9,12 +9,16 @@ from typing import Any
 from marljax.workflows.base import (Agent, Generation, Generator, PolicyGenerator, Rollout, ScriptedGenerator,
                                     WorkflowSettings)
 from marljax.workflows.grpo import GrpoConfig, GrpoWorkflow
+from marljax.workflows.magrpo import MagrpoConfig, MagrpoWorkflow
+from marljax.workflows.mars2 import Mars2Config, Mars2Workflow
 from marljax.workflows.types import ID_FIELDS, Sample
 
 # kind -> (typed options, workflow class with `from_config(options)`); the run config's
 # `workflow` section is validated against these option models.
 REGISTRY: dict[str, tuple[type[WorkflowSettings], Any]] = {
     "grpo": (GrpoConfig, GrpoWorkflow),
+    "magrpo": (MagrpoConfig, MagrpoWorkflow),
+    "mars2": (Mars2Config, Mars2Workflow),
 }
 
 

@@ -25,7 +25,8 @@ from __future__ import annotations
 import ast
 import dataclasses
 import re
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from marljax.rewards import ExecutionResult, SandboxPool, error_feedback, extract_code
 
@@ -68,7 +69,7 @@ def defines(code: str, name: str, top_level: bool = True) -> bool:
     """Whether `code` has a `def name(` (at column 0 when `top_level`); text-based, so it also
     answers for code that does not parse."""
     indent = "" if top_level else r"[ \t]*"
-    return re.search(rf"^{indent}(?:async\s+)?def\s+{re.escape(name)}\s*\(", code, re.M) is not None
+    return re.search(rf"^{indent}(?:async\s+)?def\s+{re.escape(name)}\s*\(", code, re.MULTILINE) is not None
 
 
 def uses_result(code: str, entry: str | None, callee: str = AUX) -> bool:

@@ -1,0 +1,292 @@
+"""MAGRPO (Liu et al. 2025, arXiv 2508.04652): agents act together on a joint-reward tree.
+
+A *node* is a state where every agent samples: the episode's root (turn 0),
+or the state after one joint action of the previous turn. At each node each
+of the N agents (all at once, from their own prompts) samples G completions;
+the joint actions are the G aligned tuples ``(a_1g, ..., a_Ng)``
+(``joint="aligned"``) or all G^N combinations (``"cross"``, agent 0 slowest).
+Every joint action gets the task's joint reward ``r``; unless it is at the
+last turn or ``r >= early_stop_reward`` it opens a child node whose prompts
+carry the joint answer (``{history}``) and its feedback (``{feedback}``).
+
+Credit (``marljax.kernels``): returns-to-go ``R = r + gamma * mean(R of the
+child node's joint actions)`` (a leaf's return is its reward), then each
+agent's completion is credited with the return of its joint action (aligned)
+or the sum over the joint actions it took part in (cross) and normalised
+among its G siblings, the other completions of the same agent at the same
+node: ``A = (C - mean) / (std + eps)`` (sample std; ``scale="none"`` keeps
+the mean baseline only, as the paper's reference code does).
+
+Each agent's completion becomes one `Sample` with ids ``node`` (the node it
+was sampled at, numbered breadth-first from 0 per episode), ``parent`` (that
+node's parent, -1 at the root), ``depth == turn``; ``episode`` is the
+problem's index in the batch. Sibling group = (episode, node, agent).
+
+Defaults: ``gamma = 0.9``, the discount of the paper's reference trainer
+(CoMLRL). Early stopping here is per joint action (the brief's rule); the
+reference code stops a node when the *mean* reward of its joint actions
+passes the threshold.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import itertools
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal
+
+import jax
+import numpy as np
+from pydantic import Field, model_validator
+
+from marljax import kernels as K
+from marljax.rewards import error_feedback, extract_code
+from marljax.workflows import coop_code
+from marljax.workflows.base import (
+    Agent,
+    Generation,
+    Generator,
+    Rollout,
+    WorkflowSettings,
+    template_fields,
+)
+from marljax.workflows.scoring import score_texts
+
+
+class MagrpoConfig(WorkflowSettings):
+    """MAGRPO: joint rollout tree over turns, returns-to-go normalised per node and agent."""
+
+    kind: Literal["magrpo"] = "magrpo"
+    agents: list[str] = Field(default_factory=lambda: ["helper", "main"], min_length=1,
+                              description="agents in turn order (coop_code: [helper, main])")
+    group_size: int = Field(4, ge=2, description="completions per agent per node (G)")
+    joint: Literal["aligned", "cross"] = Field("aligned", description="G aligned tuples or the G^N cross product")
+    num_turns: int = Field(1, ge=1, description="turns per episode (tree depth)")
+    gamma: float = Field(0.9, ge=0, le=1, description="discount over turns (0.9 as in the reference code)")
+    early_stop_reward: float | None = Field(None, description="a joint action with reward >= this opens no child")
+    task: Literal["coop_code", "score"] = Field(
+        "coop_code", description="coop_code: helper+main level reward; score: tests of the last agent's code")
+    scale: Literal["std", "none"] = Field("std", description="divide sibling advantages by their std, or not")
+
+    @model_validator(mode="after")
+    def _agents_fit_task(self):
+        if len(set(self.agents)) != len(self.agents):
+            raise ValueError(f"agents repeat: {self.agents}")
+        if self.task == "coop_code" and len(self.agents) != 2:
+            raise ValueError(f"task coop_code needs exactly two agents [helper, main], got {self.agents}")
+        return self
+
+    def check_agents(self, agents: Mapping[str, Any]):
+        found = [(("agents", k), f"unknown agent; known: {', '.join(agents)}", name)
+                 for k, name in enumerate(self.agents) if name not in agents]
+        if self.num_turns > 1:  # later turns differ from the first only through these placeholders
+            for name in self.agents:
+                template = getattr(agents.get(name), "template", None)
+                if template is not None and not {"history", "feedback"} & set(template_fields(template)):
+                    why = (f"agent {name!r}'s template uses neither {{history}} nor {{feedback}}: "
+                           "later turns would repeat the first prompt")
+                    found.append((("num_turns",), why, self.num_turns))
+        return found
+
+
+@dataclasses.dataclass
+class Node:
+    """A state where every agent samples; `via` is the joint action (tree index) that led here."""
+
+    episode: int
+    id: int
+    parent: int
+    turn: int
+    via: int = -1
+    history: str = ""
+    feedback: str = ""
+    gens: list[list[Generation]] = dataclasses.field(default_factory=list)  # [agent][g]
+    joints: list[int] = dataclasses.field(default_factory=list)  # tree indices of its joint actions
+
+
+@dataclasses.dataclass
+class Joint:
+    node: Node
+    sibling: int  # index among the node's joint actions (kernel's sibling_ids)
+    combo: tuple[int, ...]  # each agent's completion index
+    reward: float = 0.0
+    passed: bool = False
+
+
+@dataclasses.dataclass
+class Tree:
+    """All episodes of one batch: nodes in creation order, joint actions in tree order."""
+
+    nodes: list[Node]
+    joints: list[Joint]
+    episodes: int
+
+
+@functools.partial(jax.jit, static_argnames=("gamma", "max_depth", "num_agents", "group_size", "mode", "scale"))
+def _credit(rewards, parents, siblings, mask, *, gamma, max_depth, num_agents, group_size, mode, scale):
+    returns = K.tree_returns(rewards, parents, gamma=gamma, max_depth=max_depth, mask=mask)
+    adv = K.magrpo_advantages(returns, parents, siblings, num_agents=num_agents, group_size=group_size,
+                              mode=mode, mask=mask, scale=scale)
+    return returns, adv
+
+
+def _seed(seed: int, turn: int) -> int:
+    return int(np.random.SeedSequence([seed, turn]).generate_state(1)[0])
+
+
+class MagrpoWorkflow:
+    def __init__(self, agents: Sequence[str] = ("helper", "main"), group_size: int = 4, joint: str = "aligned",
+                 num_turns: int = 1, gamma: float = 0.9, early_stop_reward: float | None = None,
+                 task: str = "coop_code", scale: str = "std"):
+        MagrpoConfig(agents=list(agents), group_size=group_size, joint=joint, num_turns=num_turns, gamma=gamma,
+                     early_stop_reward=early_stop_reward, task=task, scale=scale)  # validates
+        self.agent_names, self.group_size, self.joint = list(agents), group_size, joint
+        self.num_turns, self.gamma, self.early_stop_reward = num_turns, gamma, early_stop_reward
+        self.task, self.scale = task, scale
+
+    @classmethod
+    def from_config(cls, cfg: Any) -> MagrpoWorkflow:
+        return cls(cfg.agents, cfg.group_size, cfg.joint, cfg.num_turns, cfg.gamma, cfg.early_stop_reward,
+                   cfg.task, cfg.scale)
+
+    # ------------------------------------------------------------ the task
+    def _problem_text(self, problem: Any, k: int) -> str:
+        if self.task == "coop_code":
+            return coop_code.helper_prompt(problem) if k == 0 else coop_code.main_prompt(problem)
+        return problem.prompt
+
+    def _judge(self, problems: Sequence[Any], texts: Sequence[Sequence[str]], pool: Any):
+        """(reward, passed, feedback) of each joint answer (one text per agent)."""
+        if not problems:
+            return []
+        if self.task == "coop_code":
+            scores = coop_code.score_pairs(problems, [t[0] for t in texts], [t[1] for t in texts], pool)
+            return [(s.reward, s.passed, s.feedback) for s in scores]
+        scores = score_texts(problems, [t[-1] for t in texts], pool)
+        return [(s.reward, s.passed, error_feedback(s.result) if s.result is not None
+                 else ("" if s.passed else "The answer is incorrect.")) for s in scores]
+
+    def _stops(self, reward: float) -> bool:
+        return self.early_stop_reward is not None and reward >= self.early_stop_reward
+
+    # ----------------------------------------------------------- the tree
+    def grow(self, problems: Sequence[Any], agents: Sequence[Agent], generator: Generator, pool: Any,
+             seed: int, n: int) -> Tree:
+        """Expand all episodes turn by turn: one `generate` call and one scoring batch per turn."""
+        N = len(agents)
+        combos = (list(itertools.product(range(n), repeat=N)) if self.joint == "cross"
+                  else [(g,) * N for g in range(n)])
+        frontier = [Node(e, 0, -1, 0) for e in range(len(problems))]
+        next_id = [1] * len(problems)
+        nodes: list[Node] = []
+        joints: list[Joint] = []
+        for t in range(self.num_turns):
+            if not frontier:
+                break
+            requests = [(a, a.render(self._problem_text(problems[s.episode], k), s.feedback, s.history))
+                        for s in frontier for k, a in enumerate(agents)]
+            gens = generator.generate(requests, n, _seed(seed, t))
+            start = len(joints)
+            for i, s in enumerate(frontier):
+                s.gens = gens[i * N:(i + 1) * N]
+                for sib, combo in enumerate(combos):
+                    s.joints.append(len(joints))
+                    joints.append(Joint(s, sib, combo))
+            new = joints[start:]
+            answers = [[j.node.gens[k][c].text for k, c in enumerate(j.combo)] for j in new]
+            judged = self._judge([problems[j.node.episode] for j in new], answers, pool)
+            nodes += frontier
+            frontier = []
+            for idx, (j, texts, (reward, passed, feedback)) in enumerate(zip(new, answers, judged)):
+                j.reward, j.passed = float(reward), bool(passed)
+                if t + 1 < self.num_turns and not self._stops(j.reward):
+                    e = j.node.episode
+                    frontier.append(Node(e, next_id[e], j.node.id, t + 1, start + idx,
+                                         _history(agents, texts), feedback))
+                    next_id[e] += 1
+        return Tree(nodes, joints, len(problems))
+
+    def credit(self, tree: Tree, num_agents: int, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """Returns-to-go `[M]` and advantages `[M, N]` of the tree's joint actions (kernels).
+
+        Each episode gets a masked placeholder parent above its root's joint actions, so that
+        the kernels (which key sibling groups by parent) never mix two episodes' roots; the
+        arrays are padded (masked) to a power of two so that trees of varying size (early
+        stopping) reuse a few compiled shapes.
+        """
+        E, M = tree.episodes, len(tree.joints)
+        size = max(16, 1 << (E + M - 1).bit_length())
+        rewards = np.zeros(size, np.float32)
+        parents = np.full(size, -1, np.int32)
+        siblings = np.zeros(size, np.int32)
+        mask = np.zeros(size, bool)
+        for k, j in enumerate(tree.joints):
+            rewards[E + k], siblings[E + k], mask[E + k] = j.reward, j.sibling, True
+            parents[E + k] = j.node.episode if j.node.via < 0 else E + j.node.via
+        returns, adv = _credit(rewards, parents, siblings, mask, gamma=self.gamma, max_depth=self.num_turns,
+                               num_agents=num_agents, group_size=n, mode=self.joint, scale=self.scale)
+        return np.asarray(returns)[E:E + M], np.asarray(adv)[E:E + M]
+
+    # ------------------------------------------------------------ the API
+    def _agents(self, agents: Mapping[str, Agent]) -> list[Agent]:
+        missing = [a for a in self.agent_names if a not in agents]
+        if missing:
+            raise ValueError(f"MAGRPO agents {missing} are not among the run's agents {sorted(agents)}")
+        return [agents[a] for a in self.agent_names]
+
+    def rollout(self, problems: Sequence[Any], agents: Mapping[str, Agent], generator: Generator,
+                pool: Any, seed: int) -> Rollout:
+        team, G = self._agents(agents), self.group_size
+        tree = self.grow(problems, team, generator, pool, seed, G)
+        returns, adv = self.credit(tree, len(team), G)
+        rewards = np.array([j.reward for j in tree.joints], np.float32)
+        passed = np.array([j.passed for j in tree.joints], np.float32)
+        samples, per_agent = [], {a.name: ([], [], []) for a in team}
+        for s in tree.nodes:
+            for i, agent in enumerate(team):
+                version = generator.versions.get(agent.policy, 0)
+                for g, gen in enumerate(s.gens[i]):
+                    mine = [j for j in s.joints if tree.joints[j].combo[i] == g]  # joint actions using it
+                    r, a = float(rewards[mine].mean()), float(adv[mine[0], i])
+                    samples.append(gen.sample(agent, r, a, version, problem=problems[s.episode].id,
+                                              episode=s.episode, node=s.id, parent=s.parent, depth=s.turn,
+                                              turn=s.turn))
+                    for acc, v in zip(per_agent[agent.name], (r, float(passed[mine].mean()), a)):
+                        acc.append(v)
+        metrics = {}
+        for name, (r, p, a) in per_agent.items():
+            metrics.update({f"agent/{name}/reward": float(np.mean(r)), f"agent/{name}/pass_rate": float(np.mean(p)),
+                            f"agent/{name}/adv_mean": float(np.mean(a)), f"agent/{name}/adv_std": float(np.std(a))})
+        turns = np.array([j.node.turn for j in tree.joints])
+        top = turns == 0
+        metrics.update({"team/reward": float(rewards.mean()), "team/pass_rate": float(passed.mean()),
+                        "team/return": float(returns[top].mean()), "tree/nodes": len(tree.nodes) / tree.episodes,
+                        "tree/joint_actions": len(tree.joints) / tree.episodes})
+        if self.num_turns > 1:
+            for t in range(int(turns.max()) + 1):
+                metrics[f"team/reward_turn{t}"] = float(rewards[turns == t].mean())
+            early = (turns < self.num_turns - 1) & np.array([self._stops(r) for r in rewards])
+            metrics["tree/early_stop_rate"] = float(early.sum() / max(1, (turns < self.num_turns - 1).sum()))
+        return Rollout(samples, metrics)
+
+    def evaluate(self, problems: Sequence[Any], agents: Mapping[str, Agent], generator: Generator,
+                 pool: Any) -> dict[str, float]:
+        """One (greedy, with a greedy generator) joint answer per problem and turn, for `num_turns`
+        turns or until the early-stop reward; the last joint answer counts."""
+        team = self._agents(agents)
+        tree = self.grow(problems, team, generator, pool, 0, 1)
+        last = {j.node.episode: j for j in tree.joints}  # one joint action per node: a chain per episode
+        final = [last[e] for e in range(len(problems))]
+        return {f"eval/{team[-1].name}/pass_at_1": float(np.mean([j.passed for j in final])),
+                "eval/team/reward": float(np.mean([j.reward for j in final])),
+                "eval/team/turns": float(np.mean([j.node.turn + 1 for j in final]))}
+
+
+def _history(agents: Sequence[Agent], texts: Sequence[str]) -> str:
+    """The previous turn's joint answer, one fenced block per agent."""
+    parts = []
+    for agent, text in zip(agents, texts):
+        code = extract_code(text).code or text.strip()
+        parts.append(f"### {agent.name}\n```python\n{code}\n```")
+    return "The team's previous answer:\n\n" + "\n\n".join(parts)
