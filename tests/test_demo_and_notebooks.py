@@ -21,7 +21,7 @@ def test_cli_dispatches_demo(capsys):
     from marljax import cli
 
     with pytest.raises(SystemExit):
-        cli.main(["train"])  # not a command yet: argparse names the valid ones
+        cli.main(["fly"])  # not a command: argparse names the valid ones
     assert "invalid choice" in capsys.readouterr().err
 
 

@@ -67,6 +67,10 @@ def error_feedback(result: ExecutionResult, max_chars: int = 2000, field_chars: 
         visible = [t for t in result.tests if split is None or t.split == split]
         failed = [t for t in visible if not t.passed and t.status is not Status.NOT_RUN]
         parts = []
+        hidden_only = visible and not failed and all(t.passed for t in visible) and not result.error_traceback
+        if hidden_only:
+            # every test we may describe passed; only held-out tests failed, and they stay hidden
+            return _clip(f"All {len(visible)} {split or ''} tests passed.".replace("  ", " "), max_chars)
         if not failed or result.error_traceback:
             # A program-level failure (an error while loading, an early exit, a flood of output).
             detail = f"{result.error_type or st.value}: {_clip(result.error_message, field_chars)}"

@@ -8,9 +8,12 @@ from typing import Any
 
 from marljax.workflows.base import (Agent, Generation, Generator, PolicyGenerator, Rollout, ScriptedGenerator,
                                     WorkflowSettings)
+from marljax.workflows.at_grpo import AtGrpoConfig, AtGrpoWorkflow
+from marljax.workflows.dr_mas import DrMasConfig, DrMasWorkflow
 from marljax.workflows.grpo import GrpoConfig, GrpoWorkflow
 from marljax.workflows.magrpo import MagrpoConfig, MagrpoWorkflow
 from marljax.workflows.mars2 import Mars2Config, Mars2Workflow
+from marljax.workflows.sharp import SharpConfig, SharpWorkflow
 from marljax.workflows.types import ID_FIELDS, Sample
 
 # kind -> (typed options, workflow class with `from_config(options)`); the run config's
@@ -19,6 +22,9 @@ REGISTRY: dict[str, tuple[type[WorkflowSettings], Any]] = {
     "grpo": (GrpoConfig, GrpoWorkflow),
     "magrpo": (MagrpoConfig, MagrpoWorkflow),
     "mars2": (Mars2Config, Mars2Workflow),
+    "at_grpo": (AtGrpoConfig, AtGrpoWorkflow),
+    "dr_mas": (DrMasConfig, DrMasWorkflow),
+    "sharp": (SharpConfig, SharpWorkflow),
 }
 
 

@@ -102,15 +102,15 @@ def _public_feedback(result: ExecutionResult | None) -> str:
     # error_feedback(split="public") reads "failed before the tests ran" when only private tests fail.
     if result.pass_fraction("public") == 1.0 and any(t.split == "public" for t in result.tests):
         return "All public tests passed."
-    return error_feedback(result, split="public")
+    return "On the public tests: " + error_feedback(result, split="public")
 
 
-def _assert_summary(asserts: Sequence[str], result: ExecutionResult | None, limit: int = 3) -> str:
+def _assert_summary(asserts: Sequence[str], result: ExecutionResult | None, whose: str, limit: int = 3) -> str:
     """How the tester's asserts fared on the code: the count and the first failing ones."""
     if not asserts or result is None:
-        return "The tester wrote no tests."
+        return f"{whose} tests: none."
     ok = [t.passed for t in result.tests] if result.tests else [False] * len(asserts)
-    lines = [f"The tester's tests: passed {sum(ok)} of {len(asserts)}."]
+    lines = [f"{whose} tests on this code: passed {sum(ok)} of {len(asserts)}."]
     if not result.tests and result.error_type:
         lines.append(f"The code failed before the tests ran: {result.error_type}: {result.error_message}")
     for a, t in [(a, t) for a, t in zip(asserts, result.tests) if not t.passed][:limit]:
@@ -144,12 +144,12 @@ class CodeEnv:
                 return problem.prompt, "", ""
             fb = _public_feedback(s.result)
             if self.tester is not None:
-                fb += "\n\n" + _assert_summary(s.tests, s.test_result)
+                fb += "\n\n" + _assert_summary(s.tests, s.test_result, "The tester's")
             return problem.prompt, fb, f"Your previous code:\n{code}"
         if s.code is None:
             return problem.prompt + TESTER_TASK, "", ""
         tests = "```python\n" + "\n".join(s.tests) + "\n```" if s.tests else "(none)"
-        return problem.prompt + TESTER_TASK, _assert_summary(s.tests, s.test_result), \
+        return problem.prompt + TESTER_TASK, _assert_summary(s.tests, s.test_result, "Your"), \
             f"The coder's current code:\n{code}\nYour previous tests:\n{tests}"
 
     def step(self, problems: Sequence[Any], states: Sequence[CodeState], texts: Sequence[dict[str, list[str]]],
@@ -160,23 +160,18 @@ class CodeEnv:
                              pool)
         scores = [scores[i * Kc:(i + 1) * Kc] for i in range(P)]
         best = [best_branch([s.reward for s in row]) for row in scores]
-        if self.tester is None:
-            tester = [([], [], None)] * P
-        else:
-            tester = self._score_tests(problems, texts, codes, scores, best, pool)
+        tester = self._score_tests(problems, texts, codes, scores, best, pool) if self.tester else None
         out = []
         for i in range(P):
-            rewards, passed = {self.coder: [s.reward for s in scores[i]]}, {self.coder: [s.passed for s in scores[i]]}
-            t_best, asserts, test_result = 0, (), None
-            if self.tester is not None:
-                t_rewards, t_passed, runs = tester[i]
-                t_best = best_branch(t_rewards)
-                asserts, test_result = runs[t_best]
-                rewards[self.tester], passed[self.tester] = t_rewards, t_passed
             b = best[i]
+            rewards, passed = {self.coder: [s.reward for s in scores[i]]}, {self.coder: [s.passed for s in scores[i]]}
+            chosen, asserts, test_result = {self.coder: b}, (), None
+            if tester is not None:
+                rewards[self.tester], passed[self.tester], runs = tester[i]
+                chosen[self.tester] = best_branch(rewards[self.tester])
+                asserts, test_result = runs[chosen[self.tester]]
             state = CodeState(codes[i][b], scores[i][b].result, tuple(asserts), test_result)
-            out.append(TurnResult(rewards, passed, {self.coder: b, **({self.tester: t_best} if self.tester else {})},
-                                  state, scores[i][b].passed))
+            out.append(TurnResult(rewards, passed, chosen, state, scores[i][b].passed))
         return out
 
     def _score_tests(self, problems, texts, codes, scores, best, pool):
@@ -275,9 +270,9 @@ class AtGrpoWorkflow:
             for j, (i, res) in enumerate(zip(active, results)):
                 for a, r in enumerate(roles):
                     for k in range(n):
-                        records.append(dict(i=i, turn=t, agent=a, node=(t * A + a) * n + k,
-                                            parent=chosen.get((i, a), -1), gen=gens[j * A + a][k],
-                                            reward=res.rewards[r][k], passed=res.passed[r][k]))
+                        records.append({"i": i, "turn": t, "agent": a, "node": (t * A + a) * n + k,
+                                        "parent": chosen.get((i, a), -1), "gen": gens[j * A + a][k],
+                                        "reward": res.rewards[r][k], "passed": res.passed[r][k]})
                     chosen[(i, a)] = (t * A + a) * n + res.best[r]
                 states[i], last[i] = res.state, res
         return records, last

@@ -29,7 +29,7 @@ import numpy as np
 MOVES = {"U": (-1, 0), "D": (1, 0), "L": (0, -1), "R": (0, 1)}
 # A run of move letters (spaces or commas between them allowed) that is not part of a word.
 _PLAN = re.compile(r"(?<![A-Za-z])[UDLR](?:[ ,]*[UDLR])*(?![A-Za-z])")
-_MARK = re.compile(r"moves\s*:", re.I)
+_MARK = re.compile(r"moves\s*:", re.IGNORECASE)
 
 
 @dataclasses.dataclass(frozen=True)

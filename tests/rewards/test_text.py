@@ -86,6 +86,8 @@ def test_feedback_runtime_error_timeout_and_private_tests_hidden():
     secret = TestResult(1, "private", Status.WRONG_ANSWER, input="SECRET-INPUT", expected="E", actual="A")
     fb = error_feedback(_res(Status.WRONG_ANSWER, [TestResult(0, "public", Status.PASSED), secret]))
     assert "SECRET-INPUT" not in fb
+    # only a held-out test failed: say the public ones passed, nothing about a "failure before the tests"
+    assert fb == "All 1 public tests passed."
     long = TestResult(0, "public", Status.WRONG_ANSWER, input="x" * 10_000, expected="y" * 10_000, actual="z")
     assert len(error_feedback(_res(Status.WRONG_ANSWER, [long]), max_chars=500)) <= 500
     assert "No code" in error_feedback(_res(Status.NO_CODE))
