@@ -1,7 +1,7 @@
 """Command line.
 
     marljax train CONFIG [key=value ...]         train (resumes RUN_DIR's newest checkpoint)
-    marljax eval CONFIG [key=value ...]          held-out evaluation of the newest checkpoint
+    marljax eval CONFIG [--search] [key=value ...]  held-out evaluation of the newest checkpoint
     marljax export RUN_DIR --policy NAME OUT_DIR a policy's trained weights as an HF directory
     marljax plot RUN_DIR                         metric curves to RUN_DIR/plots/*.png
     marljax demo [...]                           the embedded demonstration
@@ -29,7 +29,8 @@ def cmd_train(args) -> int:
 
 
 def cmd_eval(args) -> int:
-    trainer = _trainer(args.config, args.overrides)
+    # MARS2-T+: the same tree search at test time, on public tests, scored on private ones
+    trainer = _trainer(args.config, args.overrides + (["workflow.eval_search=true"] if args.search else []))
     try:
         restored = trainer.restore()
         metrics = trainer.evaluate()
@@ -78,6 +79,9 @@ def main(argv: list[str] | None = None) -> int:
         p = commands.add_parser(name, help=what)
         p.add_argument("config", help="YAML file under configs/")
         p.add_argument("overrides", nargs="*", help="dotted.key=value, e.g. policies.main.optimizer.lr=1e-6")
+        if name == "eval":
+            p.add_argument("--search", action="store_true",
+                           help="MARS2-T+: tree search with error feedback on public tests (mars2 workflow)")
         p.set_defaults(fn=fn)
     p = commands.add_parser("export", help="write a policy's weights as a Hugging Face directory")
     p.add_argument("run_dir")
@@ -93,6 +97,9 @@ def main(argv: list[str] | None = None) -> int:
         from marljax import demo
 
         return demo.main(rest)
+    if args.command in ("train", "eval"):  # overrides may also follow an option such as --search
+        args.overrides += [r for r in rest if "=" in r and not r.startswith("-")]
+        rest = [r for r in rest if r not in args.overrides]
     if rest:
         parser.error(f"unrecognised arguments: {' '.join(rest)}")
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")

@@ -212,6 +212,15 @@ class SyntheticData(_Model):
     seed: int = 0
 
 
+class GridData(_Model):
+    """Procedural grid path-planning problems (AT-GRPO's planning game, marljax.workflows.games)."""
+
+    n_train: int = Field(64, ge=1)
+    n_eval: int = Field(32, ge=0)
+    size: int = Field(5, ge=3)
+    seed: int = 0
+
+
 # `schema` shadows a deprecated BaseModel method; the key name is part of the YAML format, so keep it.
 with warnings.catch_warnings():
     warnings.filterwarnings("ignore", message=".*shadows an attribute in parent.*")
@@ -221,6 +230,7 @@ with warnings.catch_warnings():
         eval: str | None = Field(None, description="evaluation problems (JSONL)")
         schema: Literal["auto", "humaneval", "mbpp", "stdio", "math"] = "auto"
         synthetic: SyntheticData | None = Field(None, description="generated tasks instead of a file")
+        grid: GridData | None = Field(None, description="generated planning grids instead of a file")
         batch_size: int = Field(4, ge=1, description="problems per step")
         shuffle: bool = True
         seed: int = 0
@@ -228,9 +238,10 @@ with warnings.catch_warnings():
 
         @model_validator(mode="after")
         def _one_source(self):
-            if (self.train is None) == (self.synthetic is None):
-                _problems([((), "set exactly one of train, synthetic",
-                            {"train": self.train, "synthetic": self.synthetic and self.synthetic.model_dump()})])
+            sources = {"train": self.train, "synthetic": self.synthetic and self.synthetic.model_dump(),
+                       "grid": self.grid and self.grid.model_dump()}
+            if sum(v is not None for v in sources.values()) != 1:
+                _problems([((), "set exactly one of train, synthetic, grid", sources)])
             return self
 
 

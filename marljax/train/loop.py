@@ -36,7 +36,13 @@ log = logging.getLogger(__name__)
 
 
 def load_split(cfg: Any, split: str) -> list:
-    """Problems of the train or eval split from a JSONL file or the synthetic generator."""
+    """Problems of the train or eval split from a JSONL file or a generator (code tasks, grids)."""
+    if cfg.grid is not None:
+        from marljax.workflows.games import make_grid_problems
+
+        g = cfg.grid
+        n, seed = (g.n_train, g.seed) if split == "train" else (g.n_eval, g.seed + 1_000_000)
+        return make_grid_problems(n, seed=seed, size=g.size)
     if cfg.synthetic is not None:
         s = cfg.synthetic
         n, seed = (s.n_train, s.seed) if split == "train" else (s.n_eval, s.seed + 1_000_000)

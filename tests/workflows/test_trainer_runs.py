@@ -41,3 +41,17 @@ def test_heterogeneous_mars2_tiny_config_trains_and_resumes(tmp_path):
     assert again.workflow.state_dict() == state
     assert {n: p.version for n, p in again.policies.items()} == versions
     again.close()
+
+
+@pytest.mark.slow
+def test_eval_search_cli_reports_mars2_t_plus_numbers(tmp_path, capsys):
+    import json
+
+    from marljax import cli
+
+    code = cli.main(["eval", str(CONFIGS / "mars2_tiny.yaml"), "--search", f"run_dir={tmp_path / 'run'}",
+                     "data.synthetic.n_eval=2", "sampler.max_new_tokens=8", "workflow.max_nodes=3"])
+    assert code == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["step"] == 0 and report["eval/search/nodes"] == 3.0
+    assert 0.0 <= report["eval/search/pass_at_1"] <= report["eval/search/oracle"] <= 1.0
