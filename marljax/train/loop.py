@@ -31,6 +31,7 @@ from marljax.train.policy import Policy
 from marljax.train.sft import run_sft
 from marljax.workflows import build_workflow
 from marljax.workflows.base import Agent, PolicyGenerator
+from marljax.workflows.diversity import per_agent_diversity
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +63,15 @@ def amplification_metrics(samples: list) -> dict[str, float]:
     ids = jnp.asarray([names.index(s.agent) for s in samples], jnp.int32)
     factor = np.asarray(K.amplification_factor(rewards, ids, len(names)))
     return {f"agent/{a}/amplification": float(f) for a, f in zip(names, factor)}
+
+
+def diversity_of(samples: list, policies: dict) -> dict[str, float]:
+    """Per-agent diversity of this step's programs, within each problem's group, averaged."""
+    groups: dict[str, dict[str, list[str]]] = {}
+    for s in samples:
+        text = policies[s.policy].tokenizer.decode(s.completion_ids, skip_special_tokens=True)
+        groups.setdefault(s.agent, {}).setdefault(str(s.ids.get("problem")), []).append(text)
+    return per_agent_diversity({a: list(g.values()) for a, g in groups.items()})
 
 
 def step_seed(seed: int, step: int) -> int:
@@ -162,7 +172,8 @@ class Trainer:
         t1 = time.perf_counter()
         for s in rollout.samples:
             self.buffers[s.policy].add([s])
-        metrics = {**rollout.metrics, **amplification_metrics(rollout.samples), **self.update_ready_policies()}
+        metrics = {**rollout.metrics, **amplification_metrics(rollout.samples),
+                   **diversity_of(rollout.samples, self.policies), **self.update_ready_policies()}
         self.step += 1
         metrics.update({"time/rollout_s": t1 - t0, "time/update_s": time.perf_counter() - t1})
         return metrics

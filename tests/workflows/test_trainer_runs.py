@@ -29,7 +29,8 @@ def test_heterogeneous_mars2_tiny_config_trains_and_resumes(tmp_path):
     assert [r["step"] for r in records] == [1, 2]
     last = records[-1]
     assert "eval/alice/pass_at_1" in last or any(k.startswith("eval/") for k in last)
-    for key in ("agent/alice/reward", "agent/bob/reward", "policy/coder_qwen/version", "policy/coder_llama/version"):
+    for key in ("agent/alice/reward", "agent/bob/reward", "policy/coder_qwen/version", "policy/coder_llama/version",
+                "agent/alice/distinct_programs", "agent/bob/surface_variety"):
         assert np.isfinite(last[key]), key
     # both policies received nodes and updated from their own buffers
     versions = {n: p.version for n, p in trainer.policies.items()}
