@@ -80,6 +80,10 @@ class Policy:
     def __init__(self, name: str, cfg: Any, *, norm_constant: float | None = None, seed: int = 0):
         self.name, self.cfg = name, cfg
         self.mesh = policy_mesh(cfg.mesh)
+        rows = cfg.mesh.data * cfg.mesh.fsdp
+        if cfg.micro_batch_size % rows:
+            raise ValueError(f"policies.{name}.micro_batch_size={cfg.micro_batch_size} must be a multiple of "
+                             f"mesh.data x mesh.fsdp = {rows} (rows are split over those axes)")
         self.config, self.params, self.tokenizer = load_model(cfg.model, self.mesh)
         self.optimizer, self.schedule = make_optimizer(cfg.optimizer)
         self.opt_state = self.optimizer.init(self.params)
