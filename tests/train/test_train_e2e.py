@@ -146,8 +146,12 @@ def test_sigkill_mid_run_and_mid_checkpoint_then_resume_matches_uninterrupted(tm
 def test_corrupt_latest_checkpoint_falls_back_and_says_so(grpo_run, tmp_path):
     from marljax.train.checkpoint import RunCheckpointer
 
-    trainer, run_dir = grpo_run
-    step_dir = Path(trainer.checkpointer.step_dir("main", 30))
+    import shutil
+
+    trainer, shared_run = grpo_run
+    run_dir = tmp_path / "run"  # a copy: other tests restore the shared run's step 30
+    shutil.copytree(shared_run, run_dir)
+    step_dir = run_dir / "checkpoints" / "main" / "30"
     biggest = max((p for p in step_dir.rglob("*") if p.is_file()), key=lambda p: p.stat().st_size)
     data = biggest.read_bytes()
     biggest.write_bytes(data[: len(data) // 2])
