@@ -42,7 +42,7 @@ from pydantic import Field
 
 from marljax import kernels as K
 from marljax.rewards import AssertTest, ExecutionResult, Program, error_feedback, extract_code
-from marljax.workflows.base import Agent, Generator, Rollout, WorkflowSettings, template_fields
+from marljax.workflows.base import Agent, Generator, Rollout, WorkflowSettings
 from marljax.workflows.games import PlanEnv, TurnResult, best_branch
 from marljax.workflows.scoring import score_texts
 
@@ -217,13 +217,6 @@ def _per_test(result: ExecutionResult, n: int) -> np.ndarray:
     return flags if len(flags) == n else np.zeros(n, bool)
 
 
-def _render(agent: Agent, problem: str, feedback: str, history: str) -> str:
-    """The agent's prompt; feedback and history its template has no place for go after the problem."""
-    used = set(template_fields(agent.template))
-    extra = [x for x, name in ((history, "history"), (feedback, "feedback")) if x and name not in used]
-    return agent.render("\n\n".join([problem, *extra]), feedback, history)
-
-
 def _turn_seed(seed: int, turn: int) -> int:
     return int(np.random.SeedSequence([seed, turn]).generate_state(1)[0])
 
@@ -262,7 +255,7 @@ class AtGrpoWorkflow:
             active = [i for i, r in enumerate(last) if not (self.stop_when_solved and r is not None and r.solved)]
             if not active:
                 break
-            requests = [(agents[r], _render(agents[r], *self.env.request(problems[i], states[i], r, t)))
+            requests = [(agents[r], agents[r].render_in_context(*self.env.request(problems[i], states[i], r, t)))
                         for i in active for r in roles]
             gens = generator.generate(requests, n, _turn_seed(seed, t))  # one call: one batch per policy
             texts = [{r: [g.text for g in gens[j * A + a]] for a, r in enumerate(roles)} for j in range(len(active))]

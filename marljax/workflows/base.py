@@ -47,6 +47,13 @@ class Agent:
     def render(self, problem: str, feedback: str = "", history: str = "") -> str:
         return self.template.format(role=self.role, problem=problem, feedback=feedback, history=history)
 
+    def render_in_context(self, problem: str, feedback: str = "", history: str = "") -> str:
+        """`render`, with the history and feedback appended to the problem text (in that order)
+        when the template has no place for them (the default `{role}{problem}` has none)."""
+        used = set(template_fields(self.template))
+        extra = [text for name, text in (("history", history), ("feedback", feedback)) if text and name not in used]
+        return self.render("\n\n".join([problem, *extra]), feedback=feedback, history=history)
+
 
 def template_fields(template: str) -> list[str]:
     """Placeholder names used by a format string (raises ValueError when malformed)."""

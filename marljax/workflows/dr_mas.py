@@ -47,20 +47,12 @@ from pydantic import Field, model_validator
 
 from marljax import kernels as K
 from marljax.rewards import Status, error_feedback, extract_code
-from marljax.workflows.base import Agent, Generation, Generator, Rollout, WorkflowSettings, template_fields
+from marljax.workflows.base import Agent, Generation, Generator, Rollout, WorkflowSettings
 from marljax.workflows.diversity import grouped_diversity
 from marljax.workflows.scoring import Score, score_texts
 
 ROLES = ("solver", "verifier", "router")
 _VERDICT = re.compile(r"\b(ACCEPT|REVISE)\b", re.I)
-
-
-def render(agent: Agent, problem: str, feedback: str = "", history: str = "") -> str:
-    """`agent.render`, with the feedback and history appended to the problem text when the
-    agent's template has no place for them (the default `{role}{problem}` has none)."""
-    fields = set(template_fields(agent.template))
-    extra = [text for name, text in (("history", history), ("feedback", feedback)) if text and name not in fields]
-    return agent.render("\n\n".join([problem, *extra]), feedback=feedback, history=history)
 
 
 def parse_verdict(text: str) -> tuple[bool, str]:
@@ -157,19 +149,19 @@ class DrMasWorkflow:
     def _prompt(self, role: str, ep: Episode, agent: Agent) -> str:
         p, code = ep.problem, _fence(ep.code, ep.problem.schema)
         if role == "solver" and not ep.used["solver"]:
-            return render(agent, p.prompt)
+            return agent.render_in_context(p.prompt)
         if role == "solver":
-            return render(agent, p.prompt, history=f"Your previous solution:\n{code}",
+            return agent.render_in_context(p.prompt, history=f"Your previous solution:\n{code}",
                           feedback=f"Reviewer comments:\n{ep.comments or '(none)'}\n\n"
                                    "Revise your solution and reply with it in full.")
         tests = f"Public test results:\n{ep.feedback}\n\n" if ep.feedback else ""
         if role == "verifier":
-            return render(agent, p.prompt, history=f"Candidate solution:\n{code}",
+            return agent.render_in_context(p.prompt, history=f"Candidate solution:\n{code}",
                           feedback=tests + "Reply ACCEPT if the solution is correct, otherwise REVISE "
                                            "followed by comments for its author.")
         review = f"\n\nLatest review: {ep.verdict} {ep.comments}".rstrip() if ep.verdict else ""
         s, v = self.names["solver"], self.names["verifier"]
-        return render(agent, p.prompt, history=f"Latest solution:\n{code}\n\n{tests}{review}".strip(),
+        return agent.render_in_context(p.prompt, history=f"Latest solution:\n{code}\n\n{tests}{review}".strip(),
                       feedback=f"Who acts next? Reply with one name: {s} (writes or revises the solution) "
                                f"or {v} (reviews it).")
 

@@ -43,7 +43,6 @@ from marljax import kernels as K
 from marljax.rewards import extract_code
 from marljax.workflows.base import Agent, Generation, Generator, Rollout, WorkflowSettings
 from marljax.workflows.diversity import grouped_diversity
-from marljax.workflows.dr_mas import render
 
 MAX_EXACT_WORKERS = 8  # 2^8 programs per episode; beyond, use shapley: sampled
 _ITEM = re.compile(r"^\s*(?:step\s*)?(\d+)\s*[.):]\s*(.+?)\s*$", re.I | re.M)
@@ -184,7 +183,7 @@ class SharpWorkflow:
     def _plan_prompt(self, planner: Agent, problem: Any) -> str:
         W, fn = len(self.cfg.workers), entry_point(problem)
         last = f"sub-task {W} writes the entry point `{fn}`" if fn else f"sub-task {W} writes the main program"
-        return render(planner, problem.prompt, feedback=f"Split the task into {W} sub-tasks, one per worker, "
+        return planner.render_in_context(problem.prompt, feedback=f"Split the task into {W} sub-tasks, one per worker, "
                                                         f"as a numbered list 1..{W}; {last}.")
 
     def _team(self, problems, agents, generator: Generator, seed: int, G: int) -> list[Trajectory]:
@@ -198,7 +197,7 @@ class SharpWorkflow:
             items = parse_plan(t.plan.text)
             for i, w in enumerate(workers):
                 task = items.get(i + 1, "(the plan lists no such sub-task: follow the plan as a whole)")
-                requests.append((w, render(w, t.problem.prompt, history=f"Plan:\n{t.plan.text}",
+                requests.append((w, w.render_in_context(t.problem.prompt, history=f"Plan:\n{t.plan.text}",
                                            feedback=f"You are worker {i + 1} of {W}. Write only sub-task "
                                                     f"{i + 1}: {task}\nReply with Python code in a ```python block.")))
         gens = generator.generate(requests, 1, seed + 7919)

@@ -11,7 +11,7 @@ from marljax import kernels as K
 from marljax.rewards import SandboxPool
 from marljax.train.data import parse_row, synthetic_rows
 from marljax.workflows.base import Agent, ScriptedGenerator
-from marljax.workflows.dr_mas import DrMasConfig, DrMasWorkflow, parse_route, parse_verdict, render
+from marljax.workflows.dr_mas import DrMasConfig, DrMasWorkflow, parse_route, parse_verdict
 
 ROWS = synthetic_rows(2, seed=0)  # p0: f(x) = x*x % 5, p1: f(x) = min(x, 8) // 4; 4 public + 8 private tests
 PROBLEMS = [parse_row(r, "stdio", f"<test>:{k + 1}") for k, r in enumerate(ROWS)]
@@ -76,8 +76,8 @@ def test_parsers():
 
 def test_render_appends_context_the_template_has_no_place_for():
     plain, placed = Agent("a", "p"), Agent("a", "p", "R:", "{role}{problem}|{feedback}|{history}")
-    assert render(plain, "P", feedback="F", history="H") == "P\n\nH\n\nF"
-    assert render(placed, "P", feedback="F", history="H") == "R:P|F|H"
+    assert plain.render_in_context("P", feedback="F", history="H") == "P\n\nH\n\nF"
+    assert placed.render_in_context("P", feedback="F", history="H") == "R:P|F|H"
 
 
 def test_default_order_accept_and_max_loops(pool):
