@@ -1,6 +1,5 @@
 """Every advantage estimator: jit equals eager, and vmap over a batch equals a Python loop."""
 
-import functools
 
 import jax
 import jax.numpy as jnp

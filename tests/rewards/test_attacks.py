@@ -9,7 +9,6 @@ import secrets
 import socket
 import subprocess
 import tempfile
-import threading
 
 import pytest
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from marljax.rewards import Limits, SandboxPool, Status, humaneval_program, load_humaneval
+from marljax.rewards import Limits, SandboxPool, humaneval_program, load_humaneval
 
 # ../shared/data beside the repository root (never copied into the repo).
 HUMANEVAL = Path(__file__).resolve().parents[2] / ".." / "shared" / "data" / "HumanEval.jsonl.gz"
