@@ -9,12 +9,50 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 @pytest.mark.slow
 def test_demo_team_learns(capsys):
-    from marljax import demo
+    from marljax.demo import kernels as demo
 
     assert demo.main(["--steps", "80", "--seed", "3"]) == 0
     out = capsys.readouterr().out
     first, last = (float(x) for x in out.rsplit("first 10 steps ", 1)[1].split(" (")[0].split(" -> last 10 steps "))
     assert first < 0.4 and last > 0.8, out
+
+
+@pytest.mark.slow
+def test_embedded_demo_quick_run(tmp_path, capsys):
+    """The README's main command end to end in its smoke size (the full size is too long for CI;
+    its measured table is in the README): real HF checkpoints, SFT, three RL runs, table, PNGs."""
+    import json
+
+    import numpy as np
+    import transformers
+    from safetensors.numpy import load_file
+
+    from marljax.demo.__main__ import main
+    from marljax.train.metrics import read_metrics
+
+    assert main(["--quick", "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    results = json.loads((tmp_path / "results.json").read_text())["results"]
+    assert [r["method"] for r in results] == ["grpo", "mars2_homogeneous", "mars2_heterogeneous"]
+    assert len({r["samples"] for r in results}) == 1  # equal sample budgets
+    for r in results:
+        assert 0.0 <= r["before"] <= 1.0 and 0.0 <= r["after"] <= 1.0
+        assert f"| {r['label']} |" in out and f"{100 * r['after']:.1f}%" in out
+    # two families of different sizes, as transformers reads them
+    qwen, llama = (transformers.AutoConfig.from_pretrained(tmp_path / "models" / n) for n in ("qwen3", "llama"))
+    assert (qwen.model_type, llama.model_type) == ("qwen3", "llama")
+    assert qwen.hidden_size != llama.hidden_size
+    # SFT lowered the loss and its export differs from the base checkpoint
+    loss = [r["sft/qwen3/loss"] for r in read_metrics(tmp_path / "sft_qwen3")]
+    assert np.mean(loss[-5:]) < 0.5 * np.mean(loss[:5])
+    base = load_file(str(tmp_path / "models" / "qwen3" / "model.safetensors"))
+    tuned = load_file(str(tmp_path / "models" / "qwen3-sft" / "model.safetensors"))
+    assert any(not np.allclose(base[k], tuned[k]) for k in base)
+    # every RL run trained and checkpointed; the heterogeneous team has one checkpoint per policy
+    assert sorted(p.name for p in (tmp_path / "mars2_heterogeneous" / "checkpoints").iterdir() if p.is_dir()) \
+        >= ["llama", "qwen3"]
+    for name in ("reward_curves.png", "pass_at_1.png"):
+        assert (tmp_path / name).stat().st_size > 1000
 
 
 def test_cli_dispatches_demo(capsys):

@@ -127,6 +127,93 @@ def shard_model(model: nnx.Module, mesh: Mesh, rules: LogicalRules | None = None
     return model
 
 
+def param_dict_shardings(config: Any, mesh: Mesh, rules: LogicalRules | None = None) -> dict:
+    """`NamedSharding`s for the plain parameter dict of `get_params(model)` (same keys), by the rules.
+
+    Built from the abstract model, so it allocates nothing.
+    """
+    from marljax.models.decoder import Decoder
+
+    abstract = nnx.state(nnx.eval_shape(lambda: Decoder(config, rngs=nnx.Rngs(0))), nnx.Param)
+    return nnx.to_pure_dict(param_shardings(abstract, mesh, rules))
+
+
+def _device_order(sharding) -> list:
+    if isinstance(sharding, NamedSharding):
+        return list(sharding.mesh.devices.flat)
+    return sorted(sharding.device_set, key=lambda d: d.id)
+
+
+def _identity(x):
+    return x
+
+
+def reshard(tree: Any, shardings: Any) -> Any:
+    """`tree` moved to `shardings` device to device, never through the host.
+
+    This is how parameters go from the trainer's layout (e.g. FSDP) to the
+    sampler's (e.g. data x tensor). A jitted identity with `out_shardings`
+    lets XLA move the shards with collectives, one array at a time (so at
+    most one array is ever gathered whole); `jax.device_put` alone copies
+    through host memory whenever the new layout needs shards that no device
+    holds yet (jax 0.10, `shard_sharded_device_array_slow_path`). Onto other
+    devices (or the same ones in another order) of the same number, each
+    array is first laid out like its target on its own devices, then every
+    shard is copied to its target device.
+    """
+    leaves, treedef = jax.tree.flatten(tree)
+    out = []
+    for x, s in zip(leaves, treedef.flatten_up_to(shardings)):
+        src = _device_order(x.sharding)
+        if _device_order(s) == src:
+            out.append(jax.jit(_identity, out_shardings=s)(x))
+            continue
+        if not isinstance(s, NamedSharding) or s.mesh.size != len(src):
+            raise ValueError(f"reshard onto other devices needs a NamedSharding over {len(src)} devices, got {s}")
+        here = NamedSharding(Mesh(np.array(src, dtype=object).reshape(s.mesh.devices.shape), s.mesh.axis_names),
+                             s.spec)
+        out.append(jax.device_put(jax.jit(_identity, out_shardings=here)(x), s))
+    return jax.tree.unflatten(treedef, out)
+
+
+def process_local_mesh(mesh: Mesh) -> tuple[Mesh, Mesh]:
+    """(staging, local) meshes for per-process copies of arrays laid out on `mesh`.
+
+    `mesh` (axes `MESH_AXES`) spans several processes, each owning a
+    contiguous block of its devices (as `make_mesh` arranges them).
+    `staging` has the same devices in the same order arranged
+    `("process", *MESH_AXES)`, one row per process; `local` is this process's
+    row as a plain `MESH_AXES` mesh. An array placed on `staging` with a spec
+    that leaves `process` out is replicated per process, and its addressable
+    shards form an array on `local` (see `to_local`).
+    """
+    devices = list(mesh.devices.flat)
+    owners = [d.process_index for d in devices]
+    blocks = [p for i, p in enumerate(owners) if i == 0 or p != owners[i - 1]]
+    if len(blocks) != len(set(blocks)) or len(devices) % len(blocks):
+        raise ValueError("a process-local mesh needs each process's devices contiguous and equal in number")
+    per = len(devices) // len(blocks)
+    tensor = math.gcd(mesh.shape["tensor"], per)
+    grid = np.array(devices, dtype=object).reshape(len(blocks), per // tensor, 1, tensor)
+    staging = Mesh(grid, ("process",) + MESH_AXES)
+    return staging, Mesh(grid[blocks.index(jax.process_index())], MESH_AXES)
+
+
+def to_local(tree: Any, local_specs: Any, staging: Mesh, local: Mesh) -> Any:
+    """Per-process copies of global arrays: all-gather over processes on device
+    (`reshard` to `staging`), then re-wrap this process's buffers as arrays on `local`."""
+    staged = reshard(tree, jax.tree.map(lambda s: NamedSharding(staging, s), local_specs,
+                                        is_leaf=lambda x: isinstance(x, P)))
+
+    def wrap(a, spec):
+        sharding = NamedSharding(local, spec)
+        bufs = {sh.device: sh.data for sh in a.addressable_shards}
+        return jax.make_array_from_single_device_arrays(
+            a.shape, sharding, [bufs[d] for d in sharding.addressable_devices_indices_map(a.shape)])
+
+    return jax.tree.map(wrap, staged, local_specs, is_leaf=lambda x: isinstance(x, P))
+
+
 def batch_sharding(mesh: Mesh, ndim: int = 2, rules: LogicalRules | None = None) -> NamedSharding:
     """Sharding of a `[B, ...]` activation / token array: batch over `("data", "fsdp")`."""
     return NamedSharding(mesh, logical_to_spec(("batch",) + (None,) * (ndim - 1), None, mesh, rules))

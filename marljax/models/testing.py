@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -151,11 +151,13 @@ def make_tiny_checkpoint(path: str | os.PathLike, family: str = "qwen3", *, seed
     return path
 
 
-def make_tiny_tokenizer(path: str | os.PathLike | None = None, vocab_size: int = 320):
+def make_tiny_tokenizer(path: str | os.PathLike | None = None, vocab_size: int = 320,
+                        corpus: Sequence[str] | None = None):
     """A byte-level BPE `PreTrainedTokenizerFast` with ChatML specials and chat template.
 
     Ids: `<|endoftext|>` = 0 (pad), `<|im_start|>` = 1, `<|im_end|>` = 2 (eos);
-    `vocab_size` <= 512 fits every tiny model. Saved to `path` when given
+    `vocab_size` <= 512 fits every tiny model. BPE merges are learnt from
+    `corpus` (default: a few generic lines). Saved to `path` when given
     (loadable with `transformers.AutoTokenizer.from_pretrained(path)`).
     """
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -167,7 +169,7 @@ def make_tiny_tokenizer(path: str | os.PathLike | None = None, vocab_size: int =
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=list(SPECIAL_TOKENS),
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
                                   show_progress=False)
-    tok.train_from_iterator(_CORPUS, trainer=trainer)
+    tok.train_from_iterator(_CORPUS if corpus is None else corpus, trainer=trainer)
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>",
                                    pad_token="<|endoftext|>",
                                    additional_special_tokens=["<|im_start|>"])

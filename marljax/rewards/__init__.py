@@ -17,12 +17,12 @@ from .math_verify import extract_answer, is_equivalent, math_reward, normalize_a
 from .pool import SandboxPool, run_many
 from .results import ExecutionResult, Isolation, Status, TestResult
 from .sandbox import LEVELS, Limits, SandboxConfig, detect_isolation, run_program
-from .synthetic import SyntheticTask, make_task, make_tasks
+from .synthetic import SyntheticTask, make_step_task, make_task, make_tasks
 
 __all__ = [
     "AssertTest", "CallTest", "ExecutionResult", "ExtractedCode", "Isolation", "LEVELS", "Limits", "Program",
     "SandboxConfig", "SandboxPool", "Status", "StdioTest", "SyntheticTask", "TestResult", "compare_stdout",
     "compare_value", "detect_isolation", "error_feedback", "extract_answer", "extract_code", "humaneval_program",
-    "io_program", "is_equivalent", "load_humaneval", "make_task", "make_tasks", "math_reward", "mbpp_program",
-    "normalize_answer", "run_many", "run_program",
+    "io_program", "is_equivalent", "load_humaneval", "make_step_task", "make_task", "make_tasks", "math_reward",
+    "mbpp_program", "normalize_answer", "run_many", "run_program",
 ]

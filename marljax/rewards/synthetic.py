@@ -9,6 +9,11 @@ tests); held-out examples are private tests.  Tasks run through the same
 sandbox as every other program (``task.program(code)``), and each task's
 ``reference`` solution passes all of its tests.
 
+``make_step_task`` is the easier "steps" style the embedded demo trains tiny
+models on: the prompt states each operation in words ("multiply x by 3, then
+take the larger of x and 5") and the reference applies them one line each,
+so a small model can learn the phrase-to-line mapping on a laptop CPU.
+
 Outputs are computed in the parent by composing Python closures, never by
 ``eval`` of generated text.
 """
@@ -135,3 +140,41 @@ def make_task(seed: int, difficulty: int = 2, n_public: int = 4, n_private: int 
 def make_tasks(n: int, seed: int = 0, difficulty: int = 2, **kwargs) -> list[SyntheticTask]:
     """``n`` tasks with seeds ``seed .. seed + n - 1``."""
     return [make_task(seed + k, difficulty, **kwargs) for k in range(n)]
+
+
+# (phrase, statement, function) makers of the "steps" style; c is a constant 2..9
+_STEPS = {
+    "add": lambda c: (f"add {c} to x", f"x = x + {c}", lambda v: v + c),
+    "sub": lambda c: (f"subtract {c} from x", f"x = x - {c}", lambda v: v - c),
+    "mul": lambda c: (f"multiply x by {c}", f"x = x * {c}", lambda v: v * c),
+    "floordiv": lambda c: (f"divide x by {c}, rounding down", f"x = x // {c}", lambda v: v // c),
+    "mod": lambda c: (f"replace x by its remainder modulo {c}", f"x = x % {c}", lambda v: v % c),
+    "square": lambda c: ("square x", "x = x * x", lambda v: v * v),
+    "abs": lambda c: ("take the absolute value of x", "x = abs(x)", abs),
+    "max": lambda c: (f"take the larger of x and {c}", f"x = max(x, {c})", lambda v: max(v, c)),
+    "min": lambda c: (f"take the smaller of x and {c}", f"x = min(x, {c})", lambda v: min(v, c)),
+}
+
+
+def make_step_task(seed: int, steps: int = 2, n_public: int = 3, n_private: int = 8) -> SyntheticTask:
+    """A "steps" task: 1..``steps`` operations stated in words, applied to an integer ``x``."""
+    if not 1 <= steps <= 6:
+        raise ValueError(f"steps must be in 1..6, got {steps!r}")
+    if n_public < 1 or n_private < 0:
+        raise ValueError("need n_public >= 1 and n_private >= 0")
+    rng = random.Random(f"marljax-steps:{seed}:{steps}")
+    ops = [_STEPS[rng.choice(sorted(_STEPS))](rng.randint(2, 9)) for _ in range(rng.randint(1, steps))]
+
+    def fn(v):
+        for _, _, op in ops:
+            v = op(v)
+        return v
+
+    values = rng.sample(range(-20, 21), n_public + n_private)
+    cases = tuple(((v,), fn(v)) for v in values)
+    body = "".join(f"    {line}\n" for _, line, _ in ops)
+    shown = "\n".join(f"f({a[0]}) == {o}" for a, o in cases[:n_public])
+    prompt = f"Write f(x): {', then '.join(p for p, _, _ in ops)}; return x.\nExamples:\n{shown}\n"
+    return SyntheticTask(task_id=f"steps/{steps}/{seed}", prompt=prompt, fn_name="f",
+                         reference=f"def f(x):\n{body}    return x\n", public=cases[:n_public],
+                         private=cases[n_public:], difficulty=steps, seed=seed)

@@ -47,13 +47,16 @@ Design:
   deleted (with the tmp directories) before that save; if it is a complete,
   valid checkpoint, `save` raises instead of overwriting it (e.g. restore
   fell back because the abstract target no longer matches).
-* Multi-host: orbax coordinates the array writes; the manifest, pruning and
-  leftover deletion run on `jax.process_index() == 0`, every process makes
-  the same read-only decisions, and a barrier precedes the managers' reload.
+* Multi-host: orbax coordinates the array writes (each manager with its own
+  barrier names); the manifest, pruning and leftover deletion run on
+  `jax.process_index() == 0`, every process makes the same read-only
+  decisions, and a barrier precedes the managers' reload. Tested with two
+  processes in tests/scale/test_scale_multiprocess.py.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
@@ -193,8 +196,12 @@ class RunCheckpointer:
         for n in (*names, LOOP):
             # Explicit handlers fix the single-item layout up front instead of guessing it from disk.
             handler = ocp.JsonCheckpointHandler() if n == LOOP else ocp.StandardCheckpointHandler()
+            # Multi-host: the managers save the same step at once, so each needs its own barrier names
+            # (orbax's default keys, e.g. `_async_commit_complete.<step>`, would collide).
+            mp = ocp.options.MultiprocessingOptions(barrier_sync_key_prefix=f"marljax.{n}")
             self._managers[n] = ocp.CheckpointManager(
-                os.path.join(self.directory, n), options=options, item_handlers=handler)
+                os.path.join(self.directory, n), options=dataclasses.replace(options, multiprocessing_options=mp),
+                item_handlers=handler)
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
         self._last_saved: int | None = None

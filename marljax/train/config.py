@@ -26,6 +26,7 @@ from marljax.kernels.losses_terms import KL_KINDS
 from marljax.kernels.losses_tis import TIS_LEVELS
 from marljax.models.config import PRESETS
 from marljax.settings import StrictModel, resolve_annotation
+from marljax.train.distributed import DistributedConfig
 from marljax.workflows import REGISTRY
 from marljax.workflows.grpo import GrpoConfig
 
@@ -183,6 +184,8 @@ class PolicyConfig(_Model):
     micro_batch_size: int = Field(8, ge=1, description="sequences per forward/backward pass")
     mini_batches: int = Field(1, ge=1, description="optimizer steps per update")
     mesh: MeshConfig = Field(default_factory=MeshConfig)
+    sampler_mesh: MeshConfig | None = Field(
+        None, description="sampler layout if not the trainer's; parameters are resharded on device")
 
     @model_validator(mode="after")
     def _kl_needs_reference(self):
@@ -209,6 +212,9 @@ class SyntheticData(_Model):
     n_train: int = Field(64, ge=1)
     n_eval: int = Field(32, ge=0)
     difficulty: int = Field(1, ge=1, description="primitive operations per task (marljax.rewards.synthetic)")
+    style: Literal["examples", "steps"] = Field(
+        "examples", description="examples: infer f from input/output pairs; steps: up to `difficulty` "
+                                "operations stated in words (the embedded demo's easier task)")
     seed: int = 0
 
 
@@ -251,6 +257,8 @@ class SamplerConfig(_Model):
     top_p: float = Field(1.0, gt=0, le=1)
     top_k: int = Field(0, ge=0, description="0 disables")
     max_prompt_len: int = Field(512, ge=1)
+    min_prompt_bucket: int = Field(16, ge=1, description="smallest padded prompt length; larger = fewer compiles")
+    min_batch_bucket: int = Field(1, ge=1, description="smallest padded batch; larger = fewer compiles")
 
 
 # Workflow option models live beside their workflows (marljax.workflows.REGISTRY); `kind` picks one.
@@ -296,6 +304,7 @@ class RunConfig(_Model):
     workflow: WorkflowConfig = Field(default_factory=GrpoConfig)
     sandbox: SandboxSettings = Field(default_factory=SandboxSettings)
     train: TrainSettings = Field(default_factory=TrainSettings)
+    distributed: DistributedConfig = Field(default_factory=DistributedConfig)
 
     @field_validator("name")
     @classmethod

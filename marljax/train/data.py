@@ -20,7 +20,7 @@ from typing import Iterable, Sequence
 
 import grain
 
-from marljax.rewards.synthetic import make_tasks
+from marljax.rewards.synthetic import make_step_task, make_tasks
 
 from .data_schemas import SCHEMAS, DataError, Problem, detect_schema, parse_row
 
@@ -73,14 +73,21 @@ def write_jsonl(rows: Iterable[dict], path) -> Path:
     return path
 
 
-def synthetic_rows(n: int, seed: int = 0, difficulty: int = 2, **kwargs) -> list[dict]:
+def synthetic_rows(n: int, seed: int = 0, difficulty: int = 2, style: str = "examples", **kwargs) -> list[dict]:
     """``marljax.rewards.synthetic`` tasks as call-based ``stdio`` rows (same tests as ``task.program``).
 
     Going through rows lets the synthetic demo task use the loader and stream
-    like any dataset.  ``kwargs`` go to ``make_tasks`` (``n_public``, ``n_private``).
+    like any dataset.  ``style="steps"`` gives ``make_step_task`` tasks of up to
+    ``difficulty`` steps.  ``kwargs`` go to the task maker (``n_public``, ``n_private``).
     """
+    if style == "steps":
+        tasks = [make_step_task(seed + k, difficulty, **kwargs) for k in range(n)]
+    elif style == "examples":
+        tasks = make_tasks(n, seed=seed, difficulty=difficulty, **kwargs)
+    else:
+        raise ValueError(f"style must be 'examples' or 'steps', got {style!r}")
     rows = []
-    for task in make_tasks(n, seed=seed, difficulty=difficulty, **kwargs):
+    for task in tasks:
         cases = task.public + task.private
         rows.append({"task_id": task.task_id, "question": task.prompt, "fn_name": task.fn_name,
                      "inputs": [list(args) for args, _ in cases], "outputs": [out for _, out in cases],

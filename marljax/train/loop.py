@@ -23,6 +23,7 @@ import numpy as np
 from marljax import kernels as K
 from marljax.rewards import Limits, SandboxPool
 from marljax.train import data as data_lib
+from marljax.train import distributed, memory
 from marljax.train.buffer import ExperienceBuffer
 from marljax.train.checkpoint import RunCheckpointer
 from marljax.train.config import RunConfig, dump_config
@@ -47,7 +48,7 @@ def load_split(cfg: Any, split: str) -> list:
     if cfg.synthetic is not None:
         s = cfg.synthetic
         n, seed = (s.n_train, s.seed) if split == "train" else (s.n_eval, s.seed + 1_000_000)
-        rows = data_lib.synthetic_rows(n, seed=seed, difficulty=s.difficulty)
+        rows = data_lib.synthetic_rows(n, seed=seed, difficulty=s.difficulty, style=s.style)
         return [data_lib.parse_row(r, "stdio", f"<synthetic {split}>:{k + 1}") for k, r in enumerate(rows)]
     path = cfg.train if split == "train" else cfg.eval
     return [] if path is None else data_lib.load_problems(path, cfg.schema)
@@ -83,10 +84,12 @@ class Trainer:
 
     def __init__(self, cfg: RunConfig):
         self.cfg = cfg
+        distributed.initialize(cfg.distributed)  # multi-process runs: before any JAX computation
         self.run_dir = Path(cfg.resolved_run_dir())
         norm = float(cfg.sampler.max_new_tokens)  # Dr.GRPO's constant: the generation budget
         self.policies = {name: Policy(name, p, norm_constant=norm, seed=cfg.seed)
                          for name, p in sorted(cfg.policies.items())}
+        memory.log_estimates(self.policies, cfg.sampler.max_prompt_len + cfg.sampler.max_new_tokens, log)
         self.agents = {name: Agent(name, a.policy, a.role, a.template) for name, a in sorted(cfg.agents.items())}
         self.buffers = {name: ExperienceBuffer(p.cfg.buffer.threshold, p.cfg.buffer.max_staleness)
                         for name, p in self.policies.items()}
@@ -186,14 +189,15 @@ class Trainer:
     def run(self) -> None:
         cfg, t = self.cfg, self.cfg.train
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        dump_config(cfg, self.run_dir / "config.yaml")
+        if distributed.is_primary():  # one writer of run files on multi-host runs
+            dump_config(cfg, self.run_dir / "config.yaml")
         resumed = self.restore()
         with MetricsWriter(self.run_dir, tensorboard=t.tensorboard) as writer:
             if resumed:
                 writer.resume(self.step)
             elif t.sft_steps:
                 run_sft(self, t.sft_steps, writer)
-            with Progress(t.steps, initial=self.step, enabled=None if t.progress else False) as bar:
+            with Progress(t.steps, initial=self.step, desc=cfg.name, enabled=None if t.progress else False) as bar:
                 while self.step < t.steps:
                     metrics = self.train_step()
                     if t.eval_every and self.step % t.eval_every == 0:

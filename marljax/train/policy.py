@@ -5,6 +5,15 @@ each have their own (a heterogeneous team of different families and sizes).
 The policy owns plain parameter pytrees (`get_params` layout) and jitted
 update functions; `version` counts completed RL updates and tags the samples
 its parameters generate, so the trainer can measure staleness.
+
+Layouts. The trainer's layout is `mesh` (e.g. FSDP over `fsdp`, Megatron
+splits over `tensor`); the sampler may use another one (`sampler_mesh`, e.g.
+data x tensor, which needs no all-gathers per decoded token). Parameters then
+go to the sampler's layout on device (`marljax.models.sharding.reshard`), once
+per optimiser step. On a multi-process run every process samples its own prompts on its
+own devices from a per-process copy of the parameters (all-gathered on
+device), and the update takes each process's samples as its share of the
+rows of every micro-batch (`jax.make_array_from_process_local_data`).
 """
 
 from __future__ import annotations
@@ -21,8 +30,9 @@ from jax.sharding import NamedSharding, PartitionSpec
 from marljax.models.config import ModelConfig
 from marljax.models.decoder import Decoder, get_params, init_model, set_params
 from marljax.models.hf_io import from_pretrained, load_tokenizer, save_pretrained
-from marljax.models.sharding import make_mesh
+from marljax.models.sharding import make_mesh, param_dict_shardings, process_local_mesh, reshard, to_local
 from marljax.sampler import generate
+from marljax.sampler.engine import Buckets
 from marljax.train.batch import collate
 from marljax.train.optim import make_optimizer
 from marljax.train.update import LossSettings, make_logprob_fn, make_update_fn, rl_loss, sft_loss
@@ -70,6 +80,26 @@ def load_model(spec: Any, mesh=None) -> tuple[ModelConfig, dict, Any]:
     return config, get_params(model), tokenizer
 
 
+def _pad_batch(batch: dict, M: int, T: int, pad_id: int) -> dict:
+    """`collate` arrays padded to M micro-batches and length T with rows that carry no loss."""
+    out = {}
+    for k, v in batch.items():
+        widths = [(0, M - v.shape[0]), (0, 0)] + ([(0, T - v.shape[2])] if v.ndim == 3 else [])
+        out[k] = np.pad(v, widths, constant_values=pad_id if k in ("tokens", "labels") else 0)
+    out["positions"] = np.broadcast_to(np.arange(T, dtype=np.int32), out["tokens"].shape).copy()
+    return out
+
+
+def _counters_on(opt_state: Any, mesh) -> Any:
+    """optax makes its step counters on the default device; replicate them on the policy's mesh
+    (the moments already follow the parameters' shardings)."""
+    if mesh is None:
+        return opt_state
+    replicated = NamedSharding(mesh, PartitionSpec())
+    return jax.tree.map(lambda x: jax.device_put(np.asarray(x), replicated)
+                        if isinstance(x, jax.Array) and x.ndim == 0 else x, opt_state)
+
+
 def _to_float(metrics: dict) -> dict[str, float]:
     return {k: float(v) for k, v in jax.device_get(metrics).items()}
 
@@ -84,9 +114,14 @@ class Policy:
         if cfg.micro_batch_size % rows:
             raise ValueError(f"policies.{name}.micro_batch_size={cfg.micro_batch_size} must be a multiple of "
                              f"mesh.data x mesh.fsdp = {rows} (rows are split over those axes)")
+        procs = jax.process_count()
+        if procs > 1 and (self.mesh is None or len({d.process_index for d in self.mesh.devices.flat}) != procs):
+            raise ValueError(f"policies.{name}.mesh must use devices of all {procs} processes on a multi-process "
+                             f"run ({jax.device_count()} devices, {jax.local_device_count()} per process)")
         self.config, self.params, self.tokenizer = load_model(cfg.model, self.mesh)
+        self._sampler_setup(getattr(cfg, "sampler_mesh", None))
         self.optimizer, self.schedule = make_optimizer(cfg.optimizer)
-        self.opt_state = self.optimizer.init(self.params)
+        self.opt_state = _counters_on(self.optimizer.init(self.params), self.mesh)
         # a copy, because the update donates (frees) the buffers of `params`
         self.ref_params = jax.tree.map(jnp.copy, self.params) if cfg.reference else None
         self.loss = LossSettings.from_config(cfg.loss, norm_constant)
@@ -112,21 +147,55 @@ class Policy:
         eos = self.config.eos_token_id if self.config.eos_token_id is not None else self.tokenizer.eos_token_id
         return [int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos]) if e is not None]
 
+    def _sampler_setup(self, sampler_mesh_cfg: Any) -> None:
+        """The sampler's layout: the trainer's, another mesh, or per-process copies (multi-process)."""
+        self.sampler_mesh, self._to_sampler, self._sampler_cache = self.mesh, None, None
+        mesh = self.mesh if sampler_mesh_cfg is None else policy_mesh(sampler_mesh_cfg)
+        if jax.process_count() > 1:
+            staging, self.sampler_mesh = process_local_mesh(mesh)
+            specs = jax.tree.map(lambda s: s.spec, param_dict_shardings(self.config, self.sampler_mesh))
+            self._to_sampler = functools.partial(to_local, local_specs=specs, staging=staging,
+                                                 local=self.sampler_mesh)
+        elif sampler_mesh_cfg is not None:
+            self.sampler_mesh = mesh
+            shardings = (jax.devices()[0] if mesh is None else param_dict_shardings(self.config, mesh))
+            self._to_sampler = functools.partial(reshard, shardings=shardings)
+
+    def sampler_params(self) -> dict:
+        """The parameters in the sampler's layout, resharded on device once per parameter change."""
+        if self._to_sampler is None:
+            return self.params
+        if self._sampler_cache is None or self._sampler_cache[0] is not self.params:
+            self._sampler_cache = (self.params, self._to_sampler(self.params))
+        return self._sampler_cache[1]
+
     def generate(self, prompt_ids: Sequence[Sequence[int]], *, n: int, seed: int, sampler: Any):
         """`SamplerOutput` for `n` samples of each prompt, with sampling log-probs."""
-        return generate(self.config, prompt_ids, params=self.params, n=n, seed=seed,
+        return generate(self.config, prompt_ids, params=self.sampler_params(), n=n, seed=seed,
                         max_new_tokens=sampler.max_new_tokens, temperature=sampler.temperature,
                         top_p=sampler.top_p, top_k=sampler.top_k, eos_ids=self.eos_ids, pad_id=self.pad_id,
-                        return_sampling_logprobs=True, mesh=self.mesh)
+                        return_sampling_logprobs=True, mesh=self.sampler_mesh,
+                        buckets=Buckets(min_prompt=sampler.min_prompt_bucket, min_batch=sampler.min_batch_bucket))
 
     # ------------------------------------------------------------- updates
     def _collate(self, samples: Sequence[Sample]) -> dict:
-        batch = collate(samples, micro_batch_size=self.cfg.micro_batch_size, pad_id=self.pad_id)
+        mb = self.cfg.micro_batch_size
         if self.mesh is None:
-            return jax.tree.map(jnp.asarray, batch)
+            return jax.tree.map(jnp.asarray, collate(samples, micro_batch_size=mb, pad_id=self.pad_id))
         # rows (axis 1) over the data-parallel axes; micro-batch index and length replicated
         rows = NamedSharding(self.mesh, PartitionSpec(None, ("data", "fsdp")))
-        return jax.tree.map(lambda x: jax.device_put(x, rows), batch)
+        if rows.is_fully_addressable:
+            batch = collate(samples, micro_batch_size=mb, pad_id=self.pad_id)
+            return jax.tree.map(lambda x: jax.device_put(x, rows), batch)
+        # multi-process: this process's samples fill its rows of every micro-batch; all agree on [M, T]
+        from jax.experimental import multihost_utils
+
+        spans = {(s[1].start or 0, s[1].stop or mb) for s in rows.addressable_devices_indices_map((1, mb)).values()}
+        local_mb = sum(b - a for a, b in spans)
+        batch = collate(samples, micro_batch_size=local_mb, pad_id=self.pad_id)
+        M, T = (int(x) for x in multihost_utils.process_allgather(np.array(batch["tokens"].shape[::2])).max(0))
+        batch = _pad_batch(batch, M, T, self.pad_id)
+        return {k: jax.make_array_from_process_local_data(rows, v, (M, mb) + v.shape[2:]) for k, v in batch.items()}
 
     def update(self, samples: Sequence[Sample]) -> dict[str, float]:
         """One RL update on `samples` (`mini_batches` optimiser steps); bumps `version`."""
@@ -139,11 +208,12 @@ class Policy:
             if self.loss.kl_coef:
                 b["ref_logp"] = self._logprobs(self.ref_params, b)
         history = []
-        for b in batches:
+        for b in batches:  # metrics are read after the last step, so steps queue up on the devices
             lr = float(self.schedule(self.step))
             self.params, self.opt_state, metrics = self._rl_update(self.params, self.opt_state, b)
             self.step += 1
-            history.append({**_to_float(metrics), "lr": lr})
+            history.append((metrics, lr))
+        history = [{**_to_float(m), "lr": lr} for m, lr in history]
         self.version += 1
         out = {k: float(np.mean([h[k] for h in history])) for k in history[0]}
         out["skipped"] = float(sum(h["skipped"] for h in history))

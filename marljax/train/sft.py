@@ -10,10 +10,11 @@ reference becomes the fine-tuned model.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from marljax.train.metrics import Progress
 from marljax.workflows.base import Agent
 from marljax.workflows.types import Sample
 
@@ -31,34 +32,54 @@ def reference_completion(problem: Any) -> str | None:
 
 def sft_samples(problems: Sequence[Any], agent: Agent, policy: Any) -> list[Sample]:
     """(prompt, reference + eos) pairs of `agent` for the problems that have a reference."""
+    pairs = [(agent.render(p.prompt), reference_completion(p)) for p in problems]
+    return pair_samples([(q, t) for q, t in pairs if t is not None], agent, policy)
+
+
+def pair_samples(pairs: Sequence[tuple[str, str]], agent: Agent, policy: Any) -> list[Sample]:
+    """SFT samples of `agent` from (prompt text, target text) pairs; the target ends with EOS."""
     tok, out = policy.tokenizer, []
-    for p in problems:
-        target = reference_completion(p)
-        if target is None:
-            continue
-        prompt = tok(agent.render(p.prompt))["input_ids"]
+    for prompt, target in pairs:
         completion = tok(target)["input_ids"] + policy.eos_ids[:1]
-        out.append(Sample(prompt, completion, np.zeros(len(completion), np.float32), reward=0.0,
-                          agent=agent.name, policy=agent.policy, ids={"problem": p.id}))
+        out.append(Sample(tok(prompt)["input_ids"], completion, np.zeros(len(completion), np.float32), reward=0.0,
+                          agent=agent.name, policy=agent.policy))
     return out
 
 
-def run_sft(trainer: Any, steps: int, writer: Any) -> None:
-    """`steps` SFT steps over the trainer's train problems (batch by batch, cycling)."""
+def run_sft(trainer: Any, steps: int, writer: Any, desc: str = "sft",
+            extra: Mapping[str, Sequence[tuple[str, str]]] | None = None, extra_every: int = 8) -> None:
+    """`steps` SFT steps over the trainer's train problems (batch by batch, cycling).
+
+    `extra` maps an agent to more (prompt text, target) pairs, e.g. refinement
+    prompts; every `extra_every`-th step trains on a batch of those instead
+    (separate batches, so long extra prompts do not pad the short ones).
+    """
+    extra = {a: pairs for a, pairs in (extra or {}).items() if pairs}
     problems = [p for p in trainer.train_problems if reference_completion(p) is not None]
     if not problems:
         raise ValueError("train.sft_steps > 0 but no training problem has a reference solution")
     batch = trainer.cfg.data.batch_size
+    bar = Progress(steps, desc=desc, enabled=None if trainer.cfg.train.progress else False)
     for k in range(steps):
+        use_extra, n = extra and k % extra_every == extra_every - 1, k // extra_every
         chosen = [problems[(k * batch + j) % len(problems)] for j in range(batch)]
         metrics = {}
         for name, policy in trainer.policies.items():
-            samples = [s for a in trainer.agents.values() if a.policy == name
-                       for s in sft_samples(chosen, a, policy)]
+            samples = []
+            for a in trainer.agents.values():
+                if a.policy != name:
+                    continue
+                if not use_extra:
+                    samples += sft_samples(chosen, a, policy)
+                elif a.name in extra:
+                    pairs = extra[a.name]
+                    samples += pair_samples([pairs[(n * batch + j) % len(pairs)] for j in range(batch)], a, policy)
             if samples:
                 m = policy.sft_update(samples)
                 metrics.update({f"sft/{name}/{key}": v for key, v in m.items()})
         writer.write(k - steps, metrics)  # negative steps: SFT comes before RL step 0
+        bar.update(1, **{key.split("/")[1]: v for key, v in metrics.items() if key.endswith("/loss")})
+    bar.close()
     for policy in trainer.policies.values():
         policy.opt_state = policy.optimizer.init(policy.params)
         policy.step = 0

@@ -1,7 +1,7 @@
 """Kernel demonstration: a two-agent team learns a cooperative task with marljax's kernels.
 
-Until the full embedded demo (LLM agents on code tasks) lands, this is what
-`python -m marljax.demo` runs. Each problem has a secret sequence; agent 0
+`python -m marljax.demo.kernels` runs it in seconds (the embedded demo,
+`python -m marljax.demo`, trains LLM agents). Each problem has a secret sequence; agent 0
 (the proposer) writes one token per position and agent 1 (the reviser),
 seeing the proposer's token, writes a correction. The team scores when
 ``(proposal + correction) % V`` equals the secret token; the proposer also

@@ -1,0 +1,176 @@
+"""Per-device memory estimate of one policy: parameters, optimiser, gradients, activations.
+
+Parameters, optimiser moments, gradients, the KL reference and a sampler copy
+are counted exactly from the model's shapes and the mesh's shardings (AdamW /
+Adam keep two moments in the parameter dtype; SGD none). Activations are an
+estimate of what one micro-batch keeps for the backward pass:
+
+- remat off: every layer's intermediates, per token about
+  `4 D + (3 H + 4 K) hd + 4 F` values plus `2 H T` float32 attention scores
+  (D hidden, F mlp, H / K query / kv heads on this device, hd head dim);
+- remat on (`model.remat`): the layer inputs `L x D` per token, plus one
+  layer's intermediates while it is recomputed;
+- plus the loss head: `[rows, 256, V]` float32 logit chunks (x3 with grads).
+
+Knobs to fit: `model.remat`, `micro_batch_size` (rows per forward/backward),
+`mesh.fsdp` / `mesh.tensor` (split parameters, moments and gradients),
+`model.param_dtype` / `dtype` (bfloat16 halves them).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from types import SimpleNamespace
+from typing import Any, Mapping
+
+import numpy as np
+from flax import nnx
+
+from marljax.models.config import ModelConfig
+from marljax.models.sharding import MESH_AXES, logical_to_spec
+
+MOMENTS = {"adamw": 2, "adam": 2, "sgd": 0}  # optimiser state per parameter, in the parameter dtype
+LOGIT_CHUNK = 256  # positions per logits chunk in `logprobs_from_hidden`
+
+
+def _bytes(n: float) -> str:
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= size:
+            return f"{n / size:.2f} {unit}"
+    return f"{int(n)} B"
+
+
+def param_bytes(config: ModelConfig, mesh_shape: Mapping[str, int] | None = None) -> tuple[int, int]:
+    """(total bytes, bytes on the most loaded device) of the parameters under the rule table."""
+    from marljax.models.decoder import Decoder
+
+    state = nnx.state(nnx.eval_shape(lambda: Decoder(config, rngs=nnx.Rngs(0))), nnx.Param)
+    mesh = None if mesh_shape is None else SimpleNamespace(shape={a: mesh_shape.get(a, 1) for a in MESH_AXES})
+    total = per_device = 0
+    for _, var in nnx.to_flat_state(state):
+        sds = var.get_value()
+        size = int(np.prod(sds.shape)) * np.dtype(sds.dtype).itemsize
+        total += size
+        if mesh is None:
+            per_device += size
+            continue
+        spec = logical_to_spec(var.get_metadata()["logical_axes"], sds.shape, mesh)
+        split = math.prod(math.prod(mesh.shape[a] for a in ((s,) if isinstance(s, str) else s))
+                          for s in spec if s is not None)
+        per_device += size // split
+    return total, per_device
+
+
+@dataclasses.dataclass(frozen=True)
+class MemoryEstimate:
+    """Bytes per device of one policy (see the module doc for what each term counts)."""
+
+    policy: str
+    mesh_shape: dict
+    total_params: int  # bytes of all parameters (unsharded)
+    params: int
+    optimizer: int
+    gradients: int  # accumulator + one micro-batch's gradients
+    reference: int
+    sampler_copy: int
+    activations: int  # one micro-batch, with the configured remat
+    activations_alt: int  # the same with remat toggled
+    remat: bool
+    rows: int  # rows of a micro-batch on one device
+    seq_len: int
+    kv_per_sequence: int  # sampler KV cache of one sequence of seq_len tokens
+
+    @property
+    def state(self) -> int:
+        return self.params + self.optimizer + self.gradients + self.reference + self.sampler_copy
+
+    @property
+    def peak(self) -> int:
+        return self.state + self.activations
+
+    def report(self, optimizer: str = "adamw", device_limit: int | None = None) -> str:
+        n = self.policy
+        mesh = " ".join(f"{a}={self.mesh_shape.get(a, 1)}" for a in MESH_AXES)
+        lines = [
+            f"memory estimate, policy {n!r} ({_bytes(self.total_params)} of parameters; mesh {mesh}; per device):",
+            f"  parameters {_bytes(self.params)} + optimizer ({optimizer}, {MOMENTS.get(optimizer, 2)} moments) "
+            f"{_bytes(self.optimizer)} + gradients {_bytes(self.gradients)} + reference {_bytes(self.reference)}"
+            f" + sampler copy {_bytes(self.sampler_copy)} = {_bytes(self.state)}",
+            f"  activations per micro-batch ({self.rows} rows x {self.seq_len} tokens): ~{_bytes(self.activations)} "
+            f"with remat {'on' if self.remat else 'off'} (~{_bytes(self.activations_alt)} with remat "
+            f"{'off' if self.remat else 'on'})",
+            f"  peak ~{_bytes(self.peak)}; sampler KV cache {_bytes(self.kv_per_sequence)} per sequence",
+        ]
+        if device_limit:
+            verdict = "fits" if self.peak <= device_limit else "DOES NOT FIT"
+            lines.append(f"  device memory {_bytes(device_limit)}: {verdict}")
+        lines.append(f"  knobs: policies.{n}.model.remat, policies.{n}.micro_batch_size, policies.{n}.mesh.fsdp / "
+                     f"tensor, policies.{n}.model.param_dtype / dtype")
+        return "\n".join(lines)
+
+
+def _activations(c: ModelConfig, rows: int, T: int, tensor: int, remat: bool) -> int:
+    cd = np.dtype(c.dtype).itemsize
+    H = c.num_heads // tensor if c.num_heads % tensor == 0 else c.num_heads
+    K = c.num_kv_heads // tensor if c.num_kv_heads % tensor == 0 else c.num_kv_heads
+    F = c.intermediate_size // tensor if c.intermediate_size % tensor == 0 else c.intermediate_size
+    D, hd = c.hidden_size, c.head_dim
+    layer = rows * T * (cd * (4 * D + (3 * H + 4 * K) * hd + 4 * F) + 4 * 2 * H * T)
+    saved = c.num_layers * rows * T * D * cd + layer if remat else c.num_layers * layer
+    head = 3 * rows * min(LOGIT_CHUNK, T) * c.vocab_size * 4 + 2 * rows * T * D * cd
+    return saved + head
+
+
+def estimate(config: ModelConfig, *, name: str = "policy", mesh_shape: Mapping[str, int] | None = None,
+             micro_batch_size: int = 8, seq_len: int = 1024, optimizer: str = "adamw", reference: bool = False,
+             remat: bool | None = None, sampler_mesh_shape: Mapping[str, int] | None = None) -> MemoryEstimate:
+    """Per-device estimate for a model, mesh and update settings (no devices needed: plan ahead).
+
+    `sampler_mesh_shape`: the sampler's layout when it differs (a second copy of the parameters).
+    """
+    shape = {a: int((mesh_shape or {}).get(a, 1)) for a in MESH_AXES}
+    total, params = param_bytes(config, shape)
+    remat = config.remat != "none" if remat is None else remat
+    rows = max(1, micro_batch_size // (shape["data"] * shape["fsdp"]))
+    copy = param_bytes(config, sampler_mesh_shape)[1] if sampler_mesh_shape is not None else 0
+    kv = 2 * config.num_layers * seq_len * config.num_kv_heads * config.head_dim * np.dtype(config.dtype).itemsize
+    return MemoryEstimate(
+        policy=name, mesh_shape=shape, total_params=total, params=params,
+        optimizer=MOMENTS.get(optimizer, 2) * params, gradients=2 * params, reference=params if reference else 0,
+        sampler_copy=copy, activations=_activations(config, rows, seq_len, shape["tensor"], remat),
+        activations_alt=_activations(config, rows, seq_len, shape["tensor"], not remat), remat=remat,
+        rows=rows, seq_len=seq_len, kv_per_sequence=kv)
+
+
+def policy_estimate(policy: Any, seq_len: int) -> MemoryEstimate:
+    """`estimate` for a built `Policy` (its model, mesh, optimizer and sampler layout)."""
+    cfg = policy.cfg
+    shape = None if policy.mesh is None else dict(policy.mesh.shape)
+    sampler = policy.sampler_mesh if getattr(policy, "_to_sampler", None) is not None else None
+    sampler_shape = None if sampler is None else {a: sampler.shape.get(a, 1) for a in MESH_AXES}
+    return estimate(policy.config, name=policy.name, mesh_shape=shape, micro_batch_size=cfg.micro_batch_size,
+                    seq_len=seq_len, optimizer=cfg.optimizer.name, reference=cfg.reference,
+                    sampler_mesh_shape=sampler_shape)
+
+
+def device_limit() -> int | None:
+    """Bytes of memory of the first local device, where the backend reports it (GPU, TPU)."""
+    import jax
+
+    try:
+        stats = jax.local_devices()[0].memory_stats() or {}
+    except Exception:  # noqa: BLE001  (CPU and some plugins do not implement memory_stats)
+        return None
+    return stats.get("bytes_limit")
+
+
+def log_estimates(policies: Mapping[str, Any], seq_len: int, log: Any) -> None:
+    """Log every policy's estimate on process 0 (`log` is a `logging.Logger`)."""
+    import jax
+
+    if jax.process_index() != 0:
+        return
+    limit = device_limit()
+    for policy in policies.values():
+        log.info(policy_estimate(policy, seq_len).report(policy.cfg.optimizer.name, limit))

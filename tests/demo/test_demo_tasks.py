@@ -1,0 +1,51 @@
+"""The demo's "steps" tasks and the broken attempts of its refinement warm start."""
+
+import random
+
+import pytest
+
+from marljax.demo.models import steps_problems
+from marljax.demo.refine import break_program, refine_examples
+from marljax.rewards import Limits, make_step_task, run_many
+from marljax.workflows.base import Agent
+
+
+def test_step_tasks_state_every_operation_and_their_references_pass():
+    t = make_step_task(7, 3)
+    assert t == make_step_task(7, 3) and t != make_step_task(8, 3)
+    # one phrase per operation in the prompt, one "x = ..." line per operation in the reference
+    phrases = t.prompt.split("; return x.")[0].count(", then ") + 1
+    assert t.reference.count("\n    x = ") == phrases
+    tasks = [make_step_task(k, steps) for k in range(12) for steps in (1, 3)]
+    res = run_many([t.program(t.reference) for t in tasks], limits=Limits(test_timeout_s=5))
+    assert all(r.passed for r in res)
+    # hand-checked task: "multiply x by 3, then add 2" on x = 4 gives 14
+    def apply(src, x):
+        scope = {}
+        exec(src, scope)  # our own reference, not generated text
+        return scope["f"](x)
+    assert apply("def f(x):\n    x = x * 3\n    x = x + 2\n    return x\n", 4) == 14
+    for args, out in t.public + t.private:
+        assert apply(t.reference, *args) == out
+    with pytest.raises(ValueError):
+        make_step_task(0, 0)
+
+
+def test_broken_attempts_fail_and_refinement_pairs_carry_real_feedback():
+    from marljax.rewards import SandboxPool
+
+    problems = steps_problems(12, seed=3, steps=2)
+    rng = random.Random(0)
+    for p in problems:
+        for names in (False, True):
+            assert break_program(p.fields["solution"], rng, names) != p.fields["solution"]
+    with SandboxPool(max_workers=2) as pool:
+        pairs = refine_examples(problems, Agent("a", "p"), pool, seed=0)
+    assert len(pairs) >= 9  # a changed constant can occasionally still pass; those are dropped
+    by_prompt = {p.prompt: p for p in problems}
+    for prompt, target in pairs:
+        problem = next(q for text, q in by_prompt.items() if prompt.startswith(text))
+        assert "Previous attempt:" in prompt and "Feedback on the public tests:" in prompt
+        assert target == f"```python\n{problem.fields['solution'].rstrip()}\n```"
+        attempt = prompt.split("```python\n")[1].split("```")[0]
+        assert attempt != problem.fields["solution"]

@@ -1,0 +1,51 @@
+"""Two real JAX processes on localhost (jax.distributed, gloo CPU collectives): a data-parallel
+update equals the single-process one, and their checkpoint restores in a single process."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = Path(__file__).with_name("_scale_multiprocess.py")
+TIMEOUT_S = 420
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        return s.getsockname()[1]
+
+
+def env() -> dict:
+    out = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "MARLJAX_")) and k != "XLA_FLAGS"}
+    out.update(JAX_PLATFORMS="cpu", PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    return out
+
+
+@pytest.mark.slow
+def test_two_processes_match_one_and_share_a_checkpoint(tmp_path):
+    port = free_port()
+    workers = [subprocess.Popen([sys.executable, str(SCRIPT), "worker", str(pid), str(port), str(tmp_path)],
+                                env=env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+               for pid in (0, 1)]
+    logs = []
+    try:
+        for w in workers:
+            logs.append(w.communicate(timeout=TIMEOUT_S)[0])
+    except subprocess.TimeoutExpired:
+        for w in workers:
+            w.kill()
+        pytest.fail(f"workers did not finish within {TIMEOUT_S} s:\n" + "\n".join(w.communicate()[0][-3000:]
+                                                                                  for w in workers))
+    for pid, (w, log) in enumerate(zip(workers, logs)):
+        assert w.returncode == 0 and f"worker {pid}: OK" in log, log[-6000:]
+    single = subprocess.run([sys.executable, str(SCRIPT), "single", str(tmp_path)], env=env(),
+                            capture_output=True, text=True, timeout=TIMEOUT_S)
+    assert single.returncode == 0, single.stdout[-3000:] + single.stderr[-6000:]
+    assert "single process: OK" in single.stdout
