@@ -28,7 +28,8 @@ from marljax.demo.pipeline import METHODS, DemoSettings, train_method, warm_star
 from marljax.demo.report import results_table, write_plots
 from marljax.rewards import SandboxPool
 
-QUICK = dict(sft_steps=30, rl_steps=2, n_train=64, n_eval=16, problems_per_step=4, refine_examples=16)
+QUICK = dict(sft_steps=16, rl_steps=1, n_train=32, n_eval=8, problems_per_step=2, samples_per_problem=4,
+             refine_examples=8)
 
 
 def quiet() -> None:

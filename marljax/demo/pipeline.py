@@ -34,6 +34,7 @@ class DemoSettings:
     refine_examples: int = 256  # broken attempts + feedback -> fix: every 8th SFT batch
     rl_steps: int = 20
     rl_lr: float = 1e-3
+    mini_batches: int = 1  # optimiser steps per RL update (4 made the heterogeneous team collapse)
     problems_per_step: int = 8
     samples_per_problem: int = 8  # GRPO's group size = MARS2's nodes per tree: equal budgets
     max_steps_per_task: int = 2  # task difficulty: 1..N operations
@@ -41,12 +42,15 @@ class DemoSettings:
     n_eval: int = 128
     eval_samples: int = 2  # sampled answers per held-out task for pass@1
     max_new_tokens: int = 40
+    reward: str = "pass"  # 1 only when every test passes ("fraction": partial credit)
     seed: int = 0
 
     @property
     def samples_per_step(self) -> int:
         return self.problems_per_step * self.samples_per_problem
 
+
+SFT_SEED_OFFSET = 500_000  # SFT tasks: seeds from here; RL tasks from 0, held-out ones from 1,000,000
 
 # method -> (agent -> policy); MARS2 teams search together, GRPO samples groups alone
 METHODS = {
@@ -65,18 +69,22 @@ def run_config(name: str, run_dir: Path, models: dict[str, Path], agents: dict[s
     policies = {p: {"model": {"path": str(models[p])},
                     "optimizer": {"lr": s.sft_lr if sft else s.rl_lr, "warmup_steps": 10 if sft else 0},
                     "loss": {"type": "ppo", "agg_mode": "token-mean"},
-                    "buffer": {"threshold": per_policy}, "micro_batch_size": 32}
+                    "buffer": {"threshold": per_policy}, "micro_batch_size": 16,
+                    "mini_batches": 1 if sft else s.mini_batches}
                 for p in used}
     if len(agents) == 1:
-        workflow = {"kind": "grpo", "group_size": s.samples_per_problem}
+        workflow = {"kind": "grpo", "group_size": s.samples_per_problem, "reward": s.reward}
     else:
         workflow = {"kind": "mars2", "agents": sorted(agents), "max_nodes": s.samples_per_problem,
-                    "expansions_per_round": s.samples_per_problem // 2, "stop_on_solve": False}
+                    "expansions_per_round": s.samples_per_problem // 2, "stop_on_solve": False,
+                    "reward": s.reward}
     return config_from_dict({
         "name": name, "run_dir": str(run_dir), "seed": s.seed, "policies": policies,
         "agents": {a: {"policy": p} for a, p in agents.items()},
-        "data": {"synthetic": {"n_train": s.n_train, "n_eval": s.n_eval, "difficulty": s.max_steps_per_task,
-                               "style": "steps", "seed": s.seed},
+        # SFT sees each of its own tasks once; RL and evaluation use other tasks (seed ranges apart)
+        "data": {"synthetic": {"n_train": s.sft_steps * s.sft_batch if sft else s.n_train, "n_eval": s.n_eval,
+                               "difficulty": s.max_steps_per_task, "style": "steps",
+                               "seed": s.seed + SFT_SEED_OFFSET if sft else s.seed},
                  "batch_size": s.sft_batch if sft else s.problems_per_step},
         "sampler": {"max_new_tokens": s.max_new_tokens, "temperature": 1.0, "min_prompt_bucket": 64,
                     "min_batch_bucket": 32},

@@ -145,22 +145,27 @@ class Trainer:
 
     # ---------------------------------------------------------------- steps
     def update_ready_policies(self) -> dict[str, float]:
-        """Update every policy whose buffer is full, as often as it is full."""
+        """Update every policy whose buffer is full, as often as it is full. All updates are
+        dispatched before any metric is read, so policies on disjoint devices overlap."""
         out: dict[str, float] = {}
+        pending: dict[str, list] = {}
+        dropped_before = {name: buf.dropped for name, buf in self.buffers.items()}
         for name, policy in self.policies.items():
-            buf, history = self.buffers[name], []
-            dropped_before = buf.dropped
+            buf, pending[name] = self.buffers[name], []
             while buf.ready(policy.version):
                 batch, stats = buf.take(policy.version)
-                history.append({**policy.update(batch), **stats})
-            if buf.dropped > dropped_before:
-                log.warning("policy %s: dropped %d samples older than max_staleness=%s", name,
-                            buf.dropped - dropped_before, buf.max_staleness)
+                pending[name].append((policy.start_update(batch), stats))
+        for name, policy in self.policies.items():
+            buf, dropped = self.buffers[name], self.buffers[name].dropped - dropped_before[name]
+            history = [{**policy.finish_update(p), **stats} for p, stats in pending[name]]
+            if dropped:
+                log.warning("policy %s: dropped %d samples older than max_staleness=%s", name, dropped,
+                            buf.max_staleness)
             prefix = f"policy/{name}"
             out[f"{prefix}/updates"] = float(len(history))
             out[f"{prefix}/version"] = float(policy.version)
             out[f"{prefix}/buffer"] = float(len(buf))
-            out[f"{prefix}/dropped_stale"] = float(buf.dropped - dropped_before)
+            out[f"{prefix}/dropped_stale"] = float(dropped)
             for key in (history[0] if history else {}):
                 out[f"{prefix}/{key}"] = float(np.mean([h[key] for h in history]))
             if history and any(h["skipped"] for h in history):

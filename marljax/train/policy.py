@@ -199,6 +199,11 @@ class Policy:
 
     def update(self, samples: Sequence[Sample]) -> dict[str, float]:
         """One RL update on `samples` (`mini_batches` optimiser steps); bumps `version`."""
+        return self.finish_update(self.start_update(samples))
+
+    def start_update(self, samples: Sequence[Sample]) -> list:
+        """Dispatch `update` without waiting for the devices; `finish_update` reads its metrics.
+        Policies on disjoint devices therefore update at the same time."""
         order = np.random.default_rng([self.seed, self.version]).permutation(len(samples))
         chunks = [c for c in np.array_split(order, self.cfg.mini_batches) if len(c)]
         batches = [self._collate([samples[i] for i in c]) for c in chunks]
@@ -213,8 +218,12 @@ class Policy:
             self.params, self.opt_state, metrics = self._rl_update(self.params, self.opt_state, b)
             self.step += 1
             history.append((metrics, lr))
-        history = [{**_to_float(m), "lr": lr} for m, lr in history]
         self.version += 1
+        return history
+
+    @staticmethod
+    def finish_update(pending: list) -> dict[str, float]:
+        history = [{**_to_float(m), "lr": lr} for m, lr in pending]
         out = {k: float(np.mean([h[k] for h in history])) for k in history[0]}
         out["skipped"] = float(sum(h["skipped"] for h in history))
         return out

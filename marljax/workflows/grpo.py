@@ -32,6 +32,9 @@ class GrpoConfig(WorkflowSettings):
     group_size: int = Field(4, ge=2, description="responses sampled per problem")
     estimator: Literal["grpo", "dr_grpo", "rloo"] = "grpo"
     agent: str | None = Field(None, description="agent to train; default: the only agent")
+    reward: Literal["fraction", "pass"] = Field(
+        "fraction", description="fraction of tests passed (dense, but a partly right program earns "
+                                "credit), or 1 only when every test passes")
 
     def check_agents(self, agents: Mapping[str, Any]):
         if self.agent is None and len(agents) != 1:
@@ -40,16 +43,19 @@ class GrpoConfig(WorkflowSettings):
 
 
 class GrpoWorkflow:
-    def __init__(self, group_size: int = 4, estimator: str = "grpo", agent: str | None = None):
+    def __init__(self, group_size: int = 4, estimator: str = "grpo", agent: str | None = None,
+                 reward: str = "fraction"):
         if group_size < 2:
             raise ValueError(f"group_size must be >= 2, got {group_size}")
         if estimator not in ESTIMATORS:
             raise ValueError(f"estimator must be one of {sorted(ESTIMATORS)}, got {estimator!r}")
-        self.group_size, self.estimator, self.agent = group_size, estimator, agent
+        if reward not in ("fraction", "pass"):
+            raise ValueError(f"reward must be 'fraction' or 'pass', got {reward!r}")
+        self.group_size, self.estimator, self.agent, self.reward = group_size, estimator, agent, reward
 
     @classmethod
     def from_config(cls, cfg: Any) -> "GrpoWorkflow":
-        return cls(cfg.group_size, cfg.estimator, cfg.agent)
+        return cls(cfg.group_size, cfg.estimator, cfg.agent, cfg.reward)
 
     def _agent(self, agents: dict[str, Agent]) -> Agent:
         if self.agent is not None:
@@ -65,8 +71,8 @@ class GrpoWorkflow:
         gens = generator.generate([(agent, agent.render(p.prompt)) for p in problems], G, seed)
         flat = [(i, g) for i, group in enumerate(gens) for g in group]
         scores = score_texts([problems[i] for i, _ in flat], [g.text for _, g in flat], pool)
-        rewards = np.array([s.reward for s in scores], np.float32)
         passed = np.array([s.passed for s in scores], np.float32)
+        rewards = passed if self.reward == "pass" else np.array([s.reward for s in scores], np.float32)
         group_ids = np.repeat(np.arange(len(problems)), G)
         adv = np.asarray(ESTIMATORS[self.estimator](jnp.asarray(rewards), jnp.asarray(group_ids),
                                                     num_groups=len(problems)))

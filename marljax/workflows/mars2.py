@@ -65,6 +65,8 @@ class Mars2Config(WorkflowSettings):
                                                   description="gamma(d): per-depth list (last repeats) or a rule")
     use_feedback: bool = Field(True, description="refinement prompts carry public-test error feedback")
     stop_on_solve: bool = Field(True, description="stop a tree once a node passes all tests")
+    reward: Literal["fraction", "pass"] = Field(
+        "fraction", description="node reward: fraction of tests passed, or 1 only when all pass")
     select: Literal["public_score", "reward_model"] = Field(
         "public_score", description="T+ final answer: best public score, or the workflow's reward_model hook")
     eval_search: bool = Field(False, description="also run MARS2-T+ search at evaluation")
@@ -87,6 +89,7 @@ class SearchOptions:
     depth_gamma: Any = None  # a `depth_gamma` spec
     use_feedback: bool = True
     stop_on_solve: bool = True
+    reward: str = "fraction"  # or "pass": 1 only when every test passes
 
 
 def split_fractions(score: Score) -> dict[str, float]:
@@ -142,7 +145,8 @@ def run_search(problems: Sequence[Any], team: Sequence[Agent], generator: Genera
             frac = split_fractions(s)
             fb = error_feedback(s.result) if opts.use_feedback and s.result is not None else ""
             code = text if problems[i].schema == "math" else extract_code(text).code
-            trees[i].record(n, frac[split], frac[split] >= 1.0, gen=g[0], text=text, code=code, feedback=fb,
+            solved = frac[split] >= 1.0
+            trees[i].record(n, float(solved) if opts.reward == "pass" else frac[split], solved, gen=g[0], text=text, code=code, feedback=fb,
                             fractions=frac, prompt=q)
 
 
@@ -179,13 +183,15 @@ class Mars2Workflow:
                  prior: str = "uniform", prior_strength: float = 1.0, depth_gamma: Any = None,
                  use_feedback: bool = True, stop_on_solve: bool = True, select: str = "public_score",
                  eval_search: bool = False, eval_max_nodes: int | None = None,
-                 reward_model: RewardModel | None = None):
+                 reward_model: RewardModel | None = None, reward: str = "fraction"):
         if prior not in ("uniform", "reward_average"):
             raise ValueError(f"prior must be 'uniform' or 'reward_average', got {prior!r}")
         if select not in ("public_score", "reward_model"):
             raise ValueError(f"select must be 'public_score' or 'reward_model', got {select!r}")
         self.team = list(agents) if agents is not None else None
-        self.opts = SearchOptions(max_nodes, expansions_per_round, depth_gamma, use_feedback, stop_on_solve)
+        if reward not in ("fraction", "pass"):
+            raise ValueError(f"reward must be 'fraction' or 'pass', got {reward!r}")
+        self.opts = SearchOptions(max_nodes, expansions_per_round, depth_gamma, use_feedback, stop_on_solve, reward)
         if max_nodes < 2 or expansions_per_round < 1:
             raise ValueError(f"need max_nodes >= 2 and expansions_per_round >= 1, got {max_nodes}, "
                              f"{expansions_per_round}")
@@ -198,7 +204,8 @@ class Mars2Workflow:
     def from_config(cls, cfg: Mars2Config) -> "Mars2Workflow":
         gamma = cfg.depth_gamma.model_dump() if isinstance(cfg.depth_gamma, DepthGamma) else cfg.depth_gamma
         return cls(cfg.agents, cfg.max_nodes, cfg.expansions_per_round, cfg.prior, cfg.prior_strength, gamma,
-                   cfg.use_feedback, cfg.stop_on_solve, cfg.select, cfg.eval_search, cfg.eval_max_nodes)
+                   cfg.use_feedback, cfg.stop_on_solve, cfg.select, cfg.eval_search, cfg.eval_max_nodes,
+                   reward=cfg.reward)
 
     def _team(self, agents: Mapping[str, Agent]) -> list[Agent]:
         names = self.team if self.team is not None else sorted(agents)

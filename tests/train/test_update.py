@@ -187,10 +187,14 @@ def test_skewed_rates_fast_policy_updates_while_slow_waits():
         def __init__(self):
             self.version, self.batches = 0, []
 
-        def update(self, batch):
+        def start_update(self, batch):
             self.batches.append(len(batch))
             self.version += 1
-            return {"loss": 0.0, "skipped": 0.0}
+            return [len(batch)]
+
+        @staticmethod
+        def finish_update(pending):
+            return {"loss": float(pending[0]), "skipped": 0.0}
 
     t = Trainer.__new__(Trainer)  # only the buffer routing, no models
     t.policies = {"fast": Counting(), "slow": Counting()}
@@ -205,4 +209,5 @@ def test_skewed_rates_fast_policy_updates_while_slow_waits():
     assert [u[0] for u in updates] == [1, 1, 1, 2, 1, 1]
     assert [u[1] for u in updates] == [0, 0, 1, 0, 0, 1]
     assert t.policies["fast"].batches == [4] * 7 and t.policies["slow"].batches == [3, 3]
+    assert m["policy/fast/loss"] == 4.0 and m["policy/slow/loss"] == 3.0  # read back after dispatch
     assert len(t.buffers["fast"]) == 30 - 28 and len(t.buffers["slow"]) == 0

@@ -372,3 +372,21 @@ def test_two_steps_with_tiny_real_policy(pool):
     moved = jax.tree.leaves(jax.tree.map(lambda a, b: bool(np.any(a != np.asarray(b))), before, policy.params))
     assert any(moved)
     assert sum(wf.state_dict()["reward_average"]["count"].values()) == 12
+
+
+@pytest.mark.parametrize("reward", ["fraction", "pass"])
+def test_binary_reward_option_for_mars2_and_grpo(pool, reward):
+    """A program that passes 4 of 12 tests (the public ones) earns 1/3 with "fraction", 0 with "pass"."""
+    from marljax.workflows.grpo import GrpoWorkflow
+
+    problems = make_problems(2)
+    script = lambda a, prompt, k, seed: fenced(overfit_code(problem_of(problems, prompt)))  # noqa: E731
+    agents = {"a": Agent("a", "p")}
+    expected = 4 / 12 if reward == "fraction" else 0.0
+    tree = Mars2Workflow(max_nodes=2, expansions_per_round=2, reward=reward).rollout(
+        problems, agents, ScriptedGenerator(script), pool, seed=0)
+    grpo = GrpoWorkflow(group_size=2, reward=reward).rollout(problems, agents, ScriptedGenerator(script), pool, 0)
+    for rollout in (tree, grpo):
+        assert [s.reward for s in rollout.samples] == pytest.approx([expected] * 4)
+    with pytest.raises(ValueError, match="reward"):
+        GrpoWorkflow(reward="half")

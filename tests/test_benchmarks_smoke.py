@@ -1,0 +1,66 @@
+"""The benchmark harness (`benchmarks/run.py`) runs end to end in smoke mode and reports sane numbers.
+
+Smoke mode uses tiny shapes and no external environments (tunix, verl); about 45 s of CPU.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.slow
+def test_harness_smoke(tmp_path):
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "run.py"), "--smoke", "--out", str(tmp_path)],
+                          check=False, capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads((tmp_path / "results.json").read_text())
+    res = report["results"]
+    assert set(res) == {"peak", "train", "generate", "kernels", "rl", "sandbox"}
+    for name, sec in res.items():
+        assert "error" not in sec, f"{name}: {sec.get('error')}"
+        load = report["section_load"][name]
+        assert load["wall_s"] > 0 and isinstance(load["noisy"], bool)
+
+    assert all(v > 1e8 for v in res["peak"]["peak_flops"].values())  # > 0.1 GFLOP/s, float32 and bfloat16
+    (train,) = res["train"]["rows"]
+    assert train["marljax"]["tokens_per_s"] > 0 and train["transformers"]["tokens_per_s"] > 0
+    assert train["entropy_rel_diff"] < 1e-3  # same weights, same batch: same model
+    assert 0 < train["marljax"]["fraction_of_peak"] < 1.5
+    gen = res["generate"]["rows"]
+    assert {r["mode"] for r in gen} == {"greedy", "top_p=0.9"}
+    assert all(r["marljax"] > 0 and r["transformers"] > 0 for r in gen)
+    assert [r["greedy_tokens_equal"] for r in gen if r["mode"] == "greedy"] == ["1.000 / -"]
+    k = res["kernels"]
+    assert k["marljax"]["tokens_per_s"] > 0 and k["numpy"]["tokens_per_s"] > 0
+    assert k["max_rel_diff_vs_numpy"]["marljax"] < 1e-4
+    rl = res["rl"]["breakdown"]["grpo_tiny"]
+    assert rl["seconds_per_step"] > 0 and abs(sum(rl["share"].values()) - 1) < 1e-6
+    assert rl["seconds"]["sampling"] > 0 and rl["seconds"]["update"] > 0
+    assert res["sandbox"]["pool_programs_per_s"] > 0
+    md = (tmp_path / "results.md").read_text()
+    assert "## Targets (issues #9 and #4)" in md and "Load average when the harness started" in md
+
+
+def test_targets_table():
+    spec = importlib.util.spec_from_file_location("marljax_benchmarks_run", ROOT / "benchmarks" / "run.py")
+    run = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(run)
+    results = {"kernels": {"speedup_vs_verl": 5.0, "speedup_vs_verl_vectorized": 2.0},
+               "train": {"rows": [{"size": "tiny", "speedup": 2.5}]},
+               "rl": {"breakdown": {"grpo_tiny": {"outside_sampling_and_update": 0.3}}}}
+    status = {t["target"]: t["status"] for t in run.targets(results)}
+    assert status["kernels vs verl (GRPO loop estimator) >= 3x"] == "met"
+    assert status["kernels vs verl (vectorised GRPO) >= 3x"] == "NOT met"
+    assert status["train step tiny vs transformers >= 2x"] == "met"
+    assert status["train step 50M vs transformers >= 1.2x"] == "not measured"
+    assert status["RL iteration (grpo_tiny): <= 10% outside sampling and updates"] == "NOT met"
