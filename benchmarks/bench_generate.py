@@ -1,6 +1,6 @@
 """Generation throughput: marljax sampler vs transformers `generate` vs tunix's vanilla sampler.
 
-    python benchmarks/bench_generate.py [--batch 8 32] [--prompt 32] [--new 128] [--repeats 5]
+    python benchmarks/bench_generate.py [--quick] [--batch 8 32] [--prompt 32] [--new 128] [--repeats 7]
         [--tunix-python /tmp/tunixenv/bin/python] [--json PATH]
     (JSON default: $TMPDIR/marljax_bench_generate.json)
 
@@ -29,8 +29,6 @@ import argparse
 import json
 import os
 import platform
-import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -38,17 +36,22 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 CKPT = dict(vocab_size=2048, hidden_size=256, intermediate_size=768, num_hidden_layers=4,
             num_attention_heads=4, num_key_value_heads=2, head_dim=64, max_position_embeddings=4096)
 SETTINGS = {"greedy": dict(temperature=0.0, top_p=1.0), "top_p=0.9": dict(temperature=1.0, top_p=0.9)}
 
 
-def make_checkpoint(path: Path) -> Path:
+# smoke mode only (compiles faster): 1 layer, hidden 64, same vocabulary
+SMOKE_CKPT = {**CKPT, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 1, "head_dim": 16}
+
+
+def make_checkpoint(path: Path, spec: dict = CKPT) -> Path:
     from marljax.models.testing import make_tiny_checkpoint
 
     if not (path / "config.json").exists():
-        make_tiny_checkpoint(path, "qwen3", seed=0, tokenizer=False, **CKPT)
+        make_tiny_checkpoint(path, "qwen3", seed=0, tokenizer=False, **spec)
     return path
 
 
@@ -85,10 +88,11 @@ def setup_transformers(path, batch, plen, new, threads):
     import transformers
 
     torch.set_num_threads(threads)
-    model = transformers.AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    model = transformers.AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).to(dev).eval()
     model.generation_config.eos_token_id = None
     model.generation_config.pad_token_id = 0
-    ids = torch.tensor(prompts(batch, plen))
+    ids = torch.tensor(prompts(batch, plen), device=dev)
 
     def make(kw):
         gkw = (dict(do_sample=False) if kw["temperature"] == 0 else
@@ -97,7 +101,7 @@ def setup_transformers(path, batch, plen, new, threads):
         def call():
             with torch.no_grad():
                 return model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new,
-                                      min_new_tokens=new, **gkw)
+                                      min_new_tokens=new, **gkw).cpu()  # .cpu() waits for the GPU
         return call, lambda out: out[:, plen:].tolist()
 
     return {mode: make(kw) for mode, kw in SETTINGS.items()}
@@ -152,20 +156,16 @@ def setup_tunix(path, batch, plen, new):
 
 
 def measure(setups: dict, batch: int, new: int, repeats: int) -> dict:
-    """Warm up every (library, mode), then `repeats` interleaved rounds; median seconds."""
+    """Warm up every (library, mode), then `repeats` interleaved rounds; median (and best) seconds."""
+    from bench_common import interleaved
+
     res = {lib: {} for lib in setups}
     for mode in SETTINGS:
-        last = {lib: setups[lib][mode][0]() for lib in setups}  # warm-up: compiles
-        times = {lib: [] for lib in setups}
-        for _ in range(repeats):
-            for lib in setups:
-                t = time.perf_counter()
-                last[lib] = setups[lib][mode][0]()
-                times[lib].append(time.perf_counter() - t)
-        for lib in setups:
-            sec = statistics.median(times[lib])
-            res[lib][mode] = {"seconds": sec, "tokens_per_s": batch * new / sec,
-                              "all_seconds": times[lib], "tokens": setups[lib][mode][1](last[lib])}
+        timed = interleaved({lib: setups[lib][mode][0] for lib in setups}, repeats, warmup=1)
+        for lib, r in timed.items():
+            res[lib][mode] = {"seconds": r["seconds"], "tokens_per_s": batch * new / r["seconds"],
+                              "best_tokens_per_s": batch * new / r["best_seconds"],
+                              "all_seconds": r["all_seconds"], "tokens": setups[lib][mode][1](r["last"])}
     return res
 
 
@@ -174,105 +174,125 @@ def _xla_threads() -> int:
     return os.cpu_count() or 1  # XLA's CPU client uses one thread per core
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--batch", type=int, nargs="+", default=[8, 32])
-    ap.add_argument("--prompt", type=int, default=32)
-    ap.add_argument("--new", type=int, default=128)
-    ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--tunix-python", default="/tmp/tunixenv/bin/python",
-                    help="python of a venv with google-tunix installed ('' to skip tunix)")
-    ap.add_argument("--checkpoint", default=os.path.join(tempfile.gettempdir(), "marljax_bench_qwen3_3.7m"))
-    ap.add_argument("--json", default=os.path.join(tempfile.gettempdir(), "marljax_bench_generate.json"))
-    ap.add_argument("--only", choices=["marljax", "transformers", "tunix"], help=argparse.SUPPRESS)
-    args = ap.parse_args()
-    path = make_checkpoint(Path(args.checkpoint))
+MODES = {  # batches, prompt, new tokens, repeats, with tunix
+    "smoke": ([2], 8, 8, 1, False), "quick": ([8, 32], 32, 128, 3, True), "full": ([8, 32], 32, 128, 7, True)}
+DEFAULT_CKPT = os.path.join(tempfile.gettempdir(), "marljax_bench_qwen3_3.7m")
+TUNIX_PYTHON = "/tmp/tunixenv/bin/python"
 
-    if args.only:  # child process: interleaved measurements, JSON on stdout
-        import importlib.metadata
 
-        out = {}
-        for b in args.batch:
-            setups = {"marljax": setup_marljax(path, b, args.prompt, args.new)}
-            if args.only == "tunix":
-                setups["tunix"] = setup_tunix(path, b, args.prompt, args.new)
-            else:
-                setups["transformers"] = setup_transformers(path, b, args.prompt, args.new,
-                                                            _xla_threads())
-            out[b] = measure(setups, b, args.new, args.repeats)
-        other = "google-tunix" if args.only == "tunix" else "transformers"
-        out["version"] = importlib.metadata.version(other)
-        print("JSON:" + json.dumps(out))
-        return
+def measure_pair(which: str, path: Path, batches, prompt: int, new: int, repeats: int) -> dict:
+    """marljax interleaved with `which` ("transformers" or "tunix") in this process."""
+    import importlib.metadata
 
-    def child(which, python=sys.executable):
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
-        cmd = [python, __file__, "--only", which, "--prompt", str(args.prompt), "--new", str(args.new),
-               "--repeats", str(args.repeats), "--checkpoint", str(path), "--batch",
-               *map(str, args.batch)]
-        proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
-        line = [ln for ln in proc.stdout.splitlines() if ln.startswith("JSON:")]
-        if proc.returncode or not line:
-            print(f"[{which}] failed:\n{proc.stderr[-3000:]}", file=sys.stderr)
-            return None
-        d = json.loads(line[0][5:])
-        version = d.pop("version")
-        return {int(k): v for k, v in d.items()}, version
+    out = {}
+    for b in batches:
+        setups = {"marljax": setup_marljax(path, b, prompt, new)}
+        if which == "tunix":
+            setups["tunix"] = setup_tunix(path, b, prompt, new)
+        else:
+            setups["transformers"] = setup_transformers(path, b, prompt, new, _xla_threads())
+        out[b] = measure(setups, b, new, repeats)
+    out["version"] = importlib.metadata.version("google-tunix" if which == "tunix" else "transformers")
+    return out
 
-    # two child processes, one after the other: marljax interleaved with transformers (in this
-    # environment), then marljax interleaved with tunix (in tunix's environment); each ratio
-    # comes from calls interleaved in one process
-    main_run = child("transformers")
-    tunix_run = None
-    if args.tunix_python and Path(args.tunix_python).exists():
-        tunix_run = child("tunix", args.tunix_python)
+
+def run_child(which: str, python: str, path: Path, batches, prompt: int, new: int, repeats: int,
+              in_process: bool = False):
+    from bench_common import child_json
+
+    if in_process:  # same numbers, without a fresh interpreter's start-up (smoke mode)
+        d = json.loads(json.dumps(measure_pair(which, path, batches, prompt, new, repeats)))
     else:
-        print(f"tunix skipped: {args.tunix_python!r} not found", file=sys.stderr)
-    if main_run is None:
-        sys.exit("the marljax/transformers run failed")
+        d = child_json([python, __file__, "--only", which, "--prompt", str(prompt), "--new", str(new),
+                        "--repeats", str(repeats), "--checkpoint", str(path), "--batch", *map(str, batches)])
+    version = d.pop("version")
+    return {int(k): v for k, v in d.items()}, version
 
+
+def run(mode: str = "full", tunix_python: str = TUNIX_PYTHON, checkpoint: str = DEFAULT_CKPT,
+        batches=None, prompt=None, new=None, repeats=None) -> dict:
+    """marljax interleaved with transformers (this environment), then marljax interleaved with
+    tunix (tunix's environment); each ratio comes from calls interleaved in one process."""
     import numpy as np
 
-    main_res, hf_version = main_run
-    tx_res, tx_version = tunix_run if tunix_run else (None, None)
+    d_batches, d_prompt, d_new, d_repeats, with_tunix = MODES[mode]
+    batches, prompt = batches or d_batches, prompt or d_prompt
+    new, repeats = new or d_new, repeats or d_repeats
+    if mode == "smoke" and checkpoint == DEFAULT_CKPT:
+        path = make_checkpoint(Path(tempfile.gettempdir()) / "marljax_bench_qwen3_smoke", SMOKE_CKPT)
+    else:
+        path = make_checkpoint(Path(checkpoint))
+    main_res, hf_version = run_child("transformers", sys.executable, path, batches, prompt, new, repeats,
+                                     in_process=mode == "smoke")
+    tx_res, tx_version, tunix_note = None, None, None
+    if with_tunix and tunix_python and Path(tunix_python).exists():
+        tx_res, tx_version = run_child("tunix", tunix_python, path, batches, prompt, new, repeats)
+    else:
+        tunix_note = "tunix skipped" + ("" if with_tunix else f" in {mode} mode") + (
+            f": {tunix_python!r} not found" if with_tunix else "")
     rows = []
-    print(f"\nGeneration, tiny Qwen3 (3.67 M params, float32, CPU, {_xla_threads()} threads), prompt "
-          f"{args.prompt}, {args.new} new tokens; tokens/s, median of {args.repeats} interleaved calls\n")
-    print("| batch | mode | marljax | transformers | marljax (tunix run) | tunix | vs transformers "
-          "| vs tunix | greedy tokens equal (hf / tunix) |")
-    print("|---|---|---|---|---|---|---|---|---|")
-    for b in args.batch:
-        for mode in SETTINGS:
-            m, h = main_res[b]["marljax"][mode], main_res[b]["transformers"][mode]
-            m2 = tx_res[b]["marljax"][mode] if tx_res else None
-            tx = tx_res[b]["tunix"][mode] if tx_res else None
+    model = "smoke-size Qwen3 (1 layer" if mode == "smoke" else "tiny Qwen3 (3.67 M params"
+    lines = [f"Generation, {model}, float32, {_xla_threads()} threads), prompt {prompt}, "
+             f"{new} new tokens; tokens/s, median of {repeats} interleaved calls"
+             + (f" ({tunix_note})" if tunix_note else "") + "\n",
+             "| batch | mode | marljax | transformers | marljax (tunix run) | tunix | vs transformers (best of each) "
+             "| vs tunix (best of each) | greedy tokens equal (hf / tunix) |", "|---|---|---|---|---|---|---|---|---|"]
+    for b in batches:
+        for mode_name in SETTINGS:
+            m, h = main_res[b]["marljax"][mode_name], main_res[b]["transformers"][mode_name]
+            m2 = tx_res[b]["marljax"][mode_name] if tx_res else None
+            tx = tx_res[b]["tunix"][mode_name] if tx_res else None
             same = ""
-            if mode == "greedy":
+            if mode_name == "greedy":
                 mt = np.array(m["tokens"])
-                same = " / ".join(f"{(np.array(o['tokens']) == mt).mean():.3f}" if o else "-"
-                                  for o in (h, tx))
-            row = {"batch": b, "mode": mode, "marljax": m["tokens_per_s"],
-                   "transformers": h["tokens_per_s"],
+                same = " / ".join(f"{(np.array(o['tokens']) == mt).mean():.3f}" if o else "-" for o in (h, tx))
+            row = {"batch": b, "mode": mode_name, "marljax": m["tokens_per_s"], "transformers": h["tokens_per_s"],
                    "marljax_tunix_run": m2["tokens_per_s"] if m2 else None,
                    "tunix": tx["tokens_per_s"] if tx else None,
                    "vs_transformers": m["tokens_per_s"] / h["tokens_per_s"],
                    "vs_tunix": m2["tokens_per_s"] / tx["tokens_per_s"] if tx else None,
+                   "vs_transformers_best": m["best_tokens_per_s"] / h["best_tokens_per_s"],
+                   "vs_tunix_best": m2["best_tokens_per_s"] / tx["best_tokens_per_s"] if tx else None,
+                   "greedy_tokens_equal": same or None,
                    "seconds": {"marljax": m["all_seconds"], "transformers": h["all_seconds"],
                                "marljax_tunix_run": m2["all_seconds"] if m2 else None,
                                "tunix": tx["all_seconds"] if tx else None}}
             rows.append(row)
             f = lambda v: "-" if v is None else f"{v:,.0f}"  # noqa: E731
-            r = lambda v: "-" if v is None else f"{v:.2f}x"  # noqa: E731
-            print(f"| {b} | {mode} | {f(row['marljax'])} | {f(row['transformers'])} "
-                  f"| {f(row['marljax_tunix_run'])} | {f(row['tunix'])} | {r(row['vs_transformers'])} "
-                  f"| {r(row['vs_tunix'])} | {same} |")
-    meta = {"machine": platform.platform(), "cpus": os.cpu_count(), "python": platform.python_version(),
-            "date": time.strftime("%Y-%m-%d %H:%M"), "load_average": os.getloadavg(),
-            "transformers": hf_version, "tunix": tx_version,
-            "prompt": args.prompt, "new_tokens": args.new, "repeats": args.repeats}
-    Path(args.json).write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
-    print(f"\nload average {tuple(round(x, 2) for x in meta['load_average'])}; "
-          f"JSON written to {args.json}")
+            r = lambda v, b: "-" if v is None else f"**{v:.2f}x** ({b:.2f}x)"  # noqa: E731
+            lines.append(f"| {b} | {mode_name} | {f(row['marljax'])} | {f(row['transformers'])} "
+                         f"| {f(row['marljax_tunix_run'])} | {f(row['tunix'])} "
+                         f"| {r(row['vs_transformers'], row['vs_transformers_best'])} "
+                         f"| {r(row['vs_tunix'], row['vs_tunix_best'])} | {same} |")
+    meta = {"transformers": hf_version, "tunix": tx_version, "prompt": prompt, "new_tokens": new,
+            "repeats": repeats, "tunix_note": tunix_note}
+    return {"meta": meta, "rows": rows, "markdown": "\n".join(lines)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--batch", type=int, nargs="+")
+    ap.add_argument("--prompt", type=int)
+    ap.add_argument("--new", type=int)
+    ap.add_argument("--repeats", type=int)
+    ap.add_argument("--tunix-python", default=TUNIX_PYTHON,
+                    help="python of a venv with google-tunix installed ('' to skip tunix)")
+    ap.add_argument("--checkpoint", default=DEFAULT_CKPT)
+    ap.add_argument("--json", default=os.path.join(tempfile.gettempdir(), "marljax_bench_generate.json"))
+    ap.add_argument("--only", choices=["marljax", "transformers", "tunix"], help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.only:  # child process: JSON on stdout
+        path = make_checkpoint(Path(args.checkpoint))
+        print("JSON:" + json.dumps(measure_pair(args.only, path, args.batch, args.prompt, args.new, args.repeats)))
+        return
+    out = run("quick" if args.quick else "full", args.tunix_python, args.checkpoint, args.batch, args.prompt,
+              args.new, args.repeats)
+    out["meta"].update(machine=platform.platform(), cpus=os.cpu_count(), python=platform.python_version(),
+                       date=time.strftime("%Y-%m-%d %H:%M"), load_average=os.getloadavg())
+    print(out["markdown"])
+    Path(args.json).write_text(json.dumps(out, indent=2))
+    print(f"\nload average {tuple(round(x, 2) for x in os.getloadavg())}; JSON written to {args.json}")
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """Sandbox throughput: programs/s through the pool vs one subprocess at a time.
 
-    python benchmarks/bench_sandbox.py [--n 200] [--json PATH]   (JSON default: $TMPDIR/marljax_bench_sandbox.json)
+    python benchmarks/bench_sandbox.py [--n 200] [--workers N] [--json PATH]   (JSON default: $TMPDIR/marljax_bench_sandbox.json)
 
 Workload: trivial HumanEval-style programs (a one-line function and a
 ``check(candidate)`` with three asserts).  Prints a markdown table and writes
@@ -47,32 +47,29 @@ def timed_runs(argv_fn, n: int) -> float:
     return statistics.median(times)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--n", type=int, default=200)
-    ap.add_argument("--workers", type=int, default=os.cpu_count())
-    ap.add_argument("--json", default=os.path.join(tempfile.gettempdir(), "marljax_bench_sandbox.json"))
-    args = ap.parse_args()
+def run(mode: str = "full", n: int | None = None, workers: int | None = None) -> dict:
+    n = n or {"smoke": 8, "quick": 60, "full": 200}[mode]
+    workers = workers or os.cpu_count()
     cfg = SandboxConfig()
     iso = detect_isolation(cfg)
-    progs = programs(args.n)
+    progs = programs(n)
     run_program(progs[0])  # warm caches
 
     # Naive baseline: one sandboxed subprocess at a time.
-    n_seq = max(20, args.n // 4)
+    n_seq = max(4 if mode == "smoke" else 20, n // 4)
     t = time.perf_counter()
     seq = [run_program(p) for p in progs[:n_seq]]
     seq_s = time.perf_counter() - t
     assert all(r.passed for r in seq)
 
     t = time.perf_counter()
-    with SandboxPool(max_workers=args.workers) as pool:
+    with SandboxPool(max_workers=workers) as pool:
         res = pool.map(progs)
     pool_s = time.perf_counter() - t
     assert all(r.passed for r in res)
 
     # Overhead breakdown (sequential medians).
-    k = 15
+    k = 3 if mode == "smoke" else 15
     py = [cfg.python, "-I", "-S", "-c", "pass"]
     bare = timed_runs(lambda: py, k)
     wrapped = None
@@ -92,28 +89,39 @@ def main() -> None:
 
     out = {
         "machine": f"{platform.node()} {platform.machine()} {os.cpu_count()} cpus, python {platform.python_version()}",
-        "date": time.strftime("%Y-%m-%d"), "isolation": iso.level, "workers": args.workers, "n": args.n,
-        "pool_programs_per_s": args.n / pool_s, "sequential_programs_per_s": n_seq / seq_s,
-        "speedup": (args.n / pool_s) / (n_seq / seq_s),
+        "date": time.strftime("%Y-%m-%d"), "isolation": iso.level, "workers": workers, "n": n,
+        "pool_programs_per_s": n / pool_s, "sequential_programs_per_s": n_seq / seq_s,
+        "speedup": (n / pool_s) / (n_seq / seq_s),
         "overhead_ms": {"python_-I_-S_start": bare * 1e3,
                         "isolation_wrapper_plus_python": None if wrapped is None else wrapped * 1e3,
                         "full_run_program": full * 1e3, "child_startup_until_ready": startup * 1e3,
                         "tests_themselves": tests * 1e3},
     }
-    Path(args.json).write_text(json.dumps(out, indent=2))
     o = out["overhead_ms"]
-    print(f"Sandbox benchmark - {out['machine']}, {out['date']}, isolation={iso.level}\n")
-    print("| measure | value |\n|---|---|")
-    print(f"| pool ({args.workers} workers), programs/s | {out['pool_programs_per_s']:.1f} |")
-    print(f"| one at a time, programs/s | {out['sequential_programs_per_s']:.1f} |")
-    print(f"| speed-up | {out['speedup']:.2f}x |")
-    print(f"| `python -I -S -c pass` | {o['python_-I_-S_start']:.1f} ms |")
+    rows = [f"| pool ({workers} workers), programs/s | **{out['pool_programs_per_s']:.1f}** |",
+            f"| one at a time, programs/s | {out['sequential_programs_per_s']:.1f} |",
+            f"| speed-up | {out['speedup']:.2f}x |",
+            f"| `python -I -S -c pass` | {o['python_-I_-S_start']:.1f} ms |"]
     if wrapped is not None:
-        print(f"| {iso.level} + python | {o['isolation_wrapper_plus_python']:.1f} ms |")
-    print(f"| full run_program (wall) | {o['full_run_program']:.1f} ms |")
-    print(f"| child start-up until ready (incl. harness imports, rlimits, uid drop) | "
-          f"{o['child_startup_until_ready']:.1f} ms |")
-    print(f"| the tests themselves | {o['tests_themselves']:.2f} ms |")
+        rows.append(f"| {iso.level} + python | {o['isolation_wrapper_plus_python']:.1f} ms |")
+    rows += [f"| full run_program (wall) | {o['full_run_program']:.1f} ms |",
+             f"| child start-up until ready (incl. harness imports, rlimits, uid drop) | "
+             f"{o['child_startup_until_ready']:.1f} ms |",
+             f"| the tests themselves | {o['tests_themselves']:.2f} ms |"]
+    out["markdown"] = (f"{n} trivial HumanEval-style programs, isolation={iso.level}\n\n| measure | value |\n"
+                       "|---|---|\n" + "\n".join(rows))
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--n", type=int, default=200)
+    ap.add_argument("--workers", type=int, default=os.cpu_count())
+    ap.add_argument("--json", default=os.path.join(tempfile.gettempdir(), "marljax_bench_sandbox.json"))
+    args = ap.parse_args()
+    out = run("full", args.n, args.workers)
+    print(out.pop("markdown"))
+    Path(args.json).write_text(json.dumps(out, indent=2))
     print(f"\nJSON written to {args.json}")
 
 

@@ -1,0 +1,53 @@
+"""Helpers shared by the benchmarks: interleaved A/B timing and JSON from a child process."""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Callable
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def interleaved(calls: dict[str, Callable[[], object]], repeats: int, warmup: int = 1) -> dict[str, dict]:
+    """Time each call `repeats` times in rounds (A B A B ...), after `warmup` untimed rounds, so
+    every library sees the same machine load. Each call must block until its work is done.
+    Returns {name: {"seconds": median, "best_seconds": min, "all_seconds": [...], "last": last result}}.
+    On a loaded machine the ratio of the best times is the steadier estimate of what each side can do."""
+    last = {}
+    for _ in range(warmup):
+        for name, fn in calls.items():
+            last[name] = fn()
+    times: dict[str, list[float]] = {name: [] for name in calls}
+    for _ in range(repeats):
+        for name, fn in calls.items():
+            t = time.perf_counter()
+            last[name] = fn()
+            times[name].append(time.perf_counter() - t)
+    return {name: {"seconds": statistics.median(ts), "best_seconds": min(ts), "all_seconds": ts, "last": last[name]}
+            for name, ts in times.items()}
+
+
+def child_json(argv: list[str], timeout: float | None = None) -> dict:
+    """Run `argv` (a python command) with the repository on PYTHONPATH; parse its `JSON:` line."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    proc = subprocess.run(argv, check=False, capture_output=True, text=True, env=env, timeout=timeout)
+    line = [ln for ln in proc.stdout.splitlines() if ln.startswith("JSON:")]
+    if proc.returncode or not line:
+        raise RuntimeError(f"{' '.join(argv[:3])} ... failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
+    return json.loads(line[-1][5:])
+
+
+def emit_json(obj: dict) -> None:
+    """The child side of `child_json`."""
+    print("JSON:" + json.dumps(obj))
+    sys.stdout.flush()
+
+
+def fmt(x: float | None, digits: int = 0) -> str:
+    return "-" if x is None else f"{x:,.{digits}f}"

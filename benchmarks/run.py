@@ -1,0 +1,257 @@
+"""All benchmarks side by side, one command; markdown + JSON.
+
+    python benchmarks/run.py [--quick | --smoke] [--only SECTION ...] [--gpu] [--out DIR]
+                             [--tunix-python PY] [--verl-python PY]
+
+Sections (in this order): peak (matmul FLOP/s, memory bandwidth), train (train step vs
+transformers+torch), generate (sampler vs transformers and tunix), kernels (vs verl and
+NumPy), rl (where an RL iteration's time goes), sandbox (programs/s), gpu (with --gpu:
+Qwen2.5-0.5B-shaped MFU and decode roofline). `--quick` uses fewer repeats and steps and
+skips the MARS2 scaling grid; `--smoke` only checks that every section runs (tiny shapes, no external
+environments; used by tests/test_benchmarks_smoke.py).
+
+Writes DIR/results.json and DIR/results.md (DIR defaults to $TMPDIR/marljax_bench) and
+prints the markdown. Every ratio comes from calls of both sides interleaved in one process
+(median of k). The machine's load is recorded: the load average when the harness starts,
+and for each section the CPU used by *other* processes while it ran (from /proc/stat minus
+this process tree's CPU time). A section is marked noisy when that exceeds 0.5 cores, the
+harness when its starting 1-minute load average exceeds 0.5.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import json
+import os
+import platform
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+sys.path.insert(0, str(HERE))
+
+SECTIONS = ("peak", "train", "generate", "kernels", "rl", "sandbox", "gpu")
+TITLES = {"peak": "1. Machine peak", "train": "2. Train step", "generate": "3. Generation",
+          "kernels": "4. RL kernels over 1 M tokens", "rl": "5. RL iteration breakdown",
+          "sandbox": "6. Sandbox", "gpu": "7. GPU"}
+NOISY_CORES = 0.5
+
+
+# ----------------------------------------------------------------------------- machine and load
+def _busy_seconds() -> float | None:
+    """CPU seconds spent busy by the whole machine (Linux /proc/stat), or None."""
+    try:
+        with open("/proc/stat") as f:
+            v = [int(x) for x in f.readline().split()[1:9]]
+    except OSError:
+        return None
+    user, nice, system, _idle, _iowait, irq, softirq, steal = v
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+
+def _own_seconds() -> float:
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system
+
+
+class LoadMeter:
+    """Average number of cores that other processes kept busy between start and stop."""
+
+    def __enter__(self):
+        self.t, self.busy, self.own = time.perf_counter(), _busy_seconds(), _own_seconds()
+        self.loadavg_start = os.getloadavg()
+        return self
+
+    def __exit__(self, *exc):
+        wall = time.perf_counter() - self.t
+        busy = _busy_seconds()
+        self.result = {"wall_s": wall, "loadavg_start": self.loadavg_start, "loadavg_end": os.getloadavg(),
+                       "other_processes_cores": None}
+        if busy is not None and self.busy is not None:
+            other = max(0.0, (busy - self.busy) - (_own_seconds() - self.own)) / max(wall, 1e-9)
+            self.result["other_processes_cores"] = other
+        self.result["noisy"] = (self.result["other_processes_cores"] or 0.0) > NOISY_CORES
+
+
+def machine_info() -> dict:
+    cpu = platform.processor()
+    try:
+        cpu = next(ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
+                   if ln.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    mem = None
+    try:
+        mem = int(next(ln.split()[1] for ln in Path("/proc/meminfo").read_text().splitlines()
+                       if ln.startswith("MemTotal"))) / 2**20
+    except (OSError, StopIteration):
+        pass
+    versions = {}
+    for pkg in ("jax", "jaxlib", "flax", "optax", "torch", "transformers", "numpy"):
+        try:
+            versions[pkg] = importlib.metadata.version(pkg)
+        except importlib.metadata.PackageNotFoundError:
+            versions[pkg] = None
+    return {"platform": platform.platform(), "cpu": cpu, "cores": os.cpu_count(), "memory_gib": mem,
+            "python": platform.python_version(), "versions": versions, "date": time.strftime("%Y-%m-%d %H:%M %Z")}
+
+
+# ----------------------------------------------------------------------------- sections
+def run_section(name: str, mode: str, args, results: dict):
+    if name == "peak":
+        import bench_peak
+        return bench_peak.run(mode)
+    if name == "train":
+        import bench_train
+        return bench_train.run(mode, peak_flops=results.get("peak", {}).get("peak_flops"))
+    if name == "generate":
+        import bench_generate
+        return bench_generate.run(mode, tunix_python=args.tunix_python)
+    if name == "kernels":
+        import bench_kernels
+        return bench_kernels.run(mode, verl_python="" if mode == "smoke" else args.verl_python)
+    if name == "rl":
+        import bench_rl
+        return bench_rl.run(mode)
+    if name == "sandbox":
+        import bench_sandbox
+        return bench_sandbox.run(mode)
+    if name == "gpu":
+        import bench_gpu
+        return bench_gpu.run(mode, peak=results.get("peak"))
+    raise ValueError(name)
+
+
+# ----------------------------------------------------------------------------- targets
+def targets(results: dict) -> list[dict]:
+    """The issue's targets (#9, #4), each met / not met / not measured."""
+    out = []
+
+    def add(what, value, goal, fmt="{:.2f}x", best=None):
+        shown = "-" if value is None else fmt.format(value)
+        if value is not None and best is not None:
+            shown += f" (best of each: {fmt.format(best)})"
+        out.append({"target": what, "value": value, "best": best, "goal": goal, "shown": shown,
+                    "status": "not measured" if value is None else ("met" if value >= goal else "NOT met")})
+
+    gen = {(r["batch"], r["mode"]): r for r in results.get("generate", {}).get("rows", [])}
+    for b in (8, 32):
+        g, p = gen.get((b, "greedy"), {}), gen.get((b, "top_p=0.9"), {})
+        suffix = "" if b == 8 else " (batch 32, not an issue target)"
+        if b == 8 or g:
+            add(f"generation greedy vs transformers >= 2x{suffix}", g.get("vs_transformers"), 2.0,
+                best=g.get("vs_transformers_best"))
+            add(f"generation greedy vs tunix >= 1.5x{suffix}", g.get("vs_tunix"), 1.5, best=g.get("vs_tunix_best"))
+            add(f"generation top-p vs transformers >= 2x{suffix}", p.get("vs_transformers"), 2.0,
+                best=p.get("vs_transformers_best"))
+            add(f"generation top-p vs tunix >= 2x{suffix}", p.get("vs_tunix"), 2.0, best=p.get("vs_tunix_best"))
+    train = {r["size"]: r for r in results.get("train", {}).get("rows", [])}
+    add("train step tiny vs transformers >= 2x", train.get("tiny", {}).get("speedup"), 2.0,
+        best=train.get("tiny", {}).get("speedup_best"))
+    add("train step 50M vs transformers >= 1.2x", train.get("50m", {}).get("speedup"), 1.2,
+        best=train.get("50m", {}).get("speedup_best"))
+    add("train step 50M >= 50% of measured peak",
+        train.get("50m", {}).get("marljax", {}).get("fraction_of_peak"), 0.5, "{:.0%}")
+    k = results.get("kernels", {})
+    add("kernels vs verl (GRPO loop estimator) >= 3x", k.get("speedup_vs_verl"), 3.0,
+        best=k.get("speedup_best_vs_verl"))
+    add("kernels vs verl (vectorised GRPO) >= 3x", k.get("speedup_vs_verl_vectorized"), 3.0,
+        best=k.get("speedup_best_vs_verl_vectorized"))
+    for name, r in results.get("rl", {}).get("breakdown", {}).items():
+        share = r.get("outside_sampling_and_update")
+        out.append({"target": f"RL iteration ({name}): <= 10% outside sampling and updates", "value": share,
+                    "goal": 0.10, "shown": "-" if share is None else f"{share:.0%}",
+                    "status": "not measured" if share is None else ("met" if share <= 0.10 else "NOT met")})
+    return out
+
+
+# ----------------------------------------------------------------------------- report
+def markdown(report: dict) -> str:
+    m, load = report["machine"], report["load"]
+    noisy = report["noisy"]
+    v = ", ".join(f"{k} {x}" for k, x in m["versions"].items() if x)
+    lines = [f"# marljax benchmarks ({report['mode']})", "",
+             f"Machine: {m['platform']}, {m['cpu']}, {m['cores']} cores, "
+             f"{m['memory_gib']:.0f} GiB RAM; Python {m['python']}; {v}."
+             if m.get("memory_gib") else f"Machine: {m['platform']}, {m['cpu']}, {m['cores']} cores.",
+             f"Date: {m['date']}. Command: `{report['command']}`.",
+             f"Load average when the harness started: {', '.join(f'{x:.2f}' for x in load['loadavg_start'])}"
+             + (" -- **noisy**: the machine was shared; ratios come from interleaved calls, absolute numbers "
+                "are lower bounds." if noisy else "."), ""]
+    for name in report["sections"]:
+        if name not in report["results"]:
+            continue
+        sec = report["results"][name]
+        meter = report["section_load"].get(name, {})
+        lines += [f"## {TITLES[name]}", ""]
+        if "error" in sec:
+            lines += ["**failed**:", "```", sec["error"][-2000:], "```", ""]
+            continue
+        other = meter.get("other_processes_cores")
+        lines += [sec.get("markdown", ""), "",
+                  f"_{meter.get('wall_s', 0):.0f} s; other processes used "
+                  + ("?" if other is None else f"{other:.2f}") + " cores meanwhile"
+                  + (" -- **noisy**_" if meter.get("noisy") else "_"), ""]
+    lines += ["## Targets (issues #9 and #4)", "",
+              "Status from the medians of interleaved calls; on a noisy run the best-of-each ratio is shown too.", "",
+              "| target | measured | status |", "|---|---|---|"]
+    lines += [f"| {t['target']} | {t['shown']} | {t['status']} |" for t in report["targets"]]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    g = ap.add_mutually_exclusive_group()
+    g.add_argument("--quick", action="store_true", help="fewer repeats and steps, no MARS2 scaling grid")
+    g.add_argument("--smoke", action="store_true", help="tiny shapes: checks that every section runs")
+    ap.add_argument("--only", nargs="+", choices=SECTIONS, help="run only these sections")
+    ap.add_argument("--gpu", action="store_true", help="add the GPU section")
+    ap.add_argument("--out", default=os.path.join(tempfile.gettempdir(), "marljax_bench"))
+    ap.add_argument("--tunix-python", default="/tmp/tunixenv/bin/python")
+    ap.add_argument("--verl-python", default="/tmp/verlenv/bin/python")
+    args = ap.parse_args(argv)
+    mode = "smoke" if args.smoke else "quick" if args.quick else "full"
+    sections = [s for s in SECTIONS if (s in args.only if args.only else (s != "gpu" or args.gpu))]
+    needed = list(sections)
+    if ("train" in sections or "gpu" in sections) and "peak" not in sections:
+        needed.insert(0, "peak")  # train and gpu report against the measured peak
+
+    report = {"mode": mode, "command": "python benchmarks/run.py " + " ".join(sys.argv[1:] if argv is None else argv),
+              "machine": machine_info(), "load": {"loadavg_start": os.getloadavg()}, "sections": needed,
+              "results": {}, "section_load": {}}
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    for name in needed:
+        print(f"[run.py] {name} ...", file=sys.stderr, flush=True)
+        with LoadMeter() as meter:
+            try:
+                res = run_section(name, mode, args, report["results"])
+            except Exception:  # noqa: BLE001 - one failing section must not hide the others
+                res = {"error": traceback.format_exc()}
+                print(res["error"], file=sys.stderr)
+        report["results"][name] = res
+        report["section_load"][name] = meter.result
+        md = write(report, out)  # after every section, so a long run keeps what it has measured
+    print(md)
+    print(f"[run.py] wrote {out / 'results.md'} and {out / 'results.json'}", file=sys.stderr)
+    return report
+
+
+def write(report: dict, out: Path) -> str:
+    report["load"]["loadavg_end"] = os.getloadavg()
+    report["noisy"] = report["load"]["loadavg_start"][0] > NOISY_CORES or any(
+        m["noisy"] for m in report["section_load"].values())
+    report["targets"] = targets(report["results"])
+    md = markdown(report)
+    (out / "results.json").write_text(json.dumps(report, indent=1, default=str))
+    (out / "results.md").write_text(md)
+    return md
+
+
+if __name__ == "__main__":
+    main()
