@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import string
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Mapping, Protocol, Sequence
 
 import numpy as np
@@ -97,22 +98,49 @@ class PolicyGenerator:
         by_policy: dict[str, list[int]] = {}
         for i, (agent, _) in enumerate(requests):
             by_policy.setdefault(agent.policy, []).append(i)
-        for k, (name, idx) in enumerate(sorted(by_policy.items())):
-            policy = self.policies[name]
-            tok = policy.tokenizer
-            prompts = [tok(requests[i][1])["input_ids"] for i in idx]
-            if self.max_prompt_len:  # keep the end of an over-long prompt (the question is last)
-                prompts = [p[-self.max_prompt_len:] for p in prompts]
-            res = policy.generate(prompts, n=n, seed=(seed * 1009 + k) % 2**32, sampler=self.sampler)
-            for j, i in enumerate(idx):
-                gens = []
-                for r in range(j * n, (j + 1) * n):
-                    L = int(res.lengths[r])
-                    ids = res.tokens[r, :L]
-                    gens.append(Generation(tok.decode(ids, skip_special_tokens=True), np.asarray(prompts[j]),
-                                           ids, res.sampling_logprobs[r, :L], str(res.finish_reason[r])))
-                out[i] = gens
+        jobs = [(k, name, idx) for k, (name, idx) in enumerate(sorted(by_policy.items()))]
+        if len(jobs) > 1 and disjoint_devices([self.policies[name] for _, name, _ in jobs]):
+            # policies on separate devices sample at the same time (JAX releases the GIL while they run)
+            with ThreadPoolExecutor(len(jobs)) as pool:
+                results = list(pool.map(lambda job: self._generate_one(requests, n, seed, *job), jobs))
+        else:
+            results = [self._generate_one(requests, n, seed, *job) for job in jobs]
+        for (_, _, idx), gens in zip(jobs, results):
+            for i, g in zip(idx, gens):
+                out[i] = g
         return out
+
+    def _generate_one(self, requests, n, seed, k, name, idx) -> list[list[Generation]]:
+        policy = self.policies[name]
+        tok = policy.tokenizer
+        prompts = [tok(requests[i][1])["input_ids"] for i in idx]
+        if self.max_prompt_len:  # keep the end of an over-long prompt (the question is last)
+            prompts = [p[-self.max_prompt_len:] for p in prompts]
+        res = policy.generate(prompts, n=n, seed=(seed * 1009 + k) % 2**32, sampler=self.sampler)
+        out = []
+        for j in range(len(idx)):
+            gens = []
+            for r in range(j * n, (j + 1) * n):
+                L = int(res.lengths[r])
+                ids = res.tokens[r, :L]
+                gens.append(Generation(tok.decode(ids, skip_special_tokens=True), np.asarray(prompts[j]),
+                                       ids, res.sampling_logprobs[r, :L], str(res.finish_reason[r])))
+            out.append(gens)
+        return out
+
+
+def disjoint_devices(policies: Sequence[Any]) -> bool:
+    """True when every policy samples on its own mesh and no two meshes share a device."""
+    seen: set = set()
+    for p in policies:
+        mesh = getattr(p, "sampler_mesh", None)
+        if mesh is None:
+            return False
+        devices = set(mesh.devices.flat)
+        if devices & seen:
+            return False
+        seen |= devices
+    return True
 
 
 class ScriptedGenerator:

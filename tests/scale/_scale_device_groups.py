@@ -17,6 +17,7 @@ from jax.sharding import PartitionSpec as P  # noqa: E402
 from _scale_common import MIN_CHANGE, host, max_diff, policy_config, samples  # noqa: E402
 from marljax.models.sharding import param_dict_shardings, reshard  # noqa: E402
 from marljax.sampler import generate  # noqa: E402
+from marljax.workflows.base import Agent, PolicyGenerator, disjoint_devices  # noqa: E402
 from marljax.train.config import SamplerConfig  # noqa: E402
 from marljax.train.policy import Policy  # noqa: E402
 
@@ -73,6 +74,15 @@ def main():
     np.testing.assert_array_equal(outs["a"].tokens, ref.tokens)
     np.testing.assert_allclose(outs["a"].logprobs, ref.logprobs, atol=1e-5)
     assert outs["b"].tokens.shape[0] == 6
+    # a workflow's request for both policies: sampled concurrently, same tokens as one by one
+    team = [Agent("x", "a"), Agent("y", "b")]
+    gen = PolicyGenerator(pols, greedy)
+    assert disjoint_devices(list(pols.values()))
+    requests = [(team[i % 2], text) for i, text in enumerate(["def f(x):", "return", "x = 3", "print("])]
+    together = gen.generate(requests, 2, seed=0)
+    for (agent, text), got in zip(requests, together):
+        alone = gen.generate([(agent, text)], 2, seed=0)[0]
+        assert [g.text for g in got] == [g.text for g in alone], (agent, text)
 
     # both train, and their state stays on their own devices
     for k, (name, pol) in enumerate(pols.items()):
