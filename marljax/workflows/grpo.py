@@ -15,7 +15,7 @@ from pydantic import Field
 
 from marljax import kernels as K
 from marljax.workflows.base import Agent, Generator, Rollout, WorkflowSettings
-from marljax.workflows.scoring import score_texts
+from marljax.workflows.scoring import RewardKind, as_reward, check_reward_kind, score_texts
 
 ESTIMATORS = {"grpo": K.grpo_advantages, "dr_grpo": K.dr_grpo_advantages, "rloo": K.rloo_advantages}
 
@@ -32,9 +32,7 @@ class GrpoConfig(WorkflowSettings):
     group_size: int = Field(4, ge=2, description="responses sampled per problem")
     estimator: Literal["grpo", "dr_grpo", "rloo"] = "grpo"
     agent: str | None = Field(None, description="agent to train; default: the only agent")
-    reward: Literal["fraction", "pass"] = Field(
-        "fraction", description="fraction of tests passed (dense, but a partly right program earns "
-                                "credit), or 1 only when every test passes")
+    reward: RewardKind = Field("fraction", description="fraction of tests passed, or 1 only when all pass")
 
     def check_agents(self, agents: Mapping[str, Any]):
         if self.agent is None and len(agents) != 1:
@@ -49,9 +47,8 @@ class GrpoWorkflow:
             raise ValueError(f"group_size must be >= 2, got {group_size}")
         if estimator not in ESTIMATORS:
             raise ValueError(f"estimator must be one of {sorted(ESTIMATORS)}, got {estimator!r}")
-        if reward not in ("fraction", "pass"):
-            raise ValueError(f"reward must be 'fraction' or 'pass', got {reward!r}")
-        self.group_size, self.estimator, self.agent, self.reward = group_size, estimator, agent, reward
+        self.group_size, self.estimator, self.agent = group_size, estimator, agent
+        self.reward = check_reward_kind(reward)
 
     @classmethod
     def from_config(cls, cfg: Any) -> "GrpoWorkflow":
@@ -71,8 +68,8 @@ class GrpoWorkflow:
         gens = generator.generate([(agent, agent.render(p.prompt)) for p in problems], G, seed)
         flat = [(i, g) for i, group in enumerate(gens) for g in group]
         scores = score_texts([problems[i] for i, _ in flat], [g.text for _, g in flat], pool)
+        rewards = np.array([as_reward(s.reward, self.reward) for s in scores], np.float32)
         passed = np.array([s.passed for s in scores], np.float32)
-        rewards = passed if self.reward == "pass" else np.array([s.reward for s in scores], np.float32)
         group_ids = np.repeat(np.arange(len(problems)), G)
         adv = np.asarray(ESTIMATORS[self.estimator](jnp.asarray(rewards), jnp.asarray(group_ids),
                                                     num_groups=len(problems)))

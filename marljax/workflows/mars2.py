@@ -37,7 +37,7 @@ from marljax.settings import StrictModel
 from marljax.workflows.base import Agent, Generator, Rollout, WorkflowSettings, template_fields
 from marljax.workflows.mars2_search import CONT, RewardAverage, Tree, select_final
 from marljax.workflows.mars2_search import depth_gamma as make_gamma
-from marljax.workflows.scoring import Score, score_texts
+from marljax.workflows.scoring import RewardKind, Score, as_reward, check_reward_kind, score_texts
 
 REFINE_NOTE = "Refine the previous attempt so that it passes all tests. Reply with the complete program."
 # reward_model(problem, candidate texts) -> one score per candidate (higher is better)
@@ -65,8 +65,7 @@ class Mars2Config(WorkflowSettings):
                                                   description="gamma(d): per-depth list (last repeats) or a rule")
     use_feedback: bool = Field(True, description="refinement prompts carry public-test error feedback")
     stop_on_solve: bool = Field(True, description="stop a tree once a node passes all tests")
-    reward: Literal["fraction", "pass"] = Field(
-        "fraction", description="node reward: fraction of tests passed, or 1 only when all pass")
+    reward: RewardKind = Field("fraction", description="node reward: fraction of tests passed, or 1 only when all pass")
     select: Literal["public_score", "reward_model"] = Field(
         "public_score", description="T+ final answer: best public score, or the workflow's reward_model hook")
     eval_search: bool = Field(False, description="also run MARS2-T+ search at evaluation")
@@ -145,9 +144,8 @@ def run_search(problems: Sequence[Any], team: Sequence[Agent], generator: Genera
             frac = split_fractions(s)
             fb = error_feedback(s.result) if opts.use_feedback and s.result is not None else ""
             code = text if problems[i].schema == "math" else extract_code(text).code
-            solved = frac[split] >= 1.0
-            trees[i].record(n, float(solved) if opts.reward == "pass" else frac[split], solved, gen=g[0], text=text, code=code, feedback=fb,
-                            fractions=frac, prompt=q)
+            trees[i].record(n, as_reward(frac[split], opts.reward), frac[split] >= 1.0, gen=g[0], text=text,
+                            code=code, feedback=fb, fractions=frac, prompt=q)
 
 
 def search_eval(problems: Sequence[Any], agents: Sequence[Agent] | Mapping[str, Agent], generator: Generator,
@@ -189,9 +187,8 @@ class Mars2Workflow:
         if select not in ("public_score", "reward_model"):
             raise ValueError(f"select must be 'public_score' or 'reward_model', got {select!r}")
         self.team = list(agents) if agents is not None else None
-        if reward not in ("fraction", "pass"):
-            raise ValueError(f"reward must be 'fraction' or 'pass', got {reward!r}")
-        self.opts = SearchOptions(max_nodes, expansions_per_round, depth_gamma, use_feedback, stop_on_solve, reward)
+        self.opts = SearchOptions(max_nodes, expansions_per_round, depth_gamma, use_feedback, stop_on_solve,
+                                  check_reward_kind(reward))
         if max_nodes < 2 or expansions_per_round < 1:
             raise ValueError(f"need max_nodes >= 2 and expansions_per_round >= 1, got {max_nodes}, "
                              f"{expansions_per_round}")

@@ -3,9 +3,25 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Sequence
+from typing import Any, Literal, Sequence, get_args
 
 from marljax.rewards import ExecutionResult, SandboxPool, extract_code, math_reward
+
+
+# How a workflow turns a test pass fraction into a reward: the fraction itself (dense, but a
+# partly right program earns credit), or 1 only when every test passes.
+RewardKind = Literal["fraction", "pass"]
+
+
+def check_reward_kind(kind: str) -> str:
+    if kind not in get_args(RewardKind):
+        raise ValueError(f"reward must be one of {get_args(RewardKind)}, got {kind!r}")
+    return kind
+
+
+def as_reward(fraction: float, kind: str) -> float:
+    """The reward of a program that passed `fraction` of its tests, under reward `kind`."""
+    return float(fraction >= 1.0) if kind == "pass" else fraction
 
 
 @dataclasses.dataclass(frozen=True)
