@@ -5,9 +5,10 @@ projections with optional biases and Qwen3 q/k norm, rotary embeddings from
 `marljax.models.rope`, grouped-query attention over the cache, SwiGLU MLP);
 only the data layout differs, for speed when generating one token per row:
 
-- the KV cache is one `(k, v)` pair per layer, each `[B, K, S, H]` (heads before
-  slots, so attention needs no transposes), carried separately in the
-  decode loop so each step writes one slot in place;
+- the KV cache is one `(k, v)` pair per layer, keys `[B, K, H, S]` and values
+  `[B, K, S, H]`, so that both attention products are plain batched matmuls
+  (keys stored slot-major make the score product several times slower on CPU),
+  carried separately in the decode loop so each step writes one slot in place;
 - the layers are unrolled, reading each layer's weights directly instead of
   slicing stacked weights inside a scan;
 - optionally (`fuse=True`), the q/k/v projections and the gate/up projections
@@ -30,10 +31,28 @@ from jax import lax
 from marljax.models import KVCache, ModelConfig, apply_rope, inverse_frequencies, rms_norm
 
 
-def split_cache(cache: KVCache) -> tuple[jax.Array, ...]:
-    """`(k_0, v_0, k_1, v_1, ...)`, each `[B, K, S, H]`, from a `KVCache` `[L, B, S, K, H]`."""
-    L = cache.k.shape[0]
-    return tuple(jnp.swapaxes(a[l], 1, 2) for l in range(L) for a in (cache.k, cache.v))
+def split_cache(cache: KVCache, slots: int | None = None) -> tuple[jax.Array, ...]:
+    """`(k_0, v_0, k_1, v_1, ...)`, keys `[B, K, H, W]` and values `[B, K, W, H]`, from the first
+    `W = slots` (default all) slots of a `KVCache` `[L, B, S, K, H]`."""
+    L, W = cache.k.shape[0], slots or cache.k.shape[2]
+    return tuple(x for l in range(L)
+                 for x in (jnp.transpose(cache.k[l, :, :W], (0, 2, 3, 1)), jnp.swapaxes(cache.v[l, :, :W], 1, 2)))
+
+
+def grow_cache(kv: tuple[jax.Array, ...], slots: int) -> tuple[jax.Array, ...]:
+    """`split_cache` arrays widened to `slots` slots (new slots zero)."""
+    def pad(x, axis):
+        widths = [(0, 0)] * x.ndim
+        widths[axis] = (0, slots - x.shape[axis])
+        return jnp.pad(x, widths)
+    return tuple(pad(x, 3 if i % 2 == 0 else 2) for i, x in enumerate(kv))
+
+
+def kv_windows(prompt_slots: int, new_slots: int, phases: int) -> list[int]:
+    """Cache widths of the decode phases: phase j attends over the first `P + (j + 1) M / n` slots
+    (the last phase over all `P + M`), so early steps do not read the empty tail of the cache."""
+    phases = max(1, min(int(phases), new_slots))
+    return [prompt_slots + (new_slots * (j + 1)) // phases for j in range(phases)]
 
 
 def decode_weights(params, config: ModelConfig, fuse: bool) -> list[dict]:
@@ -80,11 +99,11 @@ def _layer(p, x, k_cache, v_cache, *, config: ModelConfig, positions, mask, inde
         k = rms_norm(k, p["k_norm"], c.rms_norm_eps)
     q = apply_rope(q[:, None], positions[:, None], inv_freq)[:, 0]
     k = apply_rope(k[:, None], positions[:, None], inv_freq)[:, 0]
-    k_cache = lax.dynamic_update_slice(k_cache, k[:, :, None, :].astype(k_cache.dtype), (0, 0, index, 0))
+    k_cache = lax.dynamic_update_slice(k_cache, k[:, :, :, None].astype(k_cache.dtype), (0, 0, 0, index))
     v_cache = lax.dynamic_update_slice(v_cache, v[:, :, None, :].astype(v_cache.dtype), (0, 0, index, 0))
 
     qg = q.reshape(B, K, N // K, H)  # query head n = kv head n // G, as in grouped-query attention
-    s = jnp.einsum("bkgh,bksh->bkgs", qg, k_cache.astype(cd),
+    s = jnp.einsum("bkgh,bkhs->bkgs", qg, k_cache.astype(cd),
                    preferred_element_type=jnp.float32) * (1.0 / math.sqrt(H))
     s = jnp.where(mask, s, jnp.finfo(jnp.float32).min)
     a = jax.nn.softmax(s, axis=-1).astype(cd)
@@ -126,7 +145,7 @@ def decode_step(params, weights: list[dict], head: jax.Array, tokens: jax.Array,
     """
     c = config
     cd = jnp.dtype(c.dtype)
-    S = kv[0].shape[2]
+    S = kv[1].shape[2]
     x = jnp.take(params["embed"], tokens, axis=0).astype(cd)
     mask = ((jnp.arange(S) <= index)[None, :] & valid)[:, None, None, :]  # [B, 1, 1, S]
     inv_freq = inverse_frequencies(c)

@@ -17,7 +17,9 @@ parameters of the same shapes and shardings reuse the compiled code):
   lengths, finish reasons, steps. It first copies each prompt's cache rows to
   its `n` samples (a gather along the batch axis: `n` samples share one
   prefill), then runs a `lax.while_loop` that stops when every row is done or
-  `max_new_tokens` (a traced value, at most `M`) is reached.
+  `max_new_tokens` (a traced value, at most `M`) is reached. The loop is split
+  into phases over growing cache windows (`Buckets.kv_phases`): on CPU a decode
+  step reads the whole cache it is given, so early steps get only its used part.
 
 Static (recompiling) choices: the model config, the prompt bucket `P`, the
 prompt-batch bucket `Bp`, the sample-batch bucket `Bd`, the new-token bucket
@@ -41,7 +43,7 @@ from jax import lax
 from jax.sharding import Mesh, NamedSharding
 
 from marljax.models import ModelConfig, batch_sharding, cache_sharding, hidden_states, init_cache
-from marljax.sampler.decode import decode_step, decode_weights, output_head, split_cache
+from marljax.sampler.decode import decode_step, decode_weights, grow_cache, kv_windows, output_head, split_cache
 from marljax.sampler.sampling import DEFAULT_BOUND, raw_logprobs, sample_tokens
 
 # finish reasons
@@ -70,6 +72,9 @@ class Buckets:
     prompt: prompt lengths (left-padded); batch: number of prompts and of samples
     (rounded up to a multiple of the mesh's data-parallel size); new_tokens: the
     token buffer and cache tail; stop: (number of stop sequences, their length).
+    kv_phases: the decode loop runs in this many phases over growing cache windows
+    (`decode.kv_windows`), so early steps skip the cache's empty tail; each phase is
+    compiled separately. None: one phase per 32 new-token slots, at most 4.
     """
 
     prompt: tuple[int, ...] | None = None
@@ -81,6 +86,12 @@ class Buckets:
     min_eos: int = 4
     min_stop: int = 1
     min_stop_len: int = 4
+    kv_phases: int | None = None
+
+    def phases(self, new_tokens_bucket: int) -> int:
+        if self.kv_phases is not None:
+            return max(1, int(self.kv_phases))
+        return max(1, min(4, new_tokens_bucket // 32))
 
 
 @dataclasses.dataclass
@@ -206,14 +217,14 @@ class Engine:
         base = jax.random.key(seed)
         row_keys = jax.vmap(lambda r: jax.random.fold_in(base, r))(jnp.arange(Bd, dtype=jnp.uint32))
         Ls = stop_seqs.shape[1]
-        # decode layout (see marljax.sampler.decode): per-layer [B, K, S, H] caches in the loop
-        # carry, layers unrolled, optionally fused projections
+        # decode layout (see marljax.sampler.decode): per-layer key [B, K, H, W] and value
+        # [B, K, W, H] caches in the loop carry, layers unrolled, optionally fused projections
         S = cache.k.shape[2]
-        kv0 = split_cache(cache)
+        P = S - M  # the prompt bucket: first decode slot; every slot from here on holds a real token
+        windows = kv_windows(P, M, self.buckets.phases(M))
         weights = decode_weights(params, c, self.fuse_projections)
         head = output_head(params, c, self.fuse_projections)
-        start = cache.index  # first decode slot; every slot from here on holds a real token
-        valid = cache.mask | (jnp.arange(S) >= start)[None, :]
+        valid = cache.mask | (jnp.arange(S) >= P)[None, :]
 
         def record(state, logits):
             t, kv, _, toks, lps, slps, done, lengths, reason, window = state
@@ -238,23 +249,28 @@ class Engine:
             done = done | new
             return (t + 1, kv, tok, toks, lps, slps, done, lengths, reason, window)
 
-        def cond(state):
-            return ~jnp.all(state[6])
+        def phase(W, last):
+            def cond(state):  # step t writes slot P + t - 1, which must lie in the window
+                return ~jnp.all(state[6]) & (True if last else state[0] <= W - P)
 
-        def body(state):
-            t, kv, tok, *rest = state
-            # token t-1 sits at rotary position prompt_len + t - 1 and in slot start + t - 1
-            logits, kv = decode_step(params, weights, head, tok, prompt_len + t - 1, kv, valid,
-                                     start + t - 1, config=c, fuse=self.fuse_projections)
-            return record((t, kv, tok, *rest), logits)
+            def body(state):
+                t, kv, tok, *rest = state
+                # token t-1 sits at rotary position prompt_len + t - 1 and in slot P + t - 1
+                logits, kv = decode_step(params, weights, head, tok, prompt_len + t - 1, kv, valid[:, :W],
+                                         P + t - 1, config=c, fuse=self.fuse_projections)
+                return record((t, kv, tok, *rest), logits)
+            return cond, body
 
-        state = (jnp.zeros((), jnp.int32), kv0, jnp.zeros((Bd,), jnp.int32),
+        state = (jnp.zeros((), jnp.int32), split_cache(cache, windows[0]), jnp.zeros((Bd,), jnp.int32),
                  jnp.full((Bd, M), pad_id, jnp.int32), jnp.zeros((Bd, M), jnp.float32),
                  jnp.zeros((Bd, M) if want_sampling_lp else (Bd, 1), jnp.float32),
                  ~live, jnp.zeros((Bd,), jnp.int32), jnp.zeros((Bd,), jnp.int32),
                  jnp.full((Bd, Ls), -1, jnp.int32))
         state = record(state, logits)
-        state = lax.while_loop(cond, body, state)
+        for j, W in enumerate(windows):
+            if j:
+                state = (state[0], grow_cache(state[1], W), *state[2:])
+            state = lax.while_loop(*phase(W, j == len(windows) - 1), state)
         t, _, _, toks, lps, slps, _, lengths, reason, _ = state
         return toks, lps, slps, lengths, reason, t
 

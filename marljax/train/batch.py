@@ -4,7 +4,8 @@ Each row is `prompt + completion`, right-padded. Position t of the model
 predicts token t + 1, so the loss covers positions `P - 1 .. P + C - 2`
 (those that predict a completion token) and `labels` is the token sequence
 shifted left by one. Shapes are bucketed (length to a multiple, rows to a
-whole number of micro-batches) so that the jitted update recompiles rarely.
+whole number of micro-batches, or both geometrically) so that the jitted
+update recompiles rarely.
 """
 
 from __future__ import annotations
@@ -20,23 +21,46 @@ def round_up(n: int, multiple: int) -> int:
     return max(multiple, -(-n // multiple) * multiple)
 
 
+def geometric_bucket(n: int, unit: int = 1) -> int:
+    """The smallest `unit * b >= n` with `b` in 1, 2, 3, 4, 6, 8, 12, 16, ... (powers of two and
+    1.5 times them): at most a third is padding, and sizes up to `N` need O(log N) shapes."""
+    b = 1
+    while unit * b < n:
+        if b == 1:
+            b = 2
+        elif b & (b - 1) == 0:  # a power of two: next is 1.5 times it
+            b = b * 3 // 2
+        else:  # 1.5 times a power of two: next is the following power of two
+            b = b * 4 // 3
+    return unit * b
+
+
 def collate(samples: Sequence[Sample], *, micro_batch_size: int, pad_id: int = 0,
-            length_multiple: int = 32, max_len: int | None = None) -> dict[str, np.ndarray]:
+            length_multiple: int = 32, max_len: int | None = None,
+            geometric: bool = False) -> dict[str, np.ndarray]:
     """Arrays `[M, micro_batch_size, T]` (M micro-batches) for `samples`.
 
     Keys: tokens, labels, positions (int32), attention_mask, loss_mask (bool),
     sampling_logp (float32, aligned with loss positions), advantages
-    `[M, mb]` (float32). Rows added to fill the last micro-batch have an empty
+    `[M, mb]` (float32). Rows added to fill micro-batches have an empty
     loss mask, so they change neither loss nor gradient. `max_len` truncates
     completions that would not fit (their tail simply gets no loss).
+    geometric: round T and M up with `geometric_bucket` (T in units of `length_multiple`)
+    instead of to the next multiple: a run whose lengths and sample counts vary (tree
+    search, refinement prompts) then compiles a few update shapes, not one per step; the
+    update skips micro-batches without loss tokens.
     """
     if not samples:
         raise ValueError("collate needs at least one sample")
     lengths = [len(s.prompt_ids) + len(s.completion_ids) for s in samples]
-    T = round_up(max(lengths), length_multiple)
+    if geometric:
+        T = geometric_bucket(max(lengths), length_multiple)
+    else:
+        T = round_up(max(lengths), length_multiple)
     if max_len is not None:
         T = min(T, max_len)
-    B = round_up(len(samples), micro_batch_size)
+    M = -(-len(samples) // micro_batch_size)
+    B = micro_batch_size * (geometric_bucket(M) if geometric else M)
     tokens = np.full((B, T), pad_id, np.int32)
     attention = np.zeros((B, T), bool)
     loss_mask = np.zeros((B, T), bool)

@@ -181,18 +181,19 @@ class Policy:
     def _collate(self, samples: Sequence[Sample]) -> dict:
         mb = self.cfg.micro_batch_size
         if self.mesh is None:
-            return jax.tree.map(jnp.asarray, collate(samples, micro_batch_size=mb, pad_id=self.pad_id))
+            return jax.tree.map(jnp.asarray, collate(samples, micro_batch_size=mb, pad_id=self.pad_id,
+                                                     geometric=True))
         # rows (axis 1) over the data-parallel axes; micro-batch index and length replicated
         rows = NamedSharding(self.mesh, PartitionSpec(None, ("data", "fsdp")))
         if rows.is_fully_addressable:
-            batch = collate(samples, micro_batch_size=mb, pad_id=self.pad_id)
+            batch = collate(samples, micro_batch_size=mb, pad_id=self.pad_id, geometric=True)
             return jax.tree.map(lambda x: jax.device_put(x, rows), batch)
         # multi-process: this process's samples fill its rows of every micro-batch; all agree on [M, T]
         from jax.experimental import multihost_utils
 
         spans = {(s[1].start or 0, s[1].stop or mb) for s in rows.addressable_devices_indices_map((1, mb)).values()}
         local_mb = sum(b - a for a, b in spans)
-        batch = collate(samples, micro_batch_size=local_mb, pad_id=self.pad_id)
+        batch = collate(samples, micro_batch_size=local_mb, pad_id=self.pad_id, geometric=True)
         M, T = (int(x) for x in multihost_utils.process_allgather(np.array(batch["tokens"].shape[::2])).max(0))
         batch = _pad_batch(batch, M, T, self.pad_id)
         return {k: jax.make_array_from_process_local_data(rows, v, (M, mb) + v.shape[2:]) for k, v in batch.items()}

@@ -107,13 +107,16 @@ def accumulate(loss_fn: Callable, params, batch: dict, agg_mode: str):
     loss_w, token_w = micro_weights(batch["loss_mask"], agg_mode)
     grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
 
-    def body(acc, xs):
-        mb, lw, tw = xs
+    def add(acc, mb, lw, tw):
         (loss, metrics), grads = grad_fn(params, mb)
         g_acc, l_acc, m_acc = acc
         g_acc = jax.tree.map(lambda a, g: a + lw * g, g_acc, grads)
         m_acc = {k: m_acc[k] + tw * v for k, v in metrics.items()}
-        return (g_acc, l_acc + lw * loss, m_acc), None
+        return g_acc, l_acc + lw * loss, m_acc
+
+    def body(acc, xs):  # micro-batches without loss tokens (shape-bucket padding) are skipped
+        mb, lw, tw = xs
+        return jax.lax.cond(jnp.any(mb["loss_mask"]), lambda a: add(a, mb, lw, tw), lambda a: a, acc), None
 
     _, metrics_shape = jax.eval_shape(loss_fn, params, jax.tree.map(lambda x: x[0], batch))
     zeros = (jax.tree.map(jnp.zeros_like, params), jnp.zeros((), jnp.float32),
@@ -149,6 +152,9 @@ def make_logprob_fn(config: ModelConfig):
     """Jitted `logprobs(params, batch) -> [M, mb, T]`: log-probs of `labels`, no gradient."""
 
     def logprobs(params, batch):
-        return jax.lax.map(lambda mb: _logp_entropy(params, mb, config, False), batch)
+        def one(mb):  # micro-batches without loss tokens (shape-bucket padding) are skipped
+            return jax.lax.cond(jnp.any(mb["loss_mask"]), lambda: _logp_entropy(params, mb, config, False),
+                                lambda: jnp.zeros(mb["labels"].shape, jnp.float32))
+        return jax.lax.map(one, batch)
 
     return jax.jit(logprobs)

@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from marljax.models import forward, from_pretrained, get_params, load_tokenizer, token_logprobs, testing
-from marljax.sampler import generate, generate_text, get_engine, truncation_mask
+from marljax.sampler import Buckets, generate, generate_text, get_engine, truncation_mask
+from marljax.sampler.decode import kv_windows
 
 # one checkpoint per family: Qwen2 (biases, untied), Qwen3 (q/k norm, tied, head_dim 32),
 # Llama (llama3 rope scaling, GQA 1)
@@ -102,6 +103,30 @@ def test_logprobs_equal_teacher_forcing_for_sampled_tokens(qwen3):
         truncation_visible += int((np.abs(out.sampling_logprobs[r, :n] - out.logprobs[r, :n]) > 0.1).sum())
         n_checked += n
     assert n_checked == 6 * MAX_NEW and truncation_visible > n_checked // 2
+
+
+def test_phased_decode_over_growing_cache_windows_equals_one_phase(qwen3):
+    """`Buckets.kv_phases`: phases over cache windows of 6, 11, 16 new slots (and one per slot)
+    give the tokens, ends and log-probs of a single phase; log-probs also equal teacher forcing,
+    with rows ending inside different phases."""
+    model, config, _ = qwen3
+    params = get_params(model)
+    prompts = _prompts(seed=8)
+    assert kv_windows(16, 16, 3) == [21, 26, 32] and kv_windows(16, 16, 1) == [32]
+    kw = dict(max_new_tokens=13, temperature=1.0, n=2, seed=4)
+    ref = generate(model, prompts, eos_ids=(), buckets=Buckets(kv_phases=1), **kw)
+    eos = int(ref.tokens[1, 4])  # ends row 1 (at least) in the first phase
+    one = generate(model, prompts, eos_ids=[eos], buckets=Buckets(kv_phases=1), **kw)
+    assert len(set(one.lengths.tolist())) >= 2
+    lp, _ = _teacher_forced(params, config, prompts, one)
+    for phases in (3, 16):
+        out = generate(model, prompts, eos_ids=[eos], buckets=Buckets(kv_phases=phases), **kw)
+        np.testing.assert_array_equal(out.tokens, one.tokens)
+        np.testing.assert_array_equal(out.lengths, one.lengths)
+        np.testing.assert_array_equal(out.finish_reason, one.finish_reason)
+        for r, i in enumerate(out.prompt_index):
+            L, n = len(prompts[i]), int(out.lengths[r])
+            np.testing.assert_allclose(out.logprobs[r, :n], lp[r, L - 1:L - 1 + n], atol=1e-5, rtol=0)
 
 
 def test_rows_stop_independently_on_eos_and_stop_sequences(qwen3):

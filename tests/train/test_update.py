@@ -12,9 +12,9 @@ import pytest
 
 from marljax.models.config import ModelConfig
 from marljax.models.decoder import get_params, init_model, token_logprobs
-from marljax.train.batch import collate
+from marljax.train.batch import collate, geometric_bucket
 from marljax.train.buffer import ExperienceBuffer
-from marljax.train.update import LossSettings, accumulate, make_update_fn, rl_loss, sft_loss
+from marljax.train.update import LossSettings, accumulate, make_logprob_fn, make_update_fn, rl_loss, sft_loss
 from marljax.workflows.types import Sample
 
 CONFIG = ModelConfig.preset("tiny-qwen2", vocab_size=64)
@@ -81,6 +81,28 @@ def test_micro_batches_accumulate_to_the_full_batch_gradient(agg_mode, loss_type
     for a, c in zip(jax.tree.leaves(g2), jax.tree.leaves(g6)):
         np.testing.assert_allclose(a, c, rtol=1e-4, atol=1e-7)
     np.testing.assert_allclose(m2["entropy"], m6["entropy"], rtol=1e-5)
+
+
+def test_geometric_buckets_pad_whole_micro_batches_that_change_nothing():
+    assert [geometric_bucket(n) for n in (1, 2, 3, 4, 5, 7, 9, 13, 17, 25)] == [1, 2, 3, 4, 6, 8, 12, 16, 24, 32]
+    assert [geometric_bucket(n, 32) for n in (1, 33, 65, 97, 129, 200)] == [32, 64, 96, 128, 192, 256]
+    params = get_params(init_model(CONFIG, seed=0))
+    s = random_samples(9, seed=4)  # 5 micro-batches of 2 -> 6, the last one empty
+    plain = jax.tree.map(jnp.asarray, collate(s, micro_batch_size=2, length_multiple=4))
+    geo = jax.tree.map(jnp.asarray, collate(s, micro_batch_size=2, length_multiple=4, geometric=True))
+    assert plain["tokens"].shape[:2] == (5, 2) and geo["tokens"].shape[:2] == (6, 2)
+    assert geo["tokens"].shape[2] == geometric_bucket(plain["tokens"].shape[2], 4)
+    assert not geo["loss_mask"][5].any()
+    fn = functools.partial(rl_loss, config=CONFIG, loss=LossSettings(), use_old_logp=False)
+    (lp, gp, mp), (lg, gg, mg) = (accumulate(fn, params, b, "token-mean") for b in (plain, geo))
+    np.testing.assert_allclose(lg, lp, rtol=1e-5, atol=1e-7)
+    for a, c in zip(jax.tree.leaves(gg), jax.tree.leaves(gp)):
+        np.testing.assert_allclose(a, c, rtol=1e-4, atol=1e-7)
+    T = plain["tokens"].shape[2]
+    old_plain, old_geo = (np.asarray(make_logprob_fn(CONFIG)(params, b)) for b in (plain, geo))
+    mask = np.asarray(plain["loss_mask"])
+    np.testing.assert_allclose(old_geo[:5, :, :T][mask], old_plain[mask], atol=1e-5)
+    assert (old_geo[5] == 0).all()
 
 
 def _opt():
