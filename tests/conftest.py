@@ -3,11 +3,34 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
+
+
+def pytest_configure(config):
+    """One persistent XLA compilation cache for the session and the processes it starts (CLI
+    runs, multi-device scripts): a program compiled in one of them is loaded by the others."""
+    if os.environ.get("JAX_COMPILATION_CACHE_DIR"):
+        return
+    path = tempfile.mkdtemp(prefix="marljax-test-xla-cache-")
+    config._marljax_xla_cache = path
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = path
+    os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0.5"
+    import jax
+
+    jax.config.update("jax_compilation_cache_dir", path)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
+
+
+def pytest_unconfigure(config):
+    path = getattr(config, "_marljax_xla_cache", None)
+    if path:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

@@ -74,7 +74,8 @@ class Buckets:
     token buffer and cache tail; stop: (number of stop sequences, their length).
     kv_phases: the decode loop runs in this many phases over growing cache windows
     (`decode.kv_windows`), so early steps skip the cache's empty tail; each phase is
-    compiled separately. None: one phase per 32 new-token slots, at most 4.
+    compiled separately. None: 4 phases from 128 new-token slots on, else 1 (short
+    generations save little and would pay the extra compilation).
     """
 
     prompt: tuple[int, ...] | None = None
@@ -91,7 +92,7 @@ class Buckets:
     def phases(self, new_tokens_bucket: int) -> int:
         if self.kv_phases is not None:
             return max(1, int(self.kv_phases))
-        return max(1, min(4, new_tokens_bucket // 32))
+        return 1 if new_tokens_bucket < 128 else min(4, new_tokens_bucket // 32)
 
 
 @dataclasses.dataclass
