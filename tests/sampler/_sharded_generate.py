@@ -14,7 +14,7 @@ from jax.sharding import PartitionSpec as P  # noqa: E402
 
 from marljax.models import ModelConfig, get_params, make_mesh, shard_model  # noqa: E402
 from marljax.models.testing import random_model  # noqa: E402
-from marljax.sampler import generate, get_engine  # noqa: E402
+from marljax.sampler import Buckets, generate, get_engine  # noqa: E402
 
 assert jax.device_count() == 8, jax.devices()
 
@@ -37,6 +37,8 @@ def main():
     s2 = generate(sharded, prompts, temperature=1.0, top_p=0.9, n=2, seed=3, **kw)
     engine = get_engine(cfg, mesh)
     assert engine.stats.prefill_calls == 2 and engine.batch_bucket(5) == 8
+    # decode phases over growing cache windows on the mesh (the default uses them from 128 tokens)
+    s3 = generate(sharded, prompts, temperature=1.0, top_p=0.9, n=2, seed=3, buckets=Buckets(kv_phases=3), **kw)
 
     # the cache really is split: batch over data, kv heads over tensor
     ids = np.zeros((8, 16), np.int32)
@@ -45,7 +47,7 @@ def main():
     assert cache.k.sharding.spec == P(None, "data", None, "tensor"), cache.k.sharding
     assert len(cache.k.sharding.device_set) == 8 and logits.sharding.spec[0] == "data"
 
-    for a, b in ((g1, g2), (s1, s2)):
+    for a, b in ((g1, g2), (s1, s2), (s1, s3)):
         np.testing.assert_array_equal(a.tokens, b.tokens)
         np.testing.assert_array_equal(a.lengths, b.lengths)
         np.testing.assert_array_equal(a.finish_reason, b.finish_reason)
