@@ -46,7 +46,7 @@ def write_plots(out: Path, results: Sequence[dict[str, Any]]) -> list[Path]:
     for r in results:
         steps, rewards = reward_curve(out / r["method"])
         ax.plot(steps, rewards, marker=".", label=r["label"])
-    ax.set(xlabel="RL step", ylabel="mean training reward (fraction of tests passed)", title="Training reward")
+    ax.set(xlabel="RL step", ylabel="mean training reward (the workflow's reward)", title="Training reward")
     ax.legend(fontsize=8)
     fig.tight_layout()
     curves = out / "reward_curves.png"
