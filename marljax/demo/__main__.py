@@ -4,12 +4,14 @@
 
 1. Creates two tiny random models of different families and sizes (a Qwen3
    and a Llama) and their tokenizer as Hugging Face checkpoints.
-2. Warm-starts each by SFT on reference solutions of synthetic "steps" tasks
-   ("multiply x by 3, then take the larger of x and 5"), graded by running
-   the program on hidden tests in the sandbox.
+2. Warm-starts each by SFT on a sloppy teacher's solutions of synthetic
+   "steps" tasks ("take the larger of x and 5"): half of the teacher's
+   programs carry a classic slip (`min` for `max`, `/` for `//`, ...), which
+   the models learn along with everything else.
 3. Trains, at equal sample budgets, single-agent GRPO, a homogeneous MARS2
    team (two agents on one policy) and a heterogeneous MARS2 team (one agent
-   per model), each through `marljax.train.loop.Trainer`.
+   per model), each through `marljax.train.loop.Trainer`, rewarded by the
+   sandbox: only the tests say which habit is right.
 4. Prints held-out pass@1 before and after RL and writes `results.md`,
    `results.json` and PNG curves to the output directory.
 """
@@ -67,7 +69,8 @@ def main(argv=None) -> int:
     print("1/3 models: " + ", ".join(f"{k} at {v}" for k, v in models.items()), flush=True)
     sft_models = warm_start(args.out, models, settings)
     print("2/3 SFT warm start done", flush=True)
-    results = [train_method(args.out, method, sft_models, settings) for method in METHODS]
+    warm: dict[str, float] = {}
+    results = [train_method(args.out, method, sft_models, settings, warm) for method in METHODS]
     minutes = (time.perf_counter() - start) / 60
     table = results_table(results, settings, minutes)
     print("3/3 RL done\n\n" + table, flush=True)

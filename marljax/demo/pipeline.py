@@ -10,6 +10,7 @@ reused and a finished RL run resumes from its last checkpoint.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from marljax.demo.refine import refine_examples
+from marljax.demo.teacher import teacher_completion
 from marljax.train.config import RunConfig, config_from_dict
 from marljax.train.loop import Trainer
 from marljax.train.metrics import MetricsWriter
@@ -32,12 +34,13 @@ class DemoSettings:
     sft_batch: int = 32
     sft_lr: float = 1e-2
     refine_examples: int = 256  # broken attempts + feedback -> fix: every 8th SFT batch
-    rl_steps: int = 20
+    rl_steps: int = 24
     rl_lr: float = 1e-3
     mini_batches: int = 1  # optimiser steps per RL update (4 made the heterogeneous team collapse)
     problems_per_step: int = 8
     samples_per_problem: int = 8  # GRPO's group size = MARS2's nodes per tree: equal budgets
-    max_steps_per_task: int = 2  # task difficulty: 1..N operations
+    teacher_slips: float = 0.5  # rate of the SFT teacher's classic slips (marljax.demo.teacher)
+    max_steps_per_task: int = 1  # task difficulty: 1..N operations (2 needs far more SFT on a laptop)
     n_train: int = 2000
     n_eval: int = 128
     eval_samples: int = 2  # sampled answers per held-out task for pass@1
@@ -67,17 +70,23 @@ def run_config(name: str, run_dir: Path, models: dict[str, Path], agents: dict[s
     used = sorted(set(agents.values()))
     per_policy = s.samples_per_step // len(used)  # each policy updates once per step's worth of its samples
     policies = {p: {"model": {"path": str(models[p])},
-                    "optimizer": {"lr": s.sft_lr if sft else s.rl_lr, "warmup_steps": 10 if sft else 0},
-                    "loss": {"type": "ppo", "agg_mode": "token-mean"},
+                    # SFT decays its rate so that the exported model is not caught mid-oscillation
+                    "optimizer": ({"lr": s.sft_lr, "warmup_steps": 10, "schedule": "cosine",
+                                   "decay_steps": max(s.sft_steps, 1), "min_lr_ratio": 0.1} if sft
+                                  else {"lr": s.rl_lr}),
+                    # every sample weighs the same: with token-mean, long garbled refinements dominated
+                    # MARS2's updates (homogeneous team +2 points instead of +12, one run each)
+                    "loss": {"type": "ppo", "agg_mode": "seq-mean-token-mean"},
                     "buffer": {"threshold": per_policy}, "micro_batch_size": 16,
                     "mini_batches": 1 if sft else s.mini_batches}
                 for p in used}
     if len(agents) == 1:
         workflow = {"kind": "grpo", "group_size": s.samples_per_problem, "reward": s.reward}
-    else:
+    else:  # a team of two models normalises per agent inside each tree: with one group per tree the
+        # weaker Llama's advantages were negative on average and it collapsed (pass@1 15% -> 2%)
         workflow = {"kind": "mars2", "agents": sorted(agents), "max_nodes": s.samples_per_problem,
                     "expansions_per_round": s.samples_per_problem // 2, "stop_on_solve": False,
-                    "reward": s.reward}
+                    "reward": s.reward, "normalization": "tree" if len(used) == 1 else "agent"}
     return config_from_dict({
         "name": name, "run_dir": str(run_dir), "seed": s.seed, "policies": policies,
         "agents": {a: {"policy": p} for a, p in agents.items()},
@@ -95,33 +104,38 @@ def run_config(name: str, run_dir: Path, models: dict[str, Path], agents: dict[s
 
 
 def warm_start(out: Path, models: dict[str, Path], s: DemoSettings) -> dict[str, Path]:
-    """SFT each base model on reference solutions (plain prompts and refinement prompts);
+    """SFT each base model on the sloppy teacher's solutions (plain prompts and refinement prompts);
     returns the exported checkpoints."""
     exported, refine = {}, None
+    target = functools.partial(teacher_completion, rate=s.teacher_slips, seed=s.seed)
     for name, base in models.items():
-        target = out / "models" / f"{name}-sft"
-        exported[name] = target
-        if (target / "config.json").exists():
+        dest = out / "models" / f"{name}-sft"
+        exported[name] = dest
+        if (dest / "config.json").exists():
             continue
         cfg = run_config(f"sft_{name}", out / f"sft_{name}", {name: base}, {"solver": name}, s, sft=True)
         trainer = Trainer(cfg)
         try:
             if refine is None:  # the same broken attempts for both models
                 refine = refine_examples(trainer.train_problems[:s.refine_examples], trainer.agents["solver"],
-                                         trainer.pool, seed=s.seed)
+                                         trainer.pool, seed=s.seed, target=target)
             with MetricsWriter(trainer.run_dir, tensorboard=False) as writer:
-                run_sft(trainer, s.sft_steps, writer, desc=f"SFT {name}", extra={"solver": refine})
-            trainer.policies[name].export(target)
+                run_sft(trainer, s.sft_steps, writer, desc=f"SFT {name}", extra={"solver": refine},
+                        target=target)
+            trainer.policies[name].export(dest)
         finally:
             trainer.close()
     return exported
 
 
-def pass_at_1(trainer: Trainer, s: DemoSettings) -> dict[str, float]:
+def pass_at_1(trainer: Trainer, s: DemoSettings, known: dict[str, float] | None = None) -> dict[str, float]:
     """Held-out pass@1 per policy: `eval_samples` answers per task at the training temperature,
-    scored on all tests (the hidden ones included)."""
+    scored on all tests (the hidden ones included). Policies in `known` are not re-measured."""
     problems, out = trainer.eval_problems, {}
     for policy in sorted({a.policy for a in trainer.agents.values()}):
+        if known is not None and policy in known:
+            out[policy] = known[policy]
+            continue
         agent = next(a for a in trainer.agents.values() if a.policy == policy)
         gens = trainer.generator.generate([(agent, agent.render(p.prompt)) for p in problems], s.eval_samples,
                                           seed=s.seed + 12345)
@@ -136,11 +150,16 @@ def team_score(per_policy: dict[str, float], agents: dict[str, str]) -> float:
     return float(np.mean([per_policy[p] for p in agents.values()]))
 
 
-def train_method(out: Path, method: str, sft_models: dict[str, Path], s: DemoSettings) -> dict[str, Any]:
+def train_method(out: Path, method: str, sft_models: dict[str, Path], s: DemoSettings,
+                 warm: dict[str, float] | None = None) -> dict[str, Any]:
+    """One RL run with pass@1 before and after; `warm` caches the warm-started models' pass@1
+    across methods (the same checkpoints and sampling seed give the same answers)."""
     agents = METHODS[method]
     trainer = Trainer(run_config(method, out / method, sft_models, agents, s))
     try:
-        before = pass_at_1(trainer, s)
+        before = pass_at_1(trainer, s, warm)
+        if warm is not None:
+            warm.update(before)
         trainer.run()  # resumes (or skips) from an earlier invocation's checkpoint; closes the sandbox pool,
         after = pass_at_1(trainer, s)  # which the next use reopens
     finally:

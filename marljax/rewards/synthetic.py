@@ -12,7 +12,10 @@ sandbox as every other program (``task.program(code)``), and each task's
 ``make_step_task`` is the easier "steps" style the embedded demo trains tiny
 models on: the prompt states each operation in words ("multiply x by 3, then
 take the larger of x and 5") and the reference applies them one line each,
-so a small model can learn the phrase-to-line mapping on a laptop CPU.
+so a small model can learn the phrase-to-line mapping on a laptop CPU. The
+words define the function, so the prompt shows no examples (their numbers
+only distract a tiny model from the constants it must copy); the public tests
+still drive feedback and answer selection.
 
 Outputs are computed in the parent by composing Python closures, never by
 ``eval`` of generated text.
@@ -173,8 +176,7 @@ def make_step_task(seed: int, steps: int = 2, n_public: int = 3, n_private: int 
     values = rng.sample(range(-20, 21), n_public + n_private)
     cases = tuple(((v,), fn(v)) for v in values)
     body = "".join(f"    {line}\n" for _, line, _ in ops)
-    shown = "\n".join(f"f({a[0]}) == {o}" for a, o in cases[:n_public])
-    prompt = f"Write f(x): {', then '.join(p for p, _, _ in ops)}; return x.\nExamples:\n{shown}\n"
+    prompt = f"Write f(x): {', then '.join(p for p, _, _ in ops)}; return x.\n"
     return SyntheticTask(task_id=f"steps/{steps}/{seed}", prompt=prompt, fn_name="f",
                          reference=f"def f(x):\n{body}    return x\n", public=cases[:n_public],
                          private=cases[n_public:], difficulty=steps, seed=seed)

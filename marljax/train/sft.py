@@ -10,7 +10,7 @@ reference becomes the fine-tuned model.
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -30,9 +30,10 @@ def reference_completion(problem: Any) -> str | None:
     return None if code is None else f"```python\n{code.rstrip()}\n```"
 
 
-def sft_samples(problems: Sequence[Any], agent: Agent, policy: Any) -> list[Sample]:
-    """(prompt, reference + eos) pairs of `agent` for the problems that have a reference."""
-    pairs = [(agent.render(p.prompt), reference_completion(p)) for p in problems]
+def sft_samples(problems: Sequence[Any], agent: Agent, policy: Any,
+                target: Callable[[Any], str | None] = reference_completion) -> list[Sample]:
+    """(prompt, target + eos) pairs of `agent` for the problems that have a target."""
+    pairs = [(agent.render(p.prompt), target(p)) for p in problems]
     return pair_samples([(q, t) for q, t in pairs if t is not None], agent, policy)
 
 
@@ -47,15 +48,17 @@ def pair_samples(pairs: Sequence[tuple[str, str]], agent: Agent, policy: Any) ->
 
 
 def run_sft(trainer: Any, steps: int, writer: Any, desc: str = "sft",
-            extra: Mapping[str, Sequence[tuple[str, str]]] | None = None, extra_every: int = 8) -> None:
+            extra: Mapping[str, Sequence[tuple[str, str]]] | None = None, extra_every: int = 8,
+            target: Callable[[Any], str | None] = reference_completion) -> None:
     """`steps` SFT steps over the trainer's train problems (batch by batch, cycling).
 
-    `extra` maps an agent to more (prompt text, target) pairs, e.g. refinement
+    `target` gives a problem's answer text (default: its reference solution;
+    the demo passes a sloppy teacher's). `extra` maps an agent to more (prompt text, target) pairs, e.g. refinement
     prompts; every `extra_every`-th step trains on a batch of those instead
     (separate batches, so long extra prompts do not pad the short ones).
     """
     extra = {a: pairs for a, pairs in (extra or {}).items() if pairs}
-    problems = [p for p in trainer.train_problems if reference_completion(p) is not None]
+    problems = [p for p in trainer.train_problems if target(p) is not None]
     if not problems:
         raise ValueError("train.sft_steps > 0 but no training problem has a reference solution")
     batch = trainer.cfg.data.batch_size
@@ -70,7 +73,7 @@ def run_sft(trainer: Any, steps: int, writer: Any, desc: str = "sft",
                 if a.policy != name:
                     continue
                 if not use_extra:
-                    samples += sft_samples(chosen, a, policy)
+                    samples += sft_samples(chosen, a, policy, target)
                 elif a.name in extra:
                     pairs = extra[a.name]
                     samples += pair_samples([pairs[(n * batch + j) % len(pairs)] for j in range(batch)], a, policy)

@@ -13,7 +13,11 @@ batch per policy), then are scored together.
 Training reward: fraction of all tests passed. Credit: one advantage group
 per tree, ``A_n = (r_n - mean_T) / std_T`` over all nodes of tree ``T`` across
 agents and depths (`marljax.kernels.mars2_advantages`); every node is a
-`Sample` routed to its agent's policy.
+`Sample` routed to its agent's policy. ``normalization: agent`` instead
+normalises each agent's nodes of a tree by their own statistics (Dr. MAS,
+`marljax.kernels.dr_mas_advantages` with tree groups): in a team of unequal
+models the weaker one's advantages are otherwise negative on average, and
+pushing down everything it writes can collapse it.
 
 MARS2-T+ (`search_eval`): the same search at test time with error feedback,
 rewards from the public tests only; the final answer is the highest public
@@ -66,6 +70,8 @@ class Mars2Config(WorkflowSettings):
     use_feedback: bool = Field(True, description="refinement prompts carry public-test error feedback")
     stop_on_solve: bool = Field(True, description="stop a tree once a node passes all tests")
     reward: RewardKind = Field("fraction", description="node reward: fraction of tests passed, or 1 only when all pass")
+    normalization: Literal["tree", "agent"] = Field(
+        "tree", description="tree: one advantage group per tree (MARS2); agent: per agent inside each tree (Dr. MAS)")
     select: Literal["public_score", "reward_model"] = Field(
         "public_score", description="T+ final answer: best public score, or the workflow's reward_model hook")
     eval_search: bool = Field(False, description="also run MARS2-T+ search at evaluation")
@@ -181,7 +187,9 @@ class Mars2Workflow:
                  prior: str = "uniform", prior_strength: float = 1.0, depth_gamma: Any = None,
                  use_feedback: bool = True, stop_on_solve: bool = True, select: str = "public_score",
                  eval_search: bool = False, eval_max_nodes: int | None = None,
-                 reward_model: RewardModel | None = None, reward: str = "fraction"):
+                 reward_model: RewardModel | None = None, reward: str = "fraction", normalization: str = "tree"):
+        if normalization not in ("tree", "agent"):
+            raise ValueError(f"normalization must be 'tree' or 'agent', got {normalization!r}")
         if prior not in ("uniform", "reward_average"):
             raise ValueError(f"prior must be 'uniform' or 'reward_average', got {prior!r}")
         if select not in ("public_score", "reward_model"):
@@ -193,8 +201,9 @@ class Mars2Workflow:
             raise ValueError(f"need max_nodes >= 2 and expansions_per_round >= 1, got {max_nodes}, "
                              f"{expansions_per_round}")
         make_gamma(depth_gamma)  # a bad gamma spec fails here, not mid-rollout
-        self.prior, self.prior_strength, self.select = prior, prior_strength, select
-        self.eval_search, self.eval_max_nodes, self.reward_model = eval_search, eval_max_nodes or max_nodes, reward_model
+        self.prior, self.prior_strength, self.select, self.normalization = prior, prior_strength, select, normalization
+        self.eval_search, self.eval_max_nodes = eval_search, eval_max_nodes or max_nodes
+        self.reward_model = reward_model
         self.averages = RewardAverage()
 
     @classmethod
@@ -202,7 +211,7 @@ class Mars2Workflow:
         gamma = cfg.depth_gamma.model_dump() if isinstance(cfg.depth_gamma, DepthGamma) else cfg.depth_gamma
         return cls(cfg.agents, cfg.max_nodes, cfg.expansions_per_round, cfg.prior, cfg.prior_strength, gamma,
                    cfg.use_feedback, cfg.stop_on_solve, cfg.select, cfg.eval_search, cfg.eval_max_nodes,
-                   reward=cfg.reward)
+                   reward=cfg.reward, normalization=cfg.normalization)
 
     def _team(self, agents: Mapping[str, Agent]) -> list[Agent]:
         names = self.team if self.team is not None else sorted(agents)
@@ -223,8 +232,14 @@ class Mars2Workflow:
         flat = [(i, n) for i, t in enumerate(trees) for n in t.nodes]
         rewards = np.array([n.reward for _, n in flat], np.float32)
         tree_ids = np.array([i for i, _ in flat], np.int32)
-        adv = np.asarray(K.mars2_advantages(jnp.asarray(rewards), jnp.asarray(tree_ids), num_trees=len(trees)))
         by_name = {a.name: a for a in team}
+        if self.normalization == "agent":
+            agent_ids = jnp.asarray([list(by_name).index(n.agent) for _, n in flat], jnp.int32)
+            adv, _ = K.dr_mas_advantages(jnp.asarray(rewards), agent_ids, len(team), group_ids=jnp.asarray(tree_ids),
+                                         num_groups=len(trees))
+        else:
+            adv = K.mars2_advantages(jnp.asarray(rewards), jnp.asarray(tree_ids), num_trees=len(trees))
+        adv = np.asarray(adv)
         samples = []
         for (i, n), r, a in zip(flat, rewards, adv):
             agent = by_name[n.agent]

@@ -1,7 +1,8 @@
-"""The demo's "steps" tasks and the broken attempts of its refinement warm start."""
+"""The demo's "steps" tasks, its sloppy SFT teacher and the broken attempts of its refinement warm start."""
 
 import random
 
+import numpy as np
 import pytest
 
 from marljax.demo.models import steps_problems
@@ -49,3 +50,31 @@ def test_broken_attempts_fail_and_refinement_pairs_carry_real_feedback():
         assert target == f"```python\n{problem.fields['solution'].rstrip()}\n```"
         attempt = prompt.split("```python\n")[1].split("```")[0]
         assert attempt != problem.fields["solution"]
+
+
+def test_teacher_slips_at_its_rate_and_every_slipped_program_fails():
+    from marljax.demo.teacher import slip, teacher_completion
+    from marljax.rewards import SandboxPool
+    from marljax.train.sft import reference_completion
+    from marljax.workflows.scoring import score_texts
+
+    by_hand = {"x = x // 3": "x = x / 3", "x = x - 4": "x = 4 - x", "x = max(x, 5)": "x = min(x, 5)",
+               "x = min(x, 5)": "x = max(x, 5)", "x = x * 3": "x = x ** 3", "x = x % 7": "x = x // 7",
+               "x = x * x": "x = x * 2", "x = abs(x)": "x = -x", "x = x + 2": "x = x + 2"}
+    for line, wrong in by_hand.items():
+        assert slip(f"def f(x):\n    {line}\n    return x\n", random.Random(0), 1.0) == \
+            f"def f(x):\n    {wrong}\n    return x\n"
+
+    problems = steps_problems(160, seed=11, steps=1)
+    code = [p.fields["solution"] for p in problems]
+    slippable = [not ("x = x + " in c) for c in code]  # adding is the one step without a slip
+    assert all(teacher_completion(p, 0.0) == reference_completion(p) for p in problems)
+    always = [teacher_completion(p, 1.0) for p in problems]
+    assert [a != reference_completion(p) for a, p in zip(always, problems)] == slippable
+    half = [teacher_completion(p, 0.5, seed=4) for p in problems]
+    assert half == [teacher_completion(p, 0.5, seed=4) for p in problems]  # the same answer every time
+    changed = [h != reference_completion(p) for h, p, s in zip(half, problems, slippable) if s]
+    assert abs(np.mean(changed) - 0.5) < 4 * 0.5 / np.sqrt(len(changed)), np.mean(changed)  # 4 sigma
+    with SandboxPool(max_workers=2) as pool:
+        scores = score_texts(problems, always, pool)
+    assert [not s.passed for s in scores] == slippable  # every slip is caught by the task's tests

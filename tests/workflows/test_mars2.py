@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import statistics
@@ -227,6 +228,32 @@ def test_max_nodes_ids_and_one_group_per_tree(pool):
         assert math.isfinite(out.metrics[f"agent/{name}/nodes"])
     assert out.metrics["mars2/nodes_per_tree"] == 7 and out.metrics["mars2/solved"] == float(
         np.mean([any(s.reward == 1 for s in ss) for ss in by_tree.values()]))
+
+
+def test_agent_normalization_groups_each_agents_nodes_of_a_tree(pool):
+    """normalization=agent (Dr. MAS inside MARS2 trees): alpha is right every other time, beta never;
+    each agent's nodes of a tree are normalised by their own statistics, so beta's are not pushed down."""
+    problems = make_problems(3)
+    calls = itertools.count()
+
+    def script(agent, prompt, k, seed):
+        if agent.name == "alpha" and next(calls) % 2:
+            return fenced(problem_of(problems, prompt).fields["solution"])
+        return WRONG
+
+    wf = Mars2Workflow.from_config(Mars2Config(max_nodes=7, expansions_per_round=3, stop_on_solve=False,
+                                               normalization="agent"))
+    out = wf.rollout(problems, team(), CountingGenerator(script), pool, seed=11)
+    groups = {}
+    for s in out.samples:
+        groups.setdefault((s.ids["episode"], s.agent), []).append(s)
+    assert {agent for _, agent in groups} == {"alpha", "beta"}
+    for (_, agent), ss in groups.items():
+        np.testing.assert_allclose([s.advantage for s in ss], ref_advantages([s.reward for s in ss]), atol=1e-5)
+        assert agent == "alpha" or all(s.reward == 0 and s.advantage == 0 for s in ss)
+    assert any(s.advantage > 0 for s in out.samples) and any(s.advantage < 0 for s in out.samples)
+    with pytest.raises(ValueError, match="normalization"):
+        Mars2Workflow(normalization="team")
 
 
 def test_stop_on_solve(pool):
