@@ -53,9 +53,10 @@ def run_sft(trainer: Any, steps: int, writer: Any, desc: str = "sft",
     """`steps` SFT steps over the trainer's train problems (batch by batch, cycling).
 
     `target` gives a problem's answer text (default: its reference solution;
-    the demo passes a sloppy teacher's). `extra` maps an agent to more (prompt text, target) pairs, e.g. refinement
-    prompts; every `extra_every`-th step trains on a batch of those instead
-    (separate batches, so long extra prompts do not pad the short ones).
+    the demo passes a sloppy teacher's). `extra` maps an agent to more
+    (prompt text, target) pairs, e.g. refinement prompts; every
+    `extra_every`-th step trains on a batch of those instead (separate
+    batches, so long extra prompts do not pad the short ones).
     """
     extra = {a: pairs for a, pairs in (extra or {}).items() if pairs}
     problems = [p for p in trainer.train_problems if target(p) is not None]
