@@ -43,9 +43,9 @@ def slip(code: str, rng: random.Random, rate: float) -> str:
 
 
 def teacher_completion(problem: Any, rate: float, seed: int = 0) -> str | None:
-    """The teacher's answer to `problem`: its reference, slipped; the same for the same problem and seed."""
-    code = problem.fields.get("solution")
-    if code is None:
-        return reference_completion(problem)
-    rng = random.Random(f"marljax-teacher:{seed}:{problem.fields['task_id']}")
-    return f"```python\n{slip(code, rng, rate).rstrip()}\n```"
+    """The teacher's answer to `problem`: its reference answer, slipped; the same for the same
+    problem and seed."""
+    answer = reference_completion(problem)
+    if answer is None:
+        return None
+    return slip(answer, random.Random(f"marljax-teacher:{seed}:{problem.id}"), rate)

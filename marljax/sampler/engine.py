@@ -92,7 +92,7 @@ class Buckets:
     def phases(self, new_tokens_bucket: int) -> int:
         if self.kv_phases is not None:
             return self.kv_phases  # `decode.kv_windows` clamps it to 1..new_tokens_bucket
-        return 1 if new_tokens_bucket < 128 else min(4, new_tokens_bucket // 32)
+        return 1 if new_tokens_bucket < 128 else 4
 
 
 @dataclasses.dataclass

@@ -234,7 +234,8 @@ class Mars2Workflow:
         tree_ids = np.array([i for i, _ in flat], np.int32)
         by_name = {a.name: a for a in team}
         if self.normalization == "agent":
-            agent_ids = jnp.asarray([list(by_name).index(n.agent) for _, n in flat], jnp.int32)
+            index = {name: k for k, name in enumerate(by_name)}
+            agent_ids = jnp.asarray([index[n.agent] for _, n in flat], jnp.int32)
             adv, _ = K.dr_mas_advantages(jnp.asarray(rewards), agent_ids, len(team), group_ids=jnp.asarray(tree_ids),
                                          num_groups=len(trees))
         else:
