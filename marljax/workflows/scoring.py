@@ -53,8 +53,13 @@ def score_texts(problems: Sequence[Any], texts: Sequence[str], pool: SandboxPool
     if code_idx:
         if pool is None:
             raise ValueError("code problems need a SandboxPool")
-        programs = [problems[i].program(extract_code(texts[i]).code) for i in code_idx]
-        for i, res in zip(code_idx, pool.map(programs)):
-            frac = res.pass_fraction(split)
-            scores[i] = Score(frac, frac == 1.0, res)
+        # a group's samples often repeat a program: each distinct (problem, code) runs once
+        keys = [(id(problems[i]), extract_code(texts[i]).code) for i in code_idx]
+        first = {}
+        for i, key in zip(code_idx, keys):
+            first.setdefault(key, i)
+        ran = dict(zip(first, pool.map([problems[i].program(key[1]) for key, i in first.items()])))
+        for i, key in zip(code_idx, keys):
+            frac = ran[key].pass_fraction(split)
+            scores[i] = Score(frac, frac == 1.0, ran[key])
     return scores
