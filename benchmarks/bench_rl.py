@@ -1,9 +1,10 @@
 """RL iteration breakdown: where the wall time of `marljax.train.loop.Trainer.run()` goes.
 
-    python benchmarks/bench_rl.py [--mode full|quick|smoke] [--json PATH]
+    python benchmarks/bench_rl.py [--mode full|quick|smoke] [--json PATH] [--demo-dir DIR]
 
-Runs real configs (`configs/grpo_tiny.yaml`, `configs/mars2_tiny.yaml`) through
-`Trainer.run()` in a temporary run directory. Nothing in the library is
+Runs real configs (`configs/grpo_tiny.yaml`, `configs/mars2_tiny.yaml`, and the
+embedded demo's three runs on its warm-started models, whose programs really
+run in the sandbox) through `Trainer.run()` in a temporary run directory. Nothing in the library is
 edited: the benchmark wraps, from the outside, the calls that do each kind of
 work and times them (exclusive time: a timed call inside another timed call is
 charged to the inner one only):
@@ -144,25 +145,34 @@ def instrumented(clock: Clock):
 
 
 def run_config(data: dict, warmup: int, steps: int) -> dict:
-    """Train `warmup + steps` steps; per-category seconds summed over the measured steps."""
+    """Train `warmup + steps` steps of config `data`; see `measure`."""
     from marljax.train.config import config_from_dict
-    from marljax.train.loop import Trainer
 
     data = copy.deepcopy(data)
-    jax.clear_caches()  # every run compiles from scratch, as a fresh process would
     with tempfile.TemporaryDirectory(prefix="marljax-bench-rl-") as tmp:
         data["run_dir"] = tmp
-        data.setdefault("train", {}).update(steps=warmup + steps, progress=False, eval_every=None)
-        cfg = config_from_dict(data, "<bench_rl>")
-        clock = Clock()
-        with instrumented(clock):
-            trainer = Trainer(cfg)
-            # wall time of each step: from its train_step to the next one (or to the end of run())
-            starts: dict[int, float] = {}
-            inner = trainer.train_step
-            trainer.train_step = lambda: (starts.setdefault(trainer.step, time.perf_counter()), inner())[1]
-            trainer.run()
-            end = time.perf_counter()
+        data.setdefault("train", {}).update(steps=warmup + steps, eval_every=None)
+        return measure(config_from_dict(data, "<bench_rl>"), warmup, steps)
+
+
+def measure(cfg, warmup: int, steps: int) -> dict:
+    """Run `cfg` (a `RunConfig` of `warmup + steps` steps, fresh run_dir); per-category seconds
+    summed over the measured steps."""
+    from marljax.train.loop import Trainer
+
+    if cfg.train.steps != warmup + steps:
+        raise ValueError(f"config trains {cfg.train.steps} steps, not warmup + steps = {warmup + steps}")
+    cfg = cfg.model_copy(update={"train": cfg.train.model_copy(update={"progress": False})})
+    jax.clear_caches()  # every run compiles from scratch, as a fresh process would
+    clock = Clock()
+    with instrumented(clock):
+        trainer = Trainer(cfg)
+        # wall time of each step: from its train_step to the next one (or to the end of run())
+        starts: dict[int, float] = {}
+        inner = trainer.train_step
+        trainer.train_step = lambda: (starts.setdefault(trainer.step, time.perf_counter()), inner())[1]
+        trainer.run()
+        end = time.perf_counter()
     walls = {s: (starts.get(s + 1, end) - t) for s, t in starts.items()}
     measured = [s for s in walls if s >= warmup]
     total = sum(walls[s] for s in measured)
@@ -201,6 +211,38 @@ def mars2_variant(base: dict, max_nodes: int, n_agents: int) -> dict:
     return d
 
 
+def demo_models(demo_dir: Path | None, out: Path, settings) -> tuple[dict[str, Path], str]:
+    """The demo's warm-started checkpoints: those of a finished `python -m marljax.demo` run in
+    `demo_dir`, else made under `out` (the demo's models and SFT stage); and where they came from."""
+    from marljax.demo.models import FAMILIES, ensure_models
+    from marljax.demo.pipeline import warm_start
+    from marljax.rewards import SandboxPool
+
+    if demo_dir is not None:
+        found = {name: demo_dir / "models" / f"{name}-sft" for name in FAMILIES}
+        if all((path / "config.json").exists() for path in found.values()):
+            return found, f"the SFT checkpoints of {demo_dir}"
+    start = time.perf_counter()
+    with SandboxPool(max_workers=2) as pool:
+        models = ensure_models(out / "models", pool, seed=settings.seed)
+    made = warm_start(out, models, settings)
+    return made, f"made here by the demo's SFT stage ({settings.sft_steps} steps, {time.perf_counter() - start:.0f} s)"
+
+
+def demo_breakdown(warmup: int, steps: int, demo_dir: Path | None = None, **settings) -> dict:
+    """The demo's three RL runs (`marljax.demo.pipeline`) on its warm-started models, which write
+    code that runs, so the sandbox's share is real."""
+    from marljax.demo.pipeline import METHODS, DemoSettings
+    from marljax.demo.pipeline import run_config as demo_config
+
+    s = DemoSettings(**{**settings, "rl_steps": warmup + steps})
+    with tempfile.TemporaryDirectory(prefix="marljax-bench-demo-") as tmp:
+        models, origin = demo_models(demo_dir, Path(tmp), s)
+        runs = {f"demo_{method}": measure(demo_config(method, Path(tmp) / method, models, agents, s), warmup, steps)
+                for method, agents in METHODS.items()}
+    return {"models": origin, "runs": runs}
+
+
 def load(name: str) -> dict:
     return yaml.safe_load((ROOT / "configs" / name).read_text())
 
@@ -209,11 +251,15 @@ def load(name: str) -> dict:
 MODES = {"smoke": ((1, 1), None, None, []),
          "quick": ((1, 3), (1, 2), None, []),
          "full": ((2, 8), (1, 4), (1, 2), [(4, 2), (16, 2), (8, 1), (8, 3)])}
+# mode -> demo warm-up + measured steps; the demo compiles new shapes for several steps (refinement
+# prompts grow), so its warm-up is longer. Smoke mode leaves the demo out (making its models takes
+# minutes); tests/test_demo_and_notebooks.py measures it on the quick demo's models instead.
+DEMO = {"smoke": None, "quick": (2, 3), "full": (6, 10)}
 SMOKE = {"sampler": {"max_new_tokens": 8}, "data": {"batch_size": 2, "synthetic": {"n_train": 4, "difficulty": 1}},
          "workflow": {"kind": "grpo", "group_size": 2}}
 
 
-def run(mode: str = "full") -> dict:
+def run(mode: str = "full", demo_dir: Path | None = None) -> dict:
     (gw, gs), mars2_steps, scale_steps, grid = MODES[mode]
     grpo, mars2 = load("grpo_tiny.yaml"), load("mars2_tiny.yaml")
     if mode == "smoke":
@@ -231,6 +277,10 @@ def run(mode: str = "full") -> dict:
             r = run_config(mars2_variant(mars2, nodes, agents), *scale_steps)
             out["mars2_scaling"].append({"max_nodes": nodes, "agents": agents, **r})
         out["mars2_scaling"].sort(key=lambda r: (r["agents"], r["max_nodes"]))
+    if DEMO[mode]:
+        demo = demo_breakdown(*DEMO[mode], demo_dir)
+        out["demo_models"] = demo["models"]
+        out["breakdown"].update(demo["runs"])
     out["markdown"] = markdown(out)
     return out
 
@@ -240,13 +290,16 @@ def markdown(out: dict) -> str:
     lines = ["Shares of the wall time of the measured steps (after the warm-up steps; exclusive time of the "
              "wrapped calls; compile = lowering + XLA compilation wherever it happened).\n",
              "| run | warm-up + measured steps | s/step | " + " | ".join(CATEGORIES)
-             + " | programs run / scored per step | outside sampling+update+compile |",
+             + " | programs run / sent to the pool per step | outside sampling+update+compile |",
              "|---|---|---|" + "---|" * (len(CATEGORIES) + 2)]
     for name, r in out["breakdown"].items():
         lines.append(f"| {name} | {r['warmup']} + {r['steps']} | {r['seconds_per_step']:.2f} | "
                      + " | ".join(pct(r["share"][c]) for c in CATEGORIES)
                      + f" | {r['programs_run_per_step']:.0f} / {r['programs_per_step']:.0f} "
                      f"| {pct(r['outside_sampling_and_update'])} |")
+    if out.get("demo_models"):
+        lines += ["", "demo_*: the embedded demo's three RL runs (`marljax.demo.pipeline` settings, programs "
+                  f"run in the real sandbox); models: {out['demo_models']}."]
     idle = [f"{name} ({r['programs_per_step']:.0f} per step)" for name, r in out["breakdown"].items()
             if r["programs_per_step"] and not r["programs_run_per_step"]]
     if idle:
@@ -272,8 +325,10 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--mode", choices=sorted(MODES), default="full")
     ap.add_argument("--json", default=os.path.join(tempfile.gettempdir(), "marljax_bench_rl.json"))
+    ap.add_argument("--demo-dir", type=Path, help="a finished `python -m marljax.demo --out DIR` run whose "
+                    "SFT checkpoints to use (default: make them, about 2 minutes)")
     args = ap.parse_args()
-    out = run(args.mode)
+    out = run(args.mode, args.demo_dir)
     print(out["markdown"])
     Path(args.json).write_text(json.dumps(out, indent=2))
 

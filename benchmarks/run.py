@@ -1,7 +1,7 @@
 """All benchmarks side by side, one command; markdown + JSON.
 
     python benchmarks/run.py [--quick | --smoke] [--only SECTION ...] [--gpu] [--out DIR]
-                             [--tunix-python PY] [--verl-python PY]
+                             [--tunix-python PY] [--verl-python PY] [--demo-dir DIR]
 
 Sections (in this order): peak (matmul FLOP/s, memory bandwidth), train (train step vs
 transformers+torch), generate (sampler vs transformers and tunix), kernels (vs verl and
@@ -117,7 +117,7 @@ def run_section(name: str, mode: str, args, results: dict):
         return bench_kernels.run(mode, verl_python="" if mode == "smoke" else args.verl_python)
     if name == "rl":
         import bench_rl
-        return bench_rl.run(mode)
+        return bench_rl.run(mode, args.demo_dir)
     if name == "sandbox":
         import bench_sandbox
         return bench_sandbox.run(mode)
@@ -214,6 +214,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--out", default=os.path.join(tempfile.gettempdir(), "marljax_bench"))
     ap.add_argument("--tunix-python", default="/tmp/tunixenv/bin/python")
     ap.add_argument("--verl-python", default="/tmp/verlenv/bin/python")
+    ap.add_argument("--demo-dir", type=Path, help="rl: use the SFT checkpoints of this finished demo run "
+                    "(default: make them, about 2 minutes)")
     args = ap.parse_args(argv)
     mode = "smoke" if args.smoke else "quick" if args.quick else "full"
     sections = [s for s in SECTIONS if (s in args.only if args.only else (s != "gpu" or args.gpu))]

@@ -21,13 +21,14 @@ def test_demo_team_learns(capsys):
 def test_embedded_demo_quick_run(tmp_path, capsys):
     """The README's main command end to end in its smoke size (the full size is too long for CI;
     its measured table is in the README): real HF checkpoints, SFT, three RL runs, table, PNGs."""
+    import importlib.util
     import json
 
     import numpy as np
     import transformers
     from safetensors.numpy import load_file
 
-    from marljax.demo.__main__ import main
+    from marljax.demo.__main__ import QUICK, main
     from marljax.train.metrics import read_metrics
 
     assert main(["--quick", "--out", str(tmp_path)]) == 0
@@ -53,6 +54,17 @@ def test_embedded_demo_quick_run(tmp_path, capsys):
     assert {"llama", "qwen3", "loop"} <= managers
     for name in ("reward_curves.png", "pass_at_1.png"):
         assert (tmp_path / name).stat().st_size > 1000
+
+    # the RL benchmark's breakdown of the demo (issue #9), on these warm-started models
+    spec = importlib.util.spec_from_file_location("marljax_bench_rl", ROOT / "benchmarks" / "bench_rl.py")
+    bench_rl = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench_rl)
+    demo = bench_rl.demo_breakdown(1, 1, tmp_path, **QUICK)
+    assert demo["models"] == f"the SFT checkpoints of {tmp_path}"
+    assert set(demo["runs"]) == {f"demo_{r['method']}" for r in results}
+    for r in demo["runs"].values():
+        assert r["seconds_per_step"] > 0 and abs(sum(r["share"].values()) - 1) < 1e-6
+        assert r["programs_per_step"] > 0 and r["seconds"]["sampling"] > 0 and r["seconds"]["update"] > 0
 
 
 def test_cli_dispatches_demo(capsys):
