@@ -36,7 +36,8 @@ class Score:
 
 def score_texts(problems: Sequence[Any], texts: Sequence[str], pool: SandboxPool | None,
                 split: str | None = None) -> list[Score]:
-    """Score `texts[i]` against `problems[i]`; code runs in parallel in `pool`.
+    """Score `texts[i]` against `problems[i]`; code runs in parallel in `pool`, each distinct
+    (problem object, extracted program) once, and its repeats share that verdict.
 
     split: None scores on all tests, "public" / "private" on that split only.
     """
@@ -53,7 +54,7 @@ def score_texts(problems: Sequence[Any], texts: Sequence[str], pool: SandboxPool
     if code_idx:
         if pool is None:
             raise ValueError("code problems need a SandboxPool")
-        # a group's samples often repeat a program: each distinct (problem, code) runs once
+        # a group's samples often repeat a program (low-entropy policies): run it once
         keys = [(id(problems[i]), extract_code(texts[i]).code) for i in code_idx]
         first = {}
         for i, key in zip(code_idx, keys):
