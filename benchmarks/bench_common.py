@@ -33,9 +33,11 @@ def interleaved(calls: dict[str, Callable[[], object]], repeats: int, warmup: in
             for name, ts in times.items()}
 
 
-def child_json(argv: list[str], timeout: float | None = None) -> dict:
-    """Run `argv` (a python command) with the repository on PYTHONPATH; parse its `JSON:` line."""
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+def child_json(argv: list[str], timeout: float | None = None, env: dict[str, str] | None = None) -> dict:
+    """Run `argv` (a python command) with the repository on PYTHONPATH and `env` (default: this
+    process's environment); parse its `JSON:` line."""
+    env = dict(os.environ if env is None else env)
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
     proc = subprocess.run(argv, check=False, capture_output=True, text=True, env=env, timeout=timeout)
     line = [ln for ln in proc.stdout.splitlines() if ln.startswith("JSON:")]
     if proc.returncode or not line:

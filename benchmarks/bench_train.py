@@ -18,6 +18,13 @@ into marljax; the entropy metric of both is compared before timing). torch
 gets as many threads as XLA's CPU client (one per core). Calls alternate
 (marljax, torch, marljax, ...), median of `repeats`.
 
+Host memory. XLA:CPU allocates a step's buffers afresh, and with glibc's
+defaults every large buffer is a fresh `mmap` that faults its pages in again
+(`marljax.host_memory`); marljax's entry points therefore restart with glibc
+told to keep freed memory. Outside smoke mode each size is measured twice, in
+child processes: with those settings and with glibc's defaults; both sides of a
+comparison always share one process and so one allocator setting.
+
 FLOPs per step = tokens x (6 N + 12 L d_attn T) (PaLM's MFU formula): N the
 parameters (tied embeddings counted once: the output projection uses them),
 L layers, d_attn = heads x head_dim, T the sequence length. Reported as a
@@ -37,7 +44,13 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_common import fmt, interleaved  # noqa: E402
+from bench_common import child_json, emit_json, fmt, interleaved  # noqa: E402
+
+from marljax.host_memory import ENV as KEEP_ENV, SWITCH, kept_env  # noqa: E402
+
+# name -> environment of the child process that measures with it
+HOST_MEMORY = {"kept": kept_env,
+               "glibc default": lambda: {**{k: v for k, v in os.environ.items() if k not in KEEP_ENV}, SWITCH: "0"}}
 
 _QWEN3 = dict(rope_theta=1e6, rms_norm_eps=1e-6, tie_word_embeddings=True, max_position_embeddings=4096)
 # name -> (architecture, HF config keys, batch rows, sequence length, dtype)
@@ -194,7 +207,12 @@ def run(mode: str = "full", peak_flops: dict | None = None, sizes=None) -> dict:
         sizes = {"smoke": ["smoke"], "quick": ["tiny", "50m"], "full": ["tiny", "50m"]}[mode]
     repeats = {"smoke": 1, "quick": 3, "full": 5}[mode]
     torch_ok = (not gpu) or torch.cuda.is_available()  # never compare a GPU against torch on CPU
-    rows = [measure(s, repeats, torch_side=torch_ok) for s in sizes]
+    if mode == "smoke":  # in this process, as it was started
+        rows = [{**measure(s, repeats, torch_side=torch_ok), "host_memory": "as started"} for s in sizes]
+    else:
+        rows = [{**child_json([sys.executable, __file__, "--child", s, "--repeats", str(repeats)]
+                              + ([] if torch_ok else ["--no-torch"]), env=env()), "host_memory": name}
+                for s in sizes for name, env in HOST_MEMORY.items()]
     for r in rows:
         peak = (peak_flops or {}).get(r["dtype"])
         for lib in ("marljax", "transformers"):
@@ -202,9 +220,9 @@ def run(mode: str = "full", peak_flops: dict | None = None, sizes=None) -> dict:
                 r[lib]["fraction_of_peak"] = r[lib]["flops_per_s"] / peak
     lines = [f"tokens/s of one update step (median of {repeats} interleaved calls); FLOP/s = tokens x "
              "(6 N + 12 L d_attn T) / s, as a fraction of the measured matmul peak of the same dtype.\n",
-             "| size | params | dtype | batch x T | marljax tokens/s | transformers tokens/s | marljax / "
-             "transformers (best of each) | marljax GFLOP/s (of peak) | transformers GFLOP/s (of peak) |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "| size | params | dtype | batch x T | host memory | marljax tokens/s | transformers tokens/s | "
+             "marljax / transformers (best of each) | marljax GFLOP/s (of peak) | transformers GFLOP/s (of peak) |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         def cell(lib, r=r):
             if lib not in r:
@@ -215,7 +233,7 @@ def run(mode: str = "full", peak_flops: dict | None = None, sizes=None) -> dict:
         (mt, mf), (tt, tf) = cell("marljax"), cell("transformers")
         sp = f"**{r['speedup']:.2f}x** ({r['speedup_best']:.2f}x)" if "speedup" in r else "-"
         lines.append(f"| {r['size']} | {r['params'] / 1e6:.1f} M | {r['dtype']} | {r['batch']} x {r['seq_len']} "
-                     f"| {mt} | {tt} | {sp} | {mf} | {tf} |")
+                     f"| {r['host_memory']} | {mt} | {tt} | {sp} | {mf} | {tf} |")
     return {"rows": rows, "repeats": repeats, "markdown": "\n".join(lines)}
 
 
@@ -223,7 +241,13 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--sizes", nargs="+", choices=sorted(SIZES))
+    ap.add_argument("--child", choices=sorted(SIZES), help=argparse.SUPPRESS)  # one size, JSON on stdout
+    ap.add_argument("--repeats", type=int, default=5, help=argparse.SUPPRESS)
+    ap.add_argument("--no-torch", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.child:
+        emit_json(measure(args.child, args.repeats, torch_side=not args.no_torch))
+        return
     out = run("quick" if args.quick else "full", sizes=args.sizes)
     print(out.pop("markdown"))
     print(json.dumps(out, indent=1))

@@ -10,6 +10,10 @@ Qwen2.5-0.5B-shaped MFU and decode roofline). `--quick` uses fewer repeats and s
 skips the MARS2 scaling grid; `--smoke` only checks that every section runs (tiny shapes, no external
 environments; used by tests/test_benchmarks_smoke.py).
 
+Started from the command line, the harness restarts itself with host memory kept
+(`marljax.host_memory`, as marljax's entry points do); the train section measures both
+allocator settings in child processes.
+
 Writes DIR/results.json and DIR/results.md (DIR defaults to $TMPDIR/marljax_bench) and
 prints the markdown. Every ratio comes from calls of both sides interleaved in one process
 (median of k). The machine's load is recorded: the load average when the harness starts,
@@ -97,8 +101,11 @@ def machine_info() -> dict:
             versions[pkg] = importlib.metadata.version(pkg)
         except importlib.metadata.PackageNotFoundError:
             versions[pkg] = None
+    from marljax.host_memory import ENV, SWITCH
+
     return {"platform": platform.platform(), "cpu": cpu, "cores": os.cpu_count(), "memory_gib": mem,
-            "python": platform.python_version(), "versions": versions, "date": time.strftime("%Y-%m-%d %H:%M %Z")}
+            "python": platform.python_version(), "versions": versions, "date": time.strftime("%Y-%m-%d %H:%M %Z"),
+            "host_memory": {k: os.environ.get(k) for k in (*ENV, SWITCH)}}
 
 
 # ----------------------------------------------------------------------------- sections
@@ -150,7 +157,8 @@ def targets(results: dict) -> list[dict]:
             add(f"generation top-p vs transformers >= 2x{suffix}", p.get("vs_transformers"), 2.0,
                 best=p.get("vs_transformers_best"))
             add(f"generation top-p vs tunix >= 2x{suffix}", p.get("vs_tunix"), 2.0, best=p.get("vs_tunix_best"))
-    train = {r["size"]: r for r in results.get("train", {}).get("rows", [])}
+    # the setting marljax's entry points run with (the glibc-default rows are shown for comparison)
+    train = {r["size"]: r for r in results.get("train", {}).get("rows", []) if r.get("host_memory") != "glibc default"}
     add("train step tiny vs transformers >= 2x", train.get("tiny", {}).get("speedup"), 2.0,
         best=train.get("tiny", {}).get("speedup_best"))
     add("train step 50M vs transformers >= 1.2x", train.get("50m", {}).get("speedup"), 1.2,
@@ -179,7 +187,8 @@ def markdown(report: dict) -> str:
              f"Machine: {m['platform']}, {m['cpu']}, {m['cores']} cores, "
              f"{m['memory_gib']:.0f} GiB RAM; Python {m['python']}; {v}."
              if m.get("memory_gib") else f"Machine: {m['platform']}, {m['cpu']}, {m['cores']} cores.",
-             f"Date: {m['date']}. Command: `{report['command']}`.",
+             f"Date: {m['date']}. Command: `{report['command']}`. Host memory settings: "
+             + ", ".join(f"{k}={v}" for k, v in m.get("host_memory", {}).items()) + ".",
              f"Load average when the harness started: {', '.join(f'{x:.2f}' for x in load['loadavg_start'])}"
              + (" -- **noisy**: the machine was shared; ratios come from interleaved calls, absolute numbers "
                 "are lower bounds." if noisy else "."), ""]
@@ -205,6 +214,10 @@ def markdown(report: dict) -> str:
 
 
 def main(argv=None) -> dict:
+    if argv is None:  # from the command line: run as marljax's entry points do (see marljax.host_memory)
+        from marljax.host_memory import restart_with_kept_memory
+
+        restart_with_kept_memory([str(Path(__file__).resolve()), *sys.argv[1:]])
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     g = ap.add_mutually_exclusive_group()
     g.add_argument("--quick", action="store_true", help="fewer repeats and steps, no MARS2 scaling grid")

@@ -71,7 +71,11 @@ def cmd_plot(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
+    if argv is None:  # from the command line: restart with host memory kept (see marljax.host_memory)
+        from marljax.host_memory import restart_with_kept_memory
+
+        restart_with_kept_memory(["-m", "marljax.cli", *sys.argv[1:]])
+        argv = sys.argv[1:]
     parser = argparse.ArgumentParser(prog="marljax", description="JAX-native multi-agent RL for LLM teams")
     commands = parser.add_subparsers(dest="command", required=True)
     for name, fn, what in (("train", cmd_train, "train from a YAML config"),
@@ -94,9 +98,9 @@ def main(argv: list[str] | None = None) -> int:
     commands.add_parser("demo", help="run the embedded demonstration", add_help=False)
     args, rest = parser.parse_known_args(argv)
     if args.command == "demo":
-        from marljax import demo
+        from marljax.demo.__main__ import main as demo_main
 
-        return demo.main(rest)
+        return demo_main(rest)
     if args.command in ("train", "eval"):  # overrides may also follow an option such as --search
         args.overrides += [r for r in rest if "=" in r and not r.startswith("-")]
         rest = [r for r in rest if r not in args.overrides]

@@ -22,6 +22,7 @@ import argparse
 import dataclasses
 import json
 import logging
+import sys
 import time
 from pathlib import Path
 
@@ -53,6 +54,10 @@ def compilation_cache(path: Path) -> None:
 
 
 def main(argv=None) -> int:
+    if argv is None:  # from the command line: restart with host memory kept (see marljax.host_memory)
+        from marljax.host_memory import restart_with_kept_memory
+
+        restart_with_kept_memory(["-m", "marljax.demo", *sys.argv[1:]])
     parser = argparse.ArgumentParser(prog="python -m marljax.demo", description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("runs/demo"), help="output directory (reused on rerun)")
     parser.add_argument("--quick", action="store_true", help="a few steps of each stage (a smoke run, no learning)")
