@@ -46,11 +46,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_common import child_json, emit_json, fmt, interleaved  # noqa: E402
 
-from marljax.host_memory import ENV as KEEP_ENV, SWITCH, kept_env  # noqa: E402
+from marljax.host_memory import default_env, kept_env  # noqa: E402
 
 # name -> environment of the child process that measures with it
-HOST_MEMORY = {"kept": kept_env,
-               "glibc default": lambda: {**{k: v for k, v in os.environ.items() if k not in KEEP_ENV}, SWITCH: "0"}}
+HOST_MEMORY = {"kept": kept_env, "glibc default": default_env}
 
 _QWEN3 = dict(rope_theta=1e6, rms_norm_eps=1e-6, tie_word_embeddings=True, max_position_embeddings=4096)
 # name -> (architecture, HF config keys, batch rows, sequence length, dtype)

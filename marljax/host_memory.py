@@ -32,6 +32,12 @@ def kept_env(environ: dict[str, str] | None = None) -> dict[str, str]:
     return {**ENV, **environ, SWITCH: "1"}
 
 
+def default_env(environ: dict[str, str] | None = None) -> dict[str, str]:
+    """`environ` (default: this process's) without the settings, opted out: glibc's defaults."""
+    environ = os.environ if environ is None else environ
+    return {**{k: v for k, v in environ.items() if k not in ENV}, SWITCH: "0"}
+
+
 def restart_with_kept_memory(argv: list[str]) -> None:
     """Replace this process by `python argv...` with the settings, unless already done, opted
     out of, or not on Linux with glibc. Call it first thing in an entry point: argv is, e.g.,
