@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import numbers
 import os
 import zlib
 from pathlib import Path
@@ -95,6 +96,10 @@ def synthetic_rows(n: int, seed: int = 0, difficulty: int = 2, style: str = "exa
     return rows
 
 
+def _is_int(x) -> bool:
+    return isinstance(x, numbers.Integral) and not isinstance(x, bool)  # numpy ints too
+
+
 class ProblemStream:
     """Batches (lists) of problems from a grain pipeline: shuffled per epoch, sharded, checkpointable.
 
@@ -121,12 +126,15 @@ class ProblemStream:
 
             shard_index, shard_count = jax.process_index(), jax.process_count()
         grain.sharding.ShardOptions(shard_index, shard_count)  # validates 0 <= index < count
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-        if epochs is not None and epochs < 1:
-            raise ValueError(f"epochs must be None (forever) or >= 1, got {epochs}")
-        if not 0 <= seed < 2**32:
-            raise ValueError(f"seed must be in [0, 2**32), got {seed}")
+        # grain needs exact ints; a float (even 2.0 or inf) would fail deep inside it
+        if not _is_int(batch_size) or batch_size < 1:
+            raise ValueError(f"batch_size must be an int >= 1, got {batch_size!r}")
+        if epochs is not None and (not _is_int(epochs) or epochs < 1):
+            raise ValueError(f"epochs must be None (forever) or an int >= 1, got {epochs!r}")
+        if not _is_int(seed) or not 0 <= seed < 2**32:
+            raise ValueError(f"seed must be an int in [0, 2**32), got {seed!r}")
+        batch_size, seed = int(batch_size), int(seed)  # plain ints: the state is JSON
+        epochs = None if epochs is None else int(epochs)
 
         ds = grain.MapDataset.source(problems)
         if shuffle:
@@ -135,6 +143,10 @@ class ProblemStream:
         self.epoch_size = len(ds)  # problems per epoch in this shard
         if self.epoch_size == 0:
             raise ValueError(f"shard {shard_index} of {shard_count} is empty ({len(problems)} problems)")
+        # repeat(None) has length sys.maxsize, and grain's batch takes ceil(length / batch_size)
+        # in floats: 2**63 for batch_size 1, which len() cannot return (OverflowError).  Floor
+        # division is exact, and an endless stream has no last batch to keep or drop anyway.
+        drop_remainder = drop_remainder or epochs is None
         ds = ds.repeat(epochs).batch(batch_size, drop_remainder=drop_remainder, batch_fn=list)
         # Elements are in memory: no reader threads or prefetch buffer (grain's default is 16 threads).
         self._dataset = ds.to_iter_dataset(grain.ReadOptions(num_threads=0, prefetch_buffer_size=0))

@@ -44,7 +44,7 @@ from marljax import kernels as K
 from marljax.rewards import AssertTest, ExecutionResult, Program, error_feedback, extract_code
 from marljax.workflows.base import Agent, Generator, Rollout, WorkflowSettings
 from marljax.workflows.games import PlanEnv, TurnResult, best_branch
-from marljax.workflows.scoring import score_texts
+from marljax.workflows.scoring import map_once, score_texts
 
 TESTER_TASK = ("\n\nDo not solve the problem: write Python `assert` statements that a correct solution "
                "passes and a wrong one fails, in a ```python block.")
@@ -196,7 +196,8 @@ class CodeEnv:
                     jobs.append(Program(code=cur.code, tests=tests, setup=cur.setup))
                 row.append((asserts, r_job, c_job))
             plan.append(row)
-        results = pool.map(jobs) if jobs else []
+        # candidates often repeat asserts, and the reference can equal the best code: run each once
+        results = map_once(pool, jobs)
         out = []
         for row in plan:
             rewards, passed, runs = [], [], []

@@ -29,6 +29,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from marljax.rewards import ExecutionResult, SandboxPool, error_feedback, extract_code
+from marljax.workflows.scoring import map_once
 
 AUX = "aux"
 WEIGHTS = {"structure": 0.1, "syntax": 0.1, "tests": 0.6, "cooperation": 0.2}
@@ -143,7 +144,9 @@ def score_pairs(problems: Sequence[Any], helper_texts: Sequence[str], main_texts
         raise ValueError("the coop_code task needs a SandboxPool")
     results: dict[int, ExecutionResult] = {}
     if runnable:
-        ran = pool.map([parts[k][0].program(parts[k][3]) for k in runnable])
+        # samples often repeat a (helper, main) pair: run each (problem, combined code) once
+        ran = map_once(pool, [parts[k][0].program(parts[k][3]) for k in runnable],
+                       [(id(parts[k][0]), parts[k][3]) for k in runnable])
         results = dict(zip(runnable, ran))
     scores = []
     for k, (p, hc, mc, combined, error) in enumerate(parts):

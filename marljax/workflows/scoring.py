@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Literal, Sequence, get_args
+from typing import Any, Hashable, Literal, Sequence, get_args
 
-from marljax.rewards import ExecutionResult, SandboxPool, extract_code, math_reward
+from marljax.rewards import ExecutionResult, Program, SandboxPool, extract_code, math_reward
 
 
 # How a workflow turns a test pass fraction into a reward: the fraction itself (dense, but a
@@ -22,6 +22,25 @@ def check_reward_kind(kind: str) -> str:
 def as_reward(fraction: float, kind: str) -> float:
     """The reward of a program that passed `fraction` of its tests, under reward `kind`."""
     return float(fraction >= 1.0) if kind == "pass" else fraction
+
+
+def map_once(pool: SandboxPool | None, programs: Sequence[Program],
+             keys: Sequence[Hashable] | None = None) -> list[ExecutionResult]:
+    """`pool.map(programs)`, running each distinct key once; its repeats get the same result object.
+
+    keys: one per program, equal for programs that must give the same result; default the
+    programs themselves, which must then be hashable (assert tests are; call tests holding
+    lists are not, and compare 1 == True, so pass keys for those).  The pool is not used
+    when `programs` is empty.
+    """
+    keys = programs if keys is None else keys
+    if len(keys) != len(programs):
+        raise ValueError(f"{len(programs)} programs but {len(keys)} keys")
+    first: dict = {}
+    for key, program in zip(keys, programs):
+        first.setdefault(key, program)
+    ran = dict(zip(first, pool.map(list(first.values())))) if first else {}
+    return [ran[key] for key in keys]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,12 +74,10 @@ def score_texts(problems: Sequence[Any], texts: Sequence[str], pool: SandboxPool
         if pool is None:
             raise ValueError("code problems need a SandboxPool")
         # a group's samples often repeat a program (low-entropy policies): run it once
-        keys = [(id(problems[i]), extract_code(texts[i]).code) for i in code_idx]
-        first = {}
-        for i, key in zip(code_idx, keys):
-            first.setdefault(key, i)
-        ran = dict(zip(first, pool.map([problems[i].program(key[1]) for key, i in first.items()])))
-        for i, key in zip(code_idx, keys):
-            frac = ran[key].pass_fraction(split)
-            scores[i] = Score(frac, frac == 1.0, ran[key])
+        codes = [extract_code(texts[i]).code for i in code_idx]
+        ran = map_once(pool, [problems[i].program(c) for i, c in zip(code_idx, codes)],
+                       [(id(problems[i]), c) for i, c in zip(code_idx, codes)])
+        for i, res in zip(code_idx, ran):
+            frac = res.pass_fraction(split)
+            scores[i] = Score(frac, frac == 1.0, res)
     return scores

@@ -283,6 +283,29 @@ def test_forever_and_epoch_info():
     assert stream.epoch == 41 and all(len(b) == 4 for b in batches)
 
 
+@pytest.mark.parametrize("batch_size", [1, 3, 6])  # 1 overflowed grain's length; 6 > the 4 problems
+@pytest.mark.parametrize("shuffle", [True, False])
+def test_endless_stream_cycles_epoch_after_epoch(batch_size, shuffle):
+    problems, epochs = toy(4), 6
+    everything = [p.id for p in problems]
+
+    def make(**kw):
+        return ProblemStream(problems, batch_size=batch_size, seed=3, shuffle=shuffle, shard_index=0, shard_count=1,
+                             **kw)
+
+    stream = make()
+    steps = epochs * 4 // batch_size
+    flat = [i for batch in take(stream, steps) for i in batch]
+    assert len(flat) == steps * batch_size and stream.epoch == epochs
+    per_epoch = [flat[e * 4:(e + 1) * 4] for e in range(epochs)]
+    assert all(sorted(e) == everything for e in per_epoch)  # every problem once per epoch
+    assert flat == ids(make(epochs=epochs))  # the same order as a finite stream of as many epochs
+    if shuffle:
+        assert len({tuple(e) for e in per_epoch}) > 1  # reshuffled across epochs
+    else:
+        assert flat == everything * epochs
+
+
 def test_shards_are_disjoint_and_cover_each_epoch():
     problems = toy(10)
     everything = {p.id for p in problems}
@@ -332,11 +355,14 @@ def test_state_from_another_stream_is_refused():
         ProblemStream(toy(10)[::-1], batch_size=4, seed=1, shard_index=0, shard_count=1).set_state(state)
 
 
-@pytest.mark.parametrize("kw", [dict(batch_size=0), dict(batch_size=2, shard_index=3, shard_count=3),
-                                dict(batch_size=2, shard_index=0), dict(batch_size=2, epochs=0),
-                                dict(batch_size=2, seed=-1)])
-def test_stream_rejects_bad_arguments(kw):
-    with pytest.raises(ValueError):
+@pytest.mark.parametrize("kw, name", [(dict(batch_size=0), "batch_size"), (dict(batch_size=1.0), "batch_size"),
+                                      (dict(batch_size=2, shard_index=3, shard_count=3), "shard_index"),
+                                      (dict(batch_size=2, shard_index=0), "shard_count"),
+                                      (dict(batch_size=2, epochs=0), "epochs"),
+                                      (dict(batch_size=2, epochs=float("inf")), "epochs"),
+                                      (dict(batch_size=2, seed=-1), "seed")])
+def test_stream_rejects_bad_arguments(kw, name):
+    with pytest.raises(ValueError, match=name):
         ProblemStream(toy(4), **kw)
 
 

@@ -1,8 +1,13 @@
-"""score_texts: every distinct (problem, program) runs once in the sandbox; repeats share its verdict."""
+"""score_texts and map_once: every distinct (problem, program) runs once in the sandbox; repeats share
+its verdict (also in AT-GRPO's tester scoring and coop_code's pairs)."""
+
+import pytest
 
 from marljax.demo.models import steps_problems
-from marljax.rewards import SandboxPool
-from marljax.workflows.scoring import score_texts
+from marljax.rewards import AssertTest, ExecutionResult, Program, SandboxPool
+from marljax.train.data import parse_row
+from marljax.workflows import at_grpo, coop_code
+from marljax.workflows.scoring import map_once, score_texts
 
 
 class CountingPool(SandboxPool):
@@ -28,3 +33,106 @@ def test_repeated_programs_run_once_and_share_their_verdict():
         alone = [score_texts([p], [t], pool)[0] for p, t in zip(problems, texts)]
     assert [s.passed for s in scores] == [True, False, True, True, True, False]
     assert [(s.reward, s.passed) for s in scores] == [(s.reward, s.passed) for s in alone]
+
+
+@pytest.fixture
+def pool():
+    with CountingPool(max_workers=2) as p:
+        p.submitted = []
+        yield p
+
+
+def plain_map(pool, programs, keys=None):
+    """The path before map_once: every program to the pool."""
+    return pool.map(programs) if programs else []
+
+
+def verdict(result):
+    """What a run decided, without its timings."""
+    if result is None:
+        return None
+    return result.status, result.error_type, tuple((t.status, t.actual) for t in result.tests)
+
+
+class FakePool:
+    def __init__(self):
+        self.seen = []
+
+    def map(self, programs):
+        self.seen += programs
+        return [ExecutionResult("passed" if "ok" in p.code else "failed") for p in programs]
+
+
+def test_map_once_order_identity_and_keys():
+    progs = [Program(code=c, tests=(AssertTest("assert True"),)) for c in ["ok 1", "bad", "ok 1", "ok 2", "bad"]]
+    fake = FakePool()
+    out = map_once(fake, progs)
+    assert [p.code for p in fake.seen] == ["ok 1", "bad", "ok 2"]  # first occurrences, in order
+    assert [r.status for r in out] == ["passed", "failed", "passed", "passed", "failed"]
+    assert out[0] is out[2] and out[1] is out[4] and out[0] is not out[3]
+    fake = FakePool()
+    out = map_once(fake, progs, keys=[0, 0, 1, 1, 2])  # keys, not the programs, decide what repeats
+    assert [p.code for p in fake.seen] == ["ok 1", "ok 1", "bad"] and out[1] is out[0]
+    assert map_once(None, []) == []  # nothing to run: no pool needed
+    with pytest.raises(ValueError, match="keys"):
+        map_once(FakePool(), progs, keys=[1])
+
+
+INC = {"task_id": "inc", "question": "Write f(x) returning x + 1.", "fn_name": "f", "inputs": [[1], [2], [3], [4]],
+       "outputs": [2, 3, 4, 5], "public": 3, "solution": "def f(x):\n    return x + 1\n"}
+DBL = {**INC, "task_id": "dbl", "question": "Write f(x) returning 2 * x.", "outputs": [2, 4, 6, 8],
+       "solution": "def f(x):\n    return 2 * x\n"}
+
+
+def fence(code):
+    return f"```python\n{code}\n```"
+
+
+def test_at_grpo_tester_runs_each_program_once(pool, monkeypatch):
+    problems = [parse_row(r, "stdio", f"<t>:{k}") for k, r in enumerate([INC, DBL])]
+    coder = [fence("def f(x):\n    return x"), fence("def f(x):\n    return x + 1 if x < 3 else 0")] * 2
+    tests = ["assert f(1) == 2\nassert f(2) == 3", "assert f(3) == 4\nassert f(1) == 5"]
+    tester = [fence(tests[0]), fence(tests[1]), "see above:\n" + fence(tests[0]), "no asserts"]
+    texts = [{"coder": coder, "tester": tester}] * 2
+    env = at_grpo.CodeEnv("coder", "tester", 0.5, 8)
+
+    def run():
+        pool.submitted = []
+        return env.step(problems, [at_grpo.CodeState()] * 2, texts, pool), len(pool.submitted)
+
+    turns, n = run()
+    monkeypatch.setattr(at_grpo, "map_once", plain_map)
+    before, n_before = run()
+    # coder: 2 distinct programs per problem.  Tester: 3 texts with asserts, 2 distinct, each run on
+    # the problem's reference and on its best code, which is the same code for both problems here
+    assert (n, n_before) == (2 * 2 + 2 * 2 + 2, 2 * 2 + 2 * 6)
+    for t, b in zip(turns, before):
+        assert (t.rewards, t.passed, t.best, t.solved) == (b.rewards, b.passed, b.best, b.solved)
+        assert (t.state.code, t.state.tests) == (b.state.code, b.state.tests)
+        assert verdict(t.state.result) == verdict(b.state.result)
+        assert verdict(t.state.test_result) == verdict(b.state.test_result)
+    assert turns[0].rewards["tester"][0] == turns[0].rewards["tester"][2] > 0
+    assert turns[0].rewards["tester"] != turns[1].rewards["tester"]  # the same asserts on another problem
+
+
+def test_coop_pairs_run_each_program_once(pool, monkeypatch):
+    p, q = (parse_row(r, "stdio", f"<t>:{k}") for k, r in enumerate([INC, DBL]))
+    aux = fence("def aux(x):\n    return x + 1")
+    good, bad = fence("def f(x):\n    return aux(x)"), fence("def f(x):\n    return x")
+    problems = [p, p, p, p, p, q, q]
+    helpers = [aux, aux, aux, "", aux, aux, aux]
+    mains = [good, bad, good, fence("def f(x):\n    return ("), "again:\n" + good, good, good]
+
+    def run():
+        pool.submitted = []
+        return coop_code.score_pairs(problems, helpers, mains, pool), len(pool.submitted)
+
+    scores, n = run()
+    monkeypatch.setattr(coop_code, "map_once", plain_map)
+    before, n_before = run()
+    assert (n, n_before) == (3, 6)  # (p, good), (p, bad), (q, good); one pair does not compile
+    for s, b in zip(scores, before):
+        assert (s.reward, s.passed, s.levels, s.feedback) == (b.reward, b.passed, b.levels, b.feedback)
+        assert verdict(s.result) == verdict(b.result)
+    assert scores[0].result is scores[2].result is scores[4].result and scores[0].passed
+    assert not scores[5].passed  # same code, other problem: its own run
