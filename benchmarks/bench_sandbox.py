@@ -27,7 +27,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from marljax.rewards import AssertTest, Program, SandboxConfig, SandboxPool, detect_isolation, run_program  # noqa: E402
-from marljax.rewards.sandbox import _bwrap_argv, _unshare_argv  # noqa: E402
+from marljax.rewards.isolation import bwrap_harness_argv, unshare_argv  # noqa: E402
 
 CHECK = "def check(candidate):\n    assert candidate(1, 2) == 3\n    assert candidate(0, 0) == 0\n" \
         "    assert candidate(-1, 1) == 0\n\ncheck(add)\n"
@@ -77,11 +77,11 @@ def run(mode: str = "full", n: int | None = None, workers: int | None = None) ->
     payload = os.path.join(tmp, "p.json")
     Path(payload).write_text("{}")
     if iso.level == "bwrap":
-        argv = _bwrap_argv(cfg, tmp, payload, drop=False)
+        argv = bwrap_harness_argv(cfg, tmp, payload, drop=False)
         cut = argv.index("--") + 1
         wrapped = timed_runs(lambda: argv[:cut] + py, k)
     elif iso.level == "unshare":
-        wrapped = timed_runs(lambda: _unshare_argv(cfg, payload)[:-len(py) + 1] + py, k)
+        wrapped = timed_runs(lambda: unshare_argv(cfg, payload)[:-len(py) + 1] + py, k)
     shutil.rmtree(tmp)
     full = statistics.median([run_program(p).wall_s for p in progs[:k]])
     startup = statistics.median([r.startup_s for r in seq])

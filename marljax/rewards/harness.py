@@ -8,7 +8,9 @@ Protocol (see ``sandbox.py`` for the parent side):
 
 1. The parent writes a JSON payload to ``./.payload.json`` in the fresh working
    directory and passes the write end of a pipe (the *record channel*) as an
-   inherited fd.  The payload names that fd and a random nonce.
+   inherited fd.  The payload names that fd and a random nonce.  (A fork
+   server, ``zygote.py``, instead hands the payload and fds to a forked copy
+   of itself, which calls ``run_and_exit``.)
 2. The harness reads and unlinks the payload, optionally builds the filesystem
    jail (``unshare`` level), applies rlimits, drops privileges, and only then
    compiles and runs the untrusted program.
@@ -273,14 +275,27 @@ def _explain_assert(exc, test_src, n_chars):
 
 
 # --------------------------------------------------------------------- main
-def main():
-    t_start = time.perf_counter()
-    with open(sys.argv[1], "rb") as f:
+def read_payload(path):
+    with open(path, "rb") as f:
         cfg = json.loads(f.read())
     try:  # where the payload is a plain file (not a read-only bind), remove it
-        os.unlink(sys.argv[1])
+        os.unlink(path)
     except OSError:
         pass
+    return cfg
+
+
+def warm_up():
+    """Import what the error paths and ``_prctl_guard`` import lazily (for a fork server)."""
+    import ast  # noqa: F401
+    import linecache  # noqa: F401
+    import traceback  # noqa: F401
+
+    _libc()
+
+
+def main(cfg):
+    t_start = time.perf_counter()
     rfd = cfg["result_fd"]
     tag = (cfg["nonce"] + " ").encode()
     os.set_inheritable(rfd, False)
@@ -477,16 +492,21 @@ def _safe_msg(exc):
         return "<unprintable %s>" % type(exc).__name__
 
 
-if __name__ == "__main__":
-    _status = 0
+def run_and_exit(load):
+    """Run the payload ``load()`` returns, then end the process: 0, or 70 when the harness itself failed."""
+    status = 0
     try:
-        main()
+        main(load())
     except BaseException:  # noqa: BLE001 - a harness failure: say why on fd 2
-        _status = 70
+        status = 70
         try:
             import traceback
 
             os.write(2, traceback.format_exc().encode()[-4000:])
         except BaseException:  # noqa: BLE001
             pass
-    os._exit(_status)
+    os._exit(status)
+
+
+if __name__ == "__main__":
+    run_and_exit(lambda: read_payload(sys.argv[1]))

@@ -1,8 +1,10 @@
 """Run many sandboxed programs in parallel, with back-pressure.
 
 Each program still gets its own process (see ``sandbox.run_program``); the
-pool only decides how many run at once.  Worker *threads* are enough: they
-spend their time blocked in ``poll``/``wait`` on the child.  The submission
+pool decides how many run at once.  Worker *threads* are enough: they spend
+their time blocked in ``poll``/``wait`` on the child.  On the ``bwrap`` level
+each worker forks its programs from its own warm sandbox (``fork_server.py``;
+``SandboxConfig(fork_server=False)`` starts a fresh one per program).  The submission
 queue is bounded: ``submit`` blocks (or raises ``queue.Full`` with
 ``block=False`` / after ``timeout``) when ``max_queue`` programs are waiting.
 """
@@ -15,6 +17,7 @@ import threading
 from concurrent.futures import Future
 from typing import Iterable
 
+from .fork_server import ForkServer
 from .formats import Program
 from .results import ExecutionResult
 from .sandbox import Limits, SandboxConfig, detect_isolation, run_program
@@ -43,17 +46,25 @@ class SandboxPool:
             t.start()
 
     def _worker(self) -> None:
-        while True:
-            item = self._queue.get()
-            if item is _STOP:
-                return
-            fut, program, limits = item
-            if not fut.set_running_or_notify_cancel():
-                continue
-            try:
-                fut.set_result(run_program(program, limits, self.config))
-            except BaseException as exc:  # noqa: BLE001 - delivered to the caller
-                fut.set_exception(exc)
+        # Started by this thread: bwrap's --die-with-parent follows the thread that spawned it.
+        server = None
+        if self.config.fork_server and self.isolation.level == "bwrap":
+            server = ForkServer(self.config, self.isolation)
+        try:
+            while True:
+                item = self._queue.get()
+                if item is _STOP:
+                    return
+                fut, program, limits = item
+                if not fut.set_running_or_notify_cancel():
+                    continue
+                try:
+                    fut.set_result(run_program(program, limits, self.config, server=server))
+                except BaseException as exc:  # noqa: BLE001 - delivered to the caller
+                    fut.set_exception(exc)
+        finally:
+            if server is not None:
+                server.close()
 
     def submit(self, program: Program, limits: Limits | None = None, block: bool = True,
                timeout: float | None = None) -> Future:

@@ -12,7 +12,7 @@ import tempfile
 
 import pytest
 
-from marljax.rewards import AssertTest, CallTest, Limits, Program, Status, run_program
+from marljax.rewards import AssertTest, CallTest, Limits, Program, Status
 
 LIM = Limits(test_timeout_s=2.0, program_timeout_s=10.0, memory_mb=256, max_processes=16)
 
@@ -21,33 +21,33 @@ def call(code, expected=None, args=()):
     return Program(code, (CallTest(tuple(args), expected),), fn_name="f")
 
 
-def test_infinite_loop(no_leaks):
-    res = run_program(call("def f():\n    while True:\n        pass\n"), LIM)
+def test_infinite_loop(run):
+    res = run(call("def f():\n    while True:\n        pass\n"), LIM)
     assert res.status is Status.TIMEOUT
 
 
-def test_infinite_loop_at_import_time(no_leaks):
-    res = run_program(call("while True:\n    pass\n"), LIM)
+def test_infinite_loop_at_import_time(run):
+    res = run(call("while True:\n    pass\n"), LIM)
     assert res.status is Status.TIMEOUT and res.tests[0].status is Status.NOT_RUN
 
 
-def test_fork_bomb_is_contained_and_reaped(isolation, no_leaks):
+def test_fork_bomb_is_contained_and_reaped(run, isolation):
     # Bounded on purpose: at most 2**7 = 128 sleeping processes even if no cap applied.
     # Which process meets the cap first is a race, so the outcome is a caught fork error
     # or the timeout kill; either way nothing passes and nothing is left (no_leaks).
     code = ("import os, time\ndef f():\n    for _ in range(7):\n        os.fork()\n"
             "    time.sleep(30)\n    return 1\n")
-    res = run_program(call(code, 0), LIM)
+    res = run(call(code, 0), LIM)
     assert not res.passed
     assert res.status in (Status.RUNTIME_ERROR, Status.TIMEOUT), res
 
 
-def test_process_cap_is_enforced(isolation, no_leaks):
+def test_process_cap_is_enforced(run, isolation):
     # Only the original process forks (children just sleep), so with a working
     # RLIMIT_NPROC it deterministically meets EAGAIN before its 64th child.
     code = ("import os, time\ndef f():\n    for _ in range(64):\n        if os.fork() == 0:\n"
             "            time.sleep(30)\n            os._exit(0)\n    return 1\n")
-    res = run_program(call(code, 0), LIM)
+    res = run(call(code, 0), LIM)
     assert not res.passed
     if isolation.privileges_dropped or os.geteuid() != 0:
         assert res.status is Status.RUNTIME_ERROR and res.tests[0].exc_type == "BlockingIOError", res
@@ -56,54 +56,54 @@ def test_process_cap_is_enforced(isolation, no_leaks):
         assert res.status is Status.WRONG_ANSWER, res
 
 
-def test_memory_bomb(no_leaks):
+def test_memory_bomb(run):
     code = "def f():\n    hog = []\n    while True:\n        hog.append(bytearray(8 << 20))\n"
-    res = run_program(call(code), LIM)
+    res = run(call(code), LIM)
     assert res.status is Status.MEMORY_EXCEEDED
 
 
-def test_unbounded_recursion(no_leaks):
-    res = run_program(call("def f(n=0):\n    return f(n + 1)\n"), LIM)
+def test_unbounded_recursion(run):
+    res = run(call("def f(n=0):\n    return f(n + 1)\n"), LIM)
     assert res.status is Status.RUNTIME_ERROR and res.tests[0].exc_type == "RecursionError"
 
 
-def test_recursion_with_raised_limit_crashes_cleanly(no_leaks):
+def test_recursion_with_raised_limit_crashes_cleanly(run):
     code = "import sys\nsys.setrecursionlimit(10**7)\ndef f(n=0):\n    return f(n + 1)\n"
-    res = run_program(call(code), LIM)
+    res = run(call(code), LIM)
     # 3.11 keeps Python frames off the C stack: it ends in MemoryError, a time-out, or SIGSEGV.
     assert res.status in (Status.RUNTIME_ERROR, Status.MEMORY_EXCEEDED, Status.TIMEOUT)
 
 
 @pytest.mark.parametrize("how", ["print('x' * (50 << 20))", "import os\n    os.write(1, b'x' * (8 << 20))",
                                  "import sys\n    sys.stdout.buffer.write(b'y' * (8 << 20))"])
-def test_megabytes_of_output(how, no_leaks):
-    res = run_program(call(f"def f():\n    {how}\n    return 1\n", 1), LIM)
+def test_megabytes_of_output(run, how):
+    res = run(call(f"def f():\n    {how}\n    return 1\n", 1), LIM)
     assert res.status is Status.RUNTIME_ERROR and res.pass_fraction() == 0.0
     assert "OutputLimitExceeded" in ((res.tests[0].exc_type or "") + (res.error_type or ""))
     assert len(res.output_tail) <= 2000
 
 
 @pytest.mark.parametrize("code", ["import sys\nsys.exit(0)\n", "import os\nos._exit(0)\n"])
-def test_exit_before_tests_run_is_not_a_pass(code, no_leaks):
+def test_exit_before_tests_run_is_not_a_pass(run, code):
     for prog in (call(code + "def f():\n    return 1\n", 1), Program(code, (AssertTest("assert True"),))):
-        res = run_program(prog, LIM)
+        res = run(prog, LIM)
         assert res.status is Status.RUNTIME_ERROR and res.pass_fraction() == 0.0
 
 
-def test_killing_the_parent(isolation, no_leaks):
+def test_killing_the_parent(run, isolation):
     if isolation.level == "none" and not isolation.privileges_dropped:
         pytest.skip("isolation 'none' without a dropped uid: the program runs as the parent's user and "
                     "could really kill it; contained only with bwrap/unshare or a throw-away uid")
     code = ("import os, signal\ndef f():\n    for target in (os.getppid(), 1, -1):\n        try:\n"
             "            os.kill(target, signal.SIGKILL)\n        except OSError:\n            pass\n    return 1\n")
-    res = run_program(call(code, 2), LIM)
+    res = run(call(code, 2), LIM)
     assert not res.passed  # kill(-1) may take the program itself down: runtime_error or wrong_answer
     assert res.status in (Status.WRONG_ANSWER, Status.RUNTIME_ERROR)
     # We are still alive; a second run works.
-    assert run_program(call("def f():\n    return 2\n", 2), LIM).passed
+    assert run(call("def f():\n    return 2\n", 2), LIM).passed
 
 
-def test_writing_outside_the_working_directory(isolation, tmp_path, no_leaks):
+def test_writing_outside_the_working_directory(run, isolation, tmp_path):
     if not isolation.fs_confined:
         pytest.skip(f"isolation {isolation.level!r} does not confine writes (runs as the parent's user "
                     "without a mount namespace)")
@@ -115,13 +115,13 @@ def test_writing_outside_the_working_directory(isolation, tmp_path, no_leaks):
             "            with open(p, 'w') as fh:\n                fh.write('x')\n            ok.append(p)\n"
             "        except OSError:\n            pass\n    with open('inside.txt', 'w') as fh:\n"
             "        fh.write('fine')\n    return len(ok)\n")
-    res = run_program(call(code, 0, [targets]), LIM)
+    res = run(call(code, 0, [targets]), LIM)
     assert res.tests[0].status in (Status.PASSED, Status.WRONG_ANSWER)
     for p in targets:
         assert not os.path.exists(p), f"sandbox wrote {p} on the host"
 
 
-def test_reading_other_processes_environment(isolation, no_leaks):
+def test_reading_other_processes_environment(run, isolation):
     secret = "marljax-secret-" + secrets.token_hex(8)
     os.environ["MARLJAX_TEST_SECRET"] = secret  # in the parent's own environment ...
     holder = subprocess.Popen(["sleep", "30"], env={"MARLJAX_TEST_SECRET": secret})  # ... and in a process's
@@ -131,7 +131,7 @@ def test_reading_other_processes_environment(isolation, no_leaks):
                 "            with open(f'/proc/{pid}/environ', 'rb') as fh:\n"
                 "                if secret.encode() in fh.read():\n                    found.append(pid)\n"
                 "        except OSError:\n            pass\n    return found\n")
-        res = run_program(call(code, [], [secret]), LIM)
+        res = run(call(code, [], [secret]), LIM)
     finally:
         holder.kill()
         holder.wait()
@@ -142,7 +142,7 @@ def test_reading_other_processes_environment(isolation, no_leaks):
     assert res.passed, f"secret leaked: {res.tests[0].actual}"
 
 
-def test_opening_a_network_socket(isolation, no_leaks):
+def test_opening_a_network_socket(run, isolation):
     server = socket.socket()
     server.bind(("127.0.0.1", 0))
     server.listen(8)
@@ -161,7 +161,7 @@ def test_opening_a_network_socket(isolation, no_leaks):
             "            socket.create_connection((host, port if host == '127.0.0.1' else 53), timeout=1).close()\n"
             "            return 'connected ' + host\n        except OSError as exc:\n"
             "            last = type(exc).__name__\n    return 'denied'\n")
-    res = run_program(call(code, "denied", [port]), LIM)
+    res = run(call(code, "denied", [port]), LIM)
     accept()
     server.close()
     for c in accepted:
@@ -173,8 +173,8 @@ def test_opening_a_network_socket(isolation, no_leaks):
     assert not accepted
 
 
-def test_harness_survives_threads_and_signals(no_leaks):
+def test_harness_survives_threads_and_signals(run):
     code = ("import threading, os, signal\ndef f():\n    signal.signal(signal.SIGALRM, signal.SIG_IGN)\n"
             "    threading.Thread(target=lambda: os._exit(0), daemon=True).start()\n    while True:\n        pass\n")
-    res = run_program(call(code, 1), LIM)
+    res = run(call(code, 1), LIM)
     assert not res.passed and res.status in (Status.RUNTIME_ERROR, Status.TIMEOUT)

@@ -25,9 +25,9 @@ def level_config(request):
     return _level_config(request.param)
 
 
-def test_auto_picks_a_level_and_reports_it(isolation):
+def test_auto_picks_a_level_and_reports_it(run, isolation):
     assert isolation.level in LEVELS
-    res = run_program(Program("def f():\n    return 1\n", (CallTest((), 1),), fn_name="f"))
+    res = run(Program("def f():\n    return 1\n", (CallTest((), 1),), fn_name="f"))
     assert res.passed and res.isolation == isolation
     # What each level promises (see results.Isolation).
     assert isolation.network_denied == (isolation.level in ("bwrap", "unshare"))
@@ -56,32 +56,32 @@ def test_stdio_passed_wrong_and_exit_zero(level_config, no_leaks):
     assert [t.split for t in res.tests] == ["public", "public", "private"]
 
 
-def test_stdin_styles_open0_and_buffer(no_leaks):
+def test_stdin_styles_open0_and_buffer(run):
     code = "data = open(0).read().split()\nimport sys\nprint(sum(map(int, data)))\n"
     code2 = "import sys\nprint(sum(map(int, sys.stdin.buffer.read().split())))\n"
     for c in (code, code2):
-        res = run_program(io_program(c, ["1 2 3\n", "10\n"], ["6", "10"]), FAST)
+        res = run(io_program(c, ["1 2 3\n", "10\n"], ["6", "10"]), FAST)
         assert res.passed, res
 
 
-def test_mbpp_asserts_report_input_expected_actual(no_leaks):
+def test_mbpp_asserts_report_input_expected_actual(run):
     prog = mbpp_program("def add(a, b):\n    return a + b + (a == 2)\n",
                         ["assert add(1, 2) == 3", "assert add(2, 2) == 4"], challenge_tests=["assert add(0, 0) == 0"])
-    res = run_program(prog, FAST)
+    res = run(prog, FAST)
     assert [t.status for t in res.tests] == [Status.PASSED, Status.WRONG_ANSWER, Status.PASSED]
     wa = res.tests[1]
     assert (wa.input, wa.expected, wa.actual) == ("add(2, 2)", "4", "5")
     assert [t.split for t in res.tests] == ["public", "public", "private"]
 
 
-def test_mbpp_setup_code_runs_before_tests(no_leaks):
+def test_mbpp_setup_code_runs_before_tests(run):
     prog = mbpp_program("def g(x):\n    return x + OFFSET\n", ["assert g(1) == 11"], setup="OFFSET = 10")
-    assert run_program(prog, FAST).passed
+    assert run(prog, FAST).passed
 
 
-def test_runtime_error_has_type_message_and_trimmed_traceback(no_leaks):
+def test_runtime_error_has_type_message_and_trimmed_traceback(run):
     code = "def f(x):\n    return helper(x)\n\ndef helper(x):\n    return [1, 2][x]\n"
-    res = run_program(Program(code, (CallTest((0,), 1), CallTest((5,), 0)), fn_name="f"), FAST)
+    res = run(Program(code, (CallTest((0,), 1), CallTest((5,), 0)), fn_name="f"), FAST)
     assert res.tests[0].passed
     t = res.tests[1]
     assert t.status is Status.RUNTIME_ERROR and t.exc_type == "IndexError"
@@ -90,26 +90,26 @@ def test_runtime_error_has_type_message_and_trimmed_traceback(no_leaks):
     assert "harness" not in t.traceback  # the driver's own frames are trimmed away
 
 
-def test_error_at_import_time_fails_every_test(no_leaks):
-    res = run_program(Program("import nonexistent_module_xyz\n", (CallTest((), 1),) * 2, fn_name="f"), FAST)
+def test_error_at_import_time_fails_every_test(run):
+    res = run(Program("import nonexistent_module_xyz\n", (CallTest((), 1),) * 2, fn_name="f"), FAST)
     assert res.status is Status.RUNTIME_ERROR and res.error_type == "ModuleNotFoundError"
     assert all(t.status is Status.NOT_RUN for t in res.tests) and res.pass_fraction() == 0.0
 
 
-def test_syntax_error_and_no_code_do_not_spawn():
-    res = run_program(Program("def f(:\n", (CallTest((), 1),), fn_name="f"), FAST)
+def test_syntax_error_and_no_code_do_not_spawn(run):
+    res = run(Program("def f(:\n", (CallTest((), 1),), fn_name="f"), FAST)
     assert res.status is Status.SYNTAX_ERROR and res.error_type == "SyntaxError" and res.wall_s == 0.0
-    assert run_program(Program("   \n", (CallTest((), 1),), fn_name="f"), FAST).status is Status.NO_CODE
+    assert run(Program("   \n", (CallTest((), 1),), fn_name="f"), FAST).status is Status.NO_CODE
 
 
-def test_missing_function_is_runtime_error(no_leaks):
-    res = run_program(Program("def g():\n    return 1\n", (CallTest((), 1),), fn_name="f"), FAST)
+def test_missing_function_is_runtime_error(run):
+    res = run(Program("def g():\n    return 1\n", (CallTest((), 1),), fn_name="f"), FAST)
     assert res.status is Status.RUNTIME_ERROR and res.tests[0].exc_type == "NameError"
 
 
-def test_leetcode_style_solution_class(no_leaks):
+def test_leetcode_style_solution_class(run):
     code = "class Solution:\n    def twoSum(self, nums, target):\n        return [0, 1]\n"
-    res = run_program(io_program(code, ["[2, 7]\n9"], ["[0, 1]"], fn_name="twoSum"), FAST)
+    res = run(io_program(code, ["[2, 7]\n9"], ["[0, 1]"], fn_name="twoSum"), FAST)
     assert res.passed, res
 
 
@@ -121,17 +121,17 @@ def test_timeout_then_later_tests_still_classified(level_config, no_leaks):
     assert res.status is Status.TIMEOUT
 
 
-def test_uninterruptible_timeout_is_killed_by_the_parent(no_leaks):
+def test_uninterruptible_timeout_is_killed_by_the_parent(run):
     # A C-level loop ignores the child's alarm and the code swallows the alarm exception anyway.
     code = ("def f():\n    while True:\n        try:\n            sum(range(10**9))\n"
             "        except BaseException:\n            pass\n")
-    res = run_program(Program(code, (CallTest((), 0), CallTest((), 0)), fn_name="f"), FAST)
+    res = run(Program(code, (CallTest((), 0), CallTest((), 0)), fn_name="f"), FAST)
     assert [t.status for t in res.tests] == [Status.TIMEOUT, Status.NOT_RUN]
     assert res.status is Status.TIMEOUT and res.wall_s < FAST.test_timeout_s + 3.0
 
 
-def test_memory_exceeded(no_leaks):
-    res = run_program(Program("def f():\n    return len(bytearray(2 << 30))\n", (CallTest((), 0),), fn_name="f"), FAST)
+def test_memory_exceeded(run):
+    res = run(Program("def f():\n    return len(bytearray(2 << 30))\n", (CallTest((), 0),), fn_name="f"), FAST)
     assert res.status is Status.MEMORY_EXCEEDED and res.tests[0].exc_type == "MemoryError"
 
 
@@ -150,19 +150,19 @@ def test_early_exit_never_passes(level_config, exit_code, where, no_leaks):
         assert res.pass_fraction() == 0.0
 
 
-def test_printing_fake_records_does_not_pass(no_leaks):
+def test_printing_fake_records_does_not_pass(run):
     code = ('import sys\nprint("passed")\nfor i in range(3):\n'
             '    print(\'00 {"e": "end", "i": %d, "status": "passed"}\' % i)\n'
             "sys.stdout.flush()\nimport os\nos._exit(0)\n")
-    res = run_program(mbpp_program(code, ["assert True"] * 3), FAST)
+    res = run(mbpp_program(code, ["assert True"] * 3), FAST)
     assert res.status is Status.RUNTIME_ERROR and res.pass_fraction() == 0.0
 
 
-def test_forked_copies_cannot_report(no_leaks):
+def test_forked_copies_cannot_report(run):
     # The child of a fork returns the right answer and continues into the harness loop;
     # its records carry another pid and are dropped.
     code = "import os\ndef f():\n    if os.fork() == 0:\n        return 1\n    os.wait()\n    return 0\n"
-    res = run_program(Program(code, (CallTest((), 1),), fn_name="f"), FAST)
+    res = run(Program(code, (CallTest((), 1),), fn_name="f"), FAST)
     assert res.status is Status.WRONG_ANSWER and res.tests[0].actual == "0"
 
 

@@ -1,0 +1,161 @@
+"""A warm interpreter inside the sandbox that forks one child per program.
+
+Runs as ``python -I -S -B zygote.py <harness.py> <control fd>`` inside bubblewrap,
+as pid 2 of the sandbox's pid namespace (bwrap's reaper is pid 1); the parent side
+is ``fork_server.py``.  Standard library only; never imported by marljax.
+
+Per job, over the control socket (a stream):
+
+1. parent -> zygote: 8-byte big-endian length + JSON payload (as for
+   ``harness.py``), with two fds attached: the write ends of the output pipe
+   and of the record channel.
+2. The zygote forks.  The child starts a new session, makes the output pipe
+   its stdout/stderr and runs the harness on the payload, exactly as a fresh
+   interpreter would (rlimits, dropped uid, records).
+3. parent -> zygote: ``end\\n`` once it has collected what it needs (or a limit hit).
+4. The zygote SIGKILLs every process of the namespace except pid 1 and itself,
+   reaps the child and answers one JSON line: ``{"exit": <returncode>,
+   "dirty": <bool>}``.  ``dirty`` says the job left something outside the
+   working directory (SysV IPC objects, files in /dev/shm) that only a fresh
+   sandbox removes; the parent then replaces the server.
+
+If the zygote cannot kill everything within a few seconds it exits, and bwrap
+tears the whole namespace down with it.
+"""
+
+import importlib.util
+import json
+import os
+import signal
+import socket
+import struct
+import sys
+import time
+
+_PR_SET_DUMPABLE = 4
+
+
+def _load_harness(path):
+    spec = importlib.util.spec_from_file_location("marljax_harness", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _recv_exact(sock, n):
+    buf = bytearray()
+    while len(buf) < n:
+        chunk = sock.recv(n - len(buf))
+        if not chunk:
+            raise EOFError
+        buf += chunk
+    return bytes(buf)
+
+
+def _read_job(sock):
+    """(payload, [out_fd, rec_fd]); (None, []) when the parent closed the socket."""
+    head, fds, _, _ = socket.recv_fds(sock, 8, 2)
+    if not head:
+        return None, []
+    head += _recv_exact(sock, 8 - len(head))
+    (n,) = struct.unpack("!Q", head)
+    return json.loads(_recv_exact(sock, n)), fds
+
+
+def _read_line(sock):
+    buf = bytearray()
+    while not buf.endswith(b"\n"):
+        buf += _recv_exact(sock, 1)
+    return bytes(buf)
+
+
+def _state(pid):
+    with open("/proc/%d/stat" % pid, "rb") as f:
+        return f.read().rsplit(b")", 1)[1].split()[0]
+
+
+def _sweep(deadline_s=5.0):
+    """SIGKILL every live process of the namespace but pid 1 and this one; True once none is left."""
+    me = os.getpid()
+    t_end = time.monotonic() + deadline_s
+    while True:
+        alive = False
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit() or int(entry) in (1, me):
+                continue
+            try:
+                if _state(int(entry)) == b"Z":
+                    continue
+                os.kill(int(entry), signal.SIGKILL)
+                alive = True
+            except OSError:
+                continue
+        if not alive:
+            return True
+        if time.monotonic() > t_end:
+            return False
+        time.sleep(0.001)
+
+
+def _dirty():
+    for name in ("shm", "sem", "msg"):
+        try:
+            with open("/proc/sysvipc/" + name) as f:
+                if len(f.read().splitlines()) > 1:  # a header line, then one line per object
+                    return True
+        except OSError:
+            pass
+    try:
+        return bool(os.listdir("/dev/shm"))
+    except OSError:
+        return False
+
+
+def _child(harness, sock, job, out_fd, rec_fd):
+    try:
+        sock.close()
+        os.setsid()
+        os.dup2(out_fd, 1)
+        os.dup2(out_fd, 2)
+        os.close(out_fd)
+        harness._libc()[1].prctl(_PR_SET_DUMPABLE, 1, 0, 0, 0)  # as a fresh process would be
+        job["result_fd"] = rec_fd
+    except BaseException:  # noqa: BLE001
+        os._exit(71)
+    harness.run_and_exit(lambda: job)
+
+
+def main():
+    harness = _load_harness(sys.argv[1])
+    sock = socket.socket(fileno=int(sys.argv[2]))
+    harness.warm_up()
+    # Without a uid drop the programs share this uid: keep them from ptracing the zygote.
+    harness._libc()[1].prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)
+    while True:
+        job, fds = _read_job(sock)
+        if job is None:
+            return
+        out_fd, rec_fd = fds
+        pid = os.fork()
+        if pid == 0:
+            _child(harness, sock, job, out_fd, rec_fd)
+        os.close(out_fd)
+        os.close(rec_fd)
+        _read_line(sock)  # "end"
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except OSError:
+            pass
+        if not _sweep():
+            os._exit(3)
+        _, status = os.waitpid(pid, 0)
+        reply = {"exit": os.waitstatus_to_exitcode(status), "dirty": _dirty()}
+        sock.sendall(json.dumps(reply).encode() + b"\n")
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except EOFError:
+        pass
+    os._exit(0)
