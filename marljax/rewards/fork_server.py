@@ -138,7 +138,9 @@ class ForkServer:
                 self.close()
             else:
                 self._empty_workdir()
-        return classify(program, outcome, self.isolation, returncode, time.perf_counter() - t_begin)
+        result = classify(program, outcome, self.isolation, returncode, time.perf_counter() - t_begin)
+        result.extra["fork_server"] = True
+        return result
 
     def _send_job(self, payload: dict, out_w: int, rec_w: int) -> bool:
         body = json.dumps(payload).encode()

@@ -1,0 +1,114 @@
+"""The warm sandbox: a forked child per program, and nothing of one program reaches the next.
+
+The verdict-level behaviour (every status, every attack) is covered by running test_sandbox.py and
+test_attacks.py through a fork server too (the ``run`` fixture); these are the server's own promises.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+
+from marljax.rewards import CallTest, Limits, Program, SandboxConfig, SandboxPool, Status, StdioTest, run_program
+from marljax.rewards.fork_server import ForkServer
+
+LIM = Limits(test_timeout_s=2.0, program_timeout_s=10.0, memory_mb=256)
+
+
+@pytest.fixture
+def server(isolation, no_leaks):
+    if isolation.level != "bwrap":
+        pytest.skip(f"the fork server needs bwrap; isolation here is {isolation.level!r}")
+    with ForkServer(SandboxConfig(), isolation) as srv:
+        yield srv
+
+
+def call(code, expected=None, args=()):
+    return Program(code, (CallTest(tuple(args), expected),), fn_name="f")
+
+
+def test_one_sandbox_serves_many_programs_with_fresh_sandbox_verdicts(server):
+    programs = [call("def f(x):\n    return x + 1\n", 2, [1]), call("def f(x):\n    return x\n", 2, [1]),
+                call("def f():\n    return 1 // 0\n"), call("import os\nos._exit(0)\n", 1),
+                call("def f():\n    while True:\n        pass\n"),
+                Program("print(int(input()) * 2)\n", (StdioTest("3\n", "6\n"), StdioTest("4\n", "9\n")))]
+    forked = [run_program(p, LIM, server=server) for p in programs]
+    fresh = [run_program(p, LIM) for p in programs]
+    assert [r.status for r in forked] == [r.status for r in fresh] == [
+        Status.PASSED, Status.WRONG_ANSWER, Status.RUNTIME_ERROR, Status.RUNTIME_ERROR, Status.TIMEOUT,
+        Status.WRONG_ANSWER]
+    assert [[t.status for t in r.tests] for r in forked] == [[t.status for t in r.tests] for r in fresh]
+    assert all(r.extra.get("fork_server") for r in forked) and not any(r.extra.get("fork_server") for r in fresh)
+    assert server.starts == 1
+
+
+def test_no_process_of_a_program_survives_into_the_next(server):
+    daemon = ("import os, time\ndef f():\n    if os.fork() == 0:\n        os.setsid()\n        if os.fork() == 0:\n"
+              "            time.sleep(60)\n        os._exit(0)\n    return 1\n")
+    assert run_program(call(daemon, 1), LIM, server=server).passed
+    # Everything in the pid namespace but bwrap's reaper (1), the zygote (our parent) and us.
+    census = ("import os\ndef f():\n    mine = {1, os.getppid(), os.getpid()}\n"
+              "    return sorted(int(p) for p in os.listdir('/proc') if p.isdigit() and int(p) not in mine)\n")
+    res = run_program(call(census, []), LIM, server=server)
+    assert res.passed, res.tests[0].actual
+    assert server.starts == 1
+
+
+def test_working_directory_is_emptied_between_programs(server):
+    litter = ("import os\ndef f():\n    open('a.txt', 'w').write('x')\n    open('/tmp/b.txt', 'w').write('x')\n"
+              "    os.makedirs('d/e')\n    open('d/e/c.txt', 'w').write('x')\n    os.chmod('d', 0)\n"
+              "    return sorted(os.listdir('.'))\n")
+    assert run_program(call(litter, ["a.txt", "b.txt", "d"]), LIM, server=server).passed
+    look = "import os\ndef f():\n    return sorted(os.listdir('.')) + sorted(os.listdir('/tmp'))\n"
+    res = run_program(call(look, []), LIM, server=server)
+    assert res.passed, res.tests[0].actual
+
+
+def test_ipc_leftovers_get_a_fresh_sandbox(server):
+    shm = ("import ctypes\ndef f():\n    libc = ctypes.CDLL(None)\n"
+           "    return libc.shmget(0, 4096, 0o1600) >= 0\n")  # IPC_PRIVATE, IPC_CREAT | 0600
+    assert run_program(call(shm, True), LIM, server=server).passed
+    look = "def f():\n    return len(open('/proc/sysvipc/shm').read().splitlines())\n"
+    assert run_program(call(look, 1), LIM, server=server).passed  # the header line only
+    assert server.starts == 2
+
+
+def test_a_dead_sandbox_is_replaced(server):
+    ok = call("def f():\n    return 1\n", 1)
+    assert run_program(ok, LIM, server=server).passed
+    os.killpg(server._proc.pid, signal.SIGKILL)
+    server._proc.wait()
+    assert run_program(ok, LIM, server=server).passed
+    assert server.starts == 2
+
+
+def test_sandbox_is_recycled_after_max_jobs(isolation, no_leaks):
+    if isolation.level != "bwrap":
+        pytest.skip(f"the fork server needs bwrap; isolation here is {isolation.level!r}")
+    with ForkServer(SandboxConfig(), isolation, max_jobs=2) as server:
+        for _ in range(5):
+            assert run_program(call("def f():\n    return 1\n", 1), LIM, server=server).passed
+        assert server.starts == 3
+
+
+def test_each_program_gets_its_own_uid_and_random_state(server, isolation):
+    prog = call("import os, random\ndef f():\n    return [os.getuid(), random.random()]\n")
+    a, b = (run_program(prog, LIM, server=server).tests[0].actual for _ in range(2))
+    uid_a, rand_a = eval(a)  # noqa: S307 - our own program's JSON list
+    uid_b, rand_b = eval(b)  # noqa: S307
+    assert rand_a != rand_b
+    if isolation.privileges_dropped:
+        assert uid_a != uid_b and min(uid_a, uid_b) >= SandboxConfig().uid_base
+
+
+def test_pool_workers_fork_from_warm_sandboxes_unless_told_not_to(isolation, no_leaks):
+    programs = [call(f"def f():\n    return {k}\n", k) for k in range(6)]
+    with SandboxPool(max_workers=2, limits=LIM) as pool:
+        warm = pool.map(programs)
+    with SandboxPool(max_workers=2, limits=LIM, config=SandboxConfig(fork_server=False)) as pool:
+        cold = pool.map(programs)
+    assert all(r.passed for r in warm + cold)
+    assert [bool(r.extra.get("fork_server")) for r in warm] == [isolation.level == "bwrap"] * 6
+    assert not any(r.extra.get("fork_server") for r in cold)
