@@ -1,13 +1,17 @@
-"""Sandbox throughput: programs/s through the pool vs one subprocess at a time.
+"""Sandbox throughput: programs/s through the pool (forked from warm sandboxes, and with a fresh
+sandbox per program) vs one fresh sandbox at a time.
 
     python benchmarks/bench_sandbox.py [--n 200] [--workers N] [--json PATH]   (JSON default: $TMPDIR/marljax_bench_sandbox.json)
 
 Workload: trivial HumanEval-style programs (a one-line function and a
 ``check(candidate)`` with three asserts).  Prints a markdown table and writes
-JSON.  The per-program overhead is broken down by starting the same things
-bare: ``python -I -S -c pass`` (interpreter start-up), the isolation wrapper
-around it (``bwrap``/``unshare`` cost), and the full harness run (our protocol,
-rlimits, uid drop, temp dir, records, cleanup).
+JSON.  On the ``bwrap`` level the pool forks each program from a warm sandbox
+(``SandboxConfig.fork_server``, the default); the same pool with
+``fork_server=False`` starts bubblewrap and Python per program.  The overhead
+of a fresh sandbox is broken down by starting the same things bare: ``python
+-I -S -c pass`` (interpreter start-up), the isolation wrapper around it
+(``bwrap``/``unshare`` cost), and the full harness run (our protocol, rlimits,
+uid drop, temp dir, records, cleanup).
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from marljax.rewards import AssertTest, Program, SandboxConfig, SandboxPool, detect_isolation, run_program  # noqa: E402
+from marljax.rewards.fork_server import ForkServer  # noqa: E402
 from marljax.rewards.isolation import bwrap_harness_argv, unshare_argv  # noqa: E402
 
 CHECK = "def check(candidate):\n    assert candidate(1, 2) == 3\n    assert candidate(0, 0) == 0\n" \
@@ -62,11 +67,18 @@ def run(mode: str = "full", n: int | None = None, workers: int | None = None) ->
     seq_s = time.perf_counter() - t
     assert all(r.passed for r in seq)
 
-    t = time.perf_counter()
-    with SandboxPool(max_workers=workers) as pool:
-        res = pool.map(progs)
-    pool_s = time.perf_counter() - t
-    assert all(r.passed for r in res)
+    def pool_rate(config: SandboxConfig, count: int) -> float:
+        with SandboxPool(max_workers=workers, config=config) as pool:
+            pool.map(progs[:workers])  # start the workers' sandboxes
+            t = time.perf_counter()
+            res = pool.map(progs[:count])
+            rate = count / (time.perf_counter() - t)
+        assert all(r.passed for r in res)
+        return rate
+
+    fresh_rate = pool_rate(SandboxConfig(fork_server=False), n)
+    warm = iso.level == "bwrap"
+    warm_rate = pool_rate(SandboxConfig(), n) if warm else None
 
     # Overhead breakdown (sequential medians).
     k = 3 if mode == "smoke" else 15
@@ -84,27 +96,46 @@ def run(mode: str = "full", n: int | None = None, workers: int | None = None) ->
         wrapped = timed_runs(lambda: unshare_argv(cfg, payload)[:-len(py) + 1] + py, k)
     shutil.rmtree(tmp)
     full = statistics.median([run_program(p).wall_s for p in progs[:k]])
+    forked = None
+    if warm:
+        with ForkServer(cfg, iso) as server:
+            run_program(progs[0], server=server)
+            forked = statistics.median([run_program(p, server=server).wall_s for p in progs[:k]])
     startup = statistics.median([r.startup_s for r in seq])
     tests = statistics.median([r.tests_s for r in seq])
 
     out = {
         "machine": f"{platform.node()} {platform.machine()} {os.cpu_count()} cpus, python {platform.python_version()}",
         "date": time.strftime("%Y-%m-%d"), "isolation": iso.level, "workers": workers, "n": n,
-        "pool_programs_per_s": n / pool_s, "sequential_programs_per_s": n_seq / seq_s,
-        "speedup": (n / pool_s) / (n_seq / seq_s),
+        "pool_programs_per_s": warm_rate or fresh_rate, "pool_fresh_programs_per_s": fresh_rate,
+        "pool_fork_server_programs_per_s": warm_rate, "sequential_programs_per_s": n_seq / seq_s,
+        "speedup": (warm_rate or fresh_rate) / (n_seq / seq_s),
+        "fork_server_speedup": None if warm_rate is None else warm_rate / fresh_rate,
         "overhead_ms": {"python_-I_-S_start": bare * 1e3,
                         "isolation_wrapper_plus_python": None if wrapped is None else wrapped * 1e3,
-                        "full_run_program": full * 1e3, "child_startup_until_ready": startup * 1e3,
+                        "full_run_program": full * 1e3,
+                        "forked_run_program": None if forked is None else forked * 1e3,
+                        "child_startup_until_ready": startup * 1e3,
                         "tests_themselves": tests * 1e3},
     }
     o = out["overhead_ms"]
-    rows = [f"| pool ({workers} workers), programs/s | **{out['pool_programs_per_s']:.1f}** |",
-            f"| one at a time, programs/s | {out['sequential_programs_per_s']:.1f} |",
-            f"| speed-up | {out['speedup']:.2f}x |",
-            f"| `python -I -S -c pass` | {o['python_-I_-S_start']:.1f} ms |"]
+    rows = []
+    if warm:
+        rows += [f"| pool ({workers} workers), forked from warm sandboxes, programs/s | "
+                 f"**{warm_rate:.1f}** |",
+                 f"| pool, fresh sandbox per program, programs/s | {fresh_rate:.1f} |",
+                 f"| warm / fresh | **{out['fork_server_speedup']:.2f}x** |"]
+    else:
+        rows.append(f"| pool ({workers} workers), fresh sandbox per program, programs/s | **{fresh_rate:.1f}** |")
+    rows += [f"| one fresh sandbox at a time, programs/s | {out['sequential_programs_per_s']:.1f} |",
+             f"| pool / one at a time | {out['speedup']:.2f}x |",
+             f"| `python -I -S -c pass` | {o['python_-I_-S_start']:.1f} ms |"]
     if wrapped is not None:
         rows.append(f"| {iso.level} + python | {o['isolation_wrapper_plus_python']:.1f} ms |")
-    rows += [f"| full run_program (wall) | {o['full_run_program']:.1f} ms |",
+    rows += [f"| full run_program, fresh sandbox (wall) | {o['full_run_program']:.1f} ms |"]
+    if forked is not None:
+        rows.append(f"| run_program forked from a warm sandbox (wall) | {o['forked_run_program']:.1f} ms |")
+    rows += [
              f"| child start-up until ready (incl. harness imports, rlimits, uid drop) | "
              f"{o['child_startup_until_ready']:.1f} ms |",
              f"| the tests themselves | {o['tests_themselves']:.2f} ms |"]

@@ -1,7 +1,8 @@
 """A warm interpreter inside the sandbox that forks one child per program.
 
 Runs as ``python -I -S -B zygote.py <harness.py> <control fd>`` inside bubblewrap,
-as pid 2 of the sandbox's pid namespace (bwrap's reaper is pid 1); the parent side
+as pid 2 of the sandbox's pid namespace (bwrap's reaper is pid 1; it refuses to run
+anywhere else, since it kills every other process it can see); the parent side
 is ``fork_server.py``.  Standard library only; never imported by marljax.
 
 Per job, over the control socket (a stream):
@@ -13,8 +14,8 @@ Per job, over the control socket (a stream):
    its stdout/stderr and runs the harness on the payload, exactly as a fresh
    interpreter would (rlimits, dropped uid, records).
 3. parent -> zygote: ``end\\n`` once it has collected what it needs (or a limit hit).
-4. The zygote SIGKILLs every process of the namespace except pid 1 and itself,
-   reaps the child and answers one JSON line: ``{"exit": <returncode>,
+4. The zygote SIGKILLs the child's session, reaps the child, SIGKILLs every
+   process left in the namespace except pid 1 and itself, and answers one JSON line: ``{"exit": <returncode>,
    "dirty": <bool>}``.  ``dirty`` says the job left something outside the
    working directory (SysV IPC objects, files in /dev/shm) that only a fresh
    sandbox removes; the parent then replaces the server.
@@ -23,6 +24,7 @@ If the zygote cannot kill everything within a few seconds it exits, and bwrap
 tears the whole namespace down with it.
 """
 
+import gc
 import importlib.util
 import json
 import os
@@ -126,9 +128,12 @@ def _child(harness, sock, job, out_fd, rec_fd):
 
 
 def main():
+    if os.getpid() != 2:  # the sweep kills every other process of the namespace: never outside one
+        sys.exit("zygote.py must run as pid 2 of its own pid namespace (under bwrap --unshare-pid)")
     harness = _load_harness(sys.argv[1])
     sock = socket.socket(fileno=int(sys.argv[2]))
     harness.warm_up()
+    gc.freeze()  # children's garbage collections then leave the shared heap's pages alone (fewer copies)
     # Without a uid drop the programs share this uid: keep them from ptracing the zygote.
     harness._libc()[1].prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)
     while True:
@@ -146,9 +151,9 @@ def main():
             os.killpg(pid, signal.SIGKILL)
         except OSError:
             pass
+        _, status = os.waitpid(pid, 0)  # first: the sweep then rarely finds anything to wait for
         if not _sweep():
             os._exit(3)
-        _, status = os.waitpid(pid, 0)
         reply = {"exit": os.waitstatus_to_exitcode(status), "dirty": _dirty()}
         sock.sendall(json.dumps(reply).encode() + b"\n")
 
