@@ -37,6 +37,7 @@ from .verdicts import classify
 
 ZYGOTE_PATH = str(Path(__file__).with_name("zygote.py").resolve())
 _REPLY_TIMEOUT_S = 15.0  # the zygote gives up killing after 5 s and exits
+_START_TIMEOUT_S = 60.0  # bwrap + interpreter + harness imports, on a loaded machine
 
 
 class ForkServer:
@@ -63,8 +64,9 @@ class ForkServer:
         argv = bwrap_argv(self.config, self._workdir, self.isolation.privileges_dropped, files,
                           ["/.marljax_zygote.py", "/.marljax_harness.py", str(theirs.fileno())], caps=("CAP_KILL",))
         try:
+            # stderr stays unread unless start-up fails: only bwrap's and the zygote's own errors go there.
             self._proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                          stderr=subprocess.DEVNULL, pass_fds=(theirs.fileno(),),
+                                          stderr=subprocess.PIPE, pass_fds=(theirs.fileno(),),
                                           start_new_session=True, close_fds=True)
         except BaseException:
             ours.close()
@@ -75,6 +77,13 @@ class ForkServer:
         self._sock = ours
         self._jobs = 0
         self.starts += 1
+        if self._read_line(_START_TIMEOUT_S) != b"ready\n":  # never hand jobs to a sandbox that is not there
+            if self._proc.poll() is None:
+                os.killpg(self._proc.pid, signal.SIGKILL)
+            err = self._proc.stderr.read()
+            self.close()
+            raise RuntimeError("the sandbox's fork server did not start (bwrap + zygote.py): "
+                               + err.decode("utf-8", "replace")[-2000:])
 
     def close(self) -> None:
         """Stop the sandbox and remove its working directory (idempotent)."""
@@ -87,6 +96,7 @@ class ForkServer:
             except (ProcessLookupError, PermissionError):
                 pass
             self._proc.wait()
+            self._proc.stderr.close()
             self._proc = None
         if self._base:
             rmtree(self._base)
@@ -134,10 +144,13 @@ class ForkServer:
             for fd in (out_r, out_w, rec_r, rec_w):
                 if fd >= 0:
                     os.close(fd)
+            if not dirty:
+                try:
+                    self._empty_workdir()
+                except OSError:
+                    dirty = True
             if dirty:
                 self.close()
-            else:
-                self._empty_workdir()
         result = classify(program, outcome, self.isolation, returncode, time.perf_counter() - t_begin)
         result.extra["fork_server"] = True
         return result
@@ -156,19 +169,27 @@ class ForkServer:
         """Tell the zygote to kill the job; (its exit code, whether the sandbox must be replaced)."""
         try:
             self._sock.sendall(b"end\n")
-            self._sock.settimeout(_REPLY_TIMEOUT_S)
-            reply = b""
-            while not reply.endswith(b"\n"):
-                chunk = self._sock.recv(4096)
-                if not chunk:
-                    raise EOFError
-                reply += chunk
-            self._sock.settimeout(None)
-            msg = json.loads(reply)
+            msg = json.loads(self._read_line(_REPLY_TIMEOUT_S))
             return int(msg["exit"]), bool(msg["dirty"])
-        except (OSError, EOFError, ValueError, KeyError, TypeError):
+        except (OSError, ValueError, KeyError, TypeError):
             # The zygote died or hung: bwrap's namespace went (or goes) down with everything in it.
             return -signal.SIGKILL, True
+
+    def _read_line(self, timeout: float) -> bytes:
+        """One line from the zygote; b"" when it closed the socket or said nothing in time."""
+        self._sock.settimeout(timeout)
+        line = b""
+        try:
+            while not line.endswith(b"\n"):
+                chunk = self._sock.recv(4096)
+                if not chunk:
+                    return b""
+                line += chunk
+        except OSError:
+            return b""
+        finally:
+            self._sock.settimeout(None)
+        return line
 
     def _empty_workdir(self) -> None:
         os.chmod(self._workdir, 0o700)  # the job owned it and may have locked it

@@ -5,7 +5,7 @@ as pid 2 of the sandbox's pid namespace (bwrap's reaper is pid 1; it refuses to 
 anywhere else, since it kills every other process it can see); the parent side
 is ``fork_server.py``.  Standard library only; never imported by marljax.
 
-Per job, over the control socket (a stream):
+Once warm it says ``ready\n``.  Per job, over the control socket (a stream):
 
 1. parent -> zygote: 8-byte big-endian length + JSON payload (as for
    ``harness.py``), with two fds attached: the write ends of the output pipe
@@ -134,6 +134,7 @@ def main():
     sock = socket.socket(fileno=int(sys.argv[2]))
     harness.warm_up()
     gc.freeze()  # children's garbage collections then leave the shared heap's pages alone (fewer copies)
+    sock.sendall(b"ready\n")
     # Without a uid drop the programs share this uid: keep them from ptracing the zygote.
     harness._libc()[1].prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)
     while True:

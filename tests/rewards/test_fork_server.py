@@ -112,3 +112,13 @@ def test_pool_workers_fork_from_warm_sandboxes_unless_told_not_to(isolation, no_
     assert all(r.passed for r in warm + cold)
     assert [bool(r.extra.get("fork_server")) for r in warm] == [isolation.level == "bwrap"] * 6
     assert not any(r.extra.get("fork_server") for r in cold)
+
+
+def test_a_sandbox_that_cannot_start_is_an_error_not_a_failing_program(isolation, tmp_path, no_leaks):
+    if isolation.level != "bwrap":
+        pytest.skip(f"the fork server needs bwrap; isolation here is {isolation.level!r}")
+    missing = str(tmp_path / "no-such-python")
+    with ForkServer(SandboxConfig(python=missing), isolation) as server:
+        with pytest.raises(RuntimeError, match="did not start") as err:
+            run_program(call("def f():\n    return 1\n", 1), LIM, server=server)
+    assert "no-such-python" in str(err.value)
