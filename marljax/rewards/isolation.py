@@ -30,6 +30,7 @@ from .results import Isolation
 HARNESS_PATH = str(Path(__file__).with_name("harness.py").resolve())
 LEVELS = ("bwrap", "unshare", "none")
 
+
 @dataclass(frozen=True)
 class SandboxConfig:
     """How programs are started.

@@ -4,8 +4,8 @@ Each program still gets its own process (see ``sandbox.run_program``); the
 pool decides how many run at once.  Worker *threads* are enough: they spend
 their time blocked in ``poll``/``wait`` on the child.  On the ``bwrap`` level
 each worker forks its programs from its own warm sandbox (``fork_server.py``;
-``SandboxConfig(fork_server=False)`` starts a fresh one per program).  The submission
-queue is bounded: ``submit`` blocks (or raises ``queue.Full`` with
+``SandboxConfig(fork_server=False)`` starts a fresh one per program).  The
+submission queue is bounded: ``submit`` blocks (or raises ``queue.Full`` with
 ``block=False`` / after ``timeout``) when ``max_queue`` programs are waiting.
 """
 

@@ -1,7 +1,9 @@
 """Run one untrusted Python program against its tests in a separate process.
 
 How the process is wrapped (bwrap / unshare / none) lives in ``isolation.py``;
-``detect_isolation`` below picks the strongest level that works here.
+``detect_isolation`` below picks the strongest level that works here.  A
+``ForkServer`` (``fork_server.py``, used by ``SandboxPool``) runs the same
+protocol in a process forked from a warm sandbox instead of a fresh one.
 
 On every level the child harness (``harness.py``) applies rlimits (CPU time,
 address space, file size, open files, processes, no core dumps), and when the
