@@ -144,9 +144,14 @@ _MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_NOEXEC = 1, 2, 4, 8
 _MS_BIND, _MS_MOVE, _MS_REC = 4096, 8192, 16384
 
 
+_LIBC = []  # (ctypes, libc) once loaded: a fork server's children reuse its handle
+
+
 def _libc():
-    import ctypes
-    return ctypes, ctypes.CDLL(None, use_errno=True)
+    if not _LIBC:
+        import ctypes
+        _LIBC.append((ctypes, ctypes.CDLL(None, use_errno=True)))
+    return _LIBC[0]
 
 
 def _mount(libc_pair, src, target, fstype, flags, data=None):
