@@ -25,14 +25,13 @@ import signal
 import socket
 import struct
 import subprocess
-import tempfile
 import time
 from pathlib import Path
 
 from .formats import Program
 from .isolation import HARNESS_PATH, SandboxConfig, bwrap_argv
 from .results import ExecutionResult, Isolation
-from .sandbox import Limits, build_payload, collect, rmtree
+from .sandbox import Limits, build_payload, collect, make_workdir, rmtree, throwaway_uid
 from .verdicts import classify
 
 ZYGOTE_PATH = str(Path(__file__).with_name("zygote.py").resolve())
@@ -55,10 +54,7 @@ class ForkServer:
 
     # ------------------------------------------------------------ lifecycle
     def _start(self) -> None:
-        self._base = tempfile.mkdtemp(prefix="marljax-sbx-", dir=self.config.tmp_root)
-        os.chmod(self._base, 0o711)
-        self._workdir = os.path.join(self._base, "work")
-        os.mkdir(self._workdir, 0o700)
+        self._base, self._workdir = make_workdir(self.config)
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         files = {"/.marljax_harness.py": HARNESS_PATH, "/.marljax_zygote.py": ZYGOTE_PATH}
         argv = bwrap_argv(self.config, self._workdir, self.isolation.privileges_dropped, files,
@@ -117,7 +113,7 @@ class ForkServer:
         if self._proc is None:
             self._start()
         drop = self.isolation.privileges_dropped
-        uid = self.config.uid_base + secrets.randbelow(self.config.uid_span) if drop else None
+        uid = throwaway_uid(self.config) if drop else None
         if drop:
             os.chown(self._workdir, uid, uid)
         nonce = secrets.token_hex(16)
@@ -165,7 +161,7 @@ class ForkServer:
             return False
         return True
 
-    def _end_job(self) -> tuple[int | None, bool]:
+    def _end_job(self) -> tuple[int, bool]:
         """Tell the zygote to kill the job; (its exit code, whether the sandbox must be replaced)."""
         try:
             self._sock.sendall(b"end\n")

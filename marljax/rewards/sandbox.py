@@ -179,24 +179,38 @@ def rmtree(path: str) -> None:
     shutil.rmtree(path, onerror=onerror)
 
 
-def _run(program: Program, limits: Limits, config: SandboxConfig, iso: Isolation) -> ExecutionResult:
-    t_begin = time.perf_counter()
-    drop = iso.privileges_dropped
-    uid = config.uid_base + secrets.randbelow(config.uid_span) if drop else None
+def throwaway_uid(config: SandboxConfig) -> int:
+    return config.uid_base + secrets.randbelow(config.uid_span)
+
+
+def make_workdir(config: SandboxConfig) -> tuple[str, str]:
+    """(base, workdir): a fresh base directory others may only traverse, the private working directory inside."""
     base = tempfile.mkdtemp(prefix="marljax-sbx-", dir=config.tmp_root)
-    proc = None
-    rfd = wfd = -1
     try:
         os.chmod(base, 0o711)
         workdir = os.path.join(base, "work")
         os.mkdir(workdir, 0o700)
+    except BaseException:
+        rmtree(base)
+        raise
+    return base, workdir
+
+
+def _run(program: Program, limits: Limits, config: SandboxConfig, iso: Isolation) -> ExecutionResult:
+    t_begin = time.perf_counter()
+    drop = iso.privileges_dropped
+    uid = throwaway_uid(config) if drop else None
+    base, workdir = make_workdir(config)
+    proc = None
+    rfd = wfd = -1
+    try:
         if drop:
             os.chown(workdir, uid, uid)
         nonce = secrets.token_hex(16)
         rfd, wfd = os.pipe()
         jail = jail_spec(config, drop) if iso.level == "unshare" else None
         payload = build_payload(program, limits, nonce, wfd, {"uid": uid, "gid": uid} if drop else None,
-                           jail, pdeathsig=iso.level != "bwrap")
+                                jail, pdeathsig=iso.level != "bwrap")
         ppath = os.path.join(base, "payload.json")
         fd = os.open(ppath, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "w") as f:

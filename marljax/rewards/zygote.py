@@ -134,9 +134,9 @@ def main():
     sock = socket.socket(fileno=int(sys.argv[2]))
     harness.warm_up()
     gc.freeze()  # children's garbage collections then leave the shared heap's pages alone (fewer copies)
-    sock.sendall(b"ready\n")
     # Without a uid drop the programs share this uid: keep them from ptracing the zygote.
     harness._libc()[1].prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)
+    sock.sendall(b"ready\n")
     while True:
         job, fds = _read_job(sock)
         if job is None:

@@ -114,6 +114,18 @@ def no_leaks():
     assert open_fds() <= fds0, f"leaked file descriptors: {fds0} -> {open_fds()}"
 
 
+def _require_bwrap(isolation) -> None:
+    if isolation.level != "bwrap":
+        pytest.skip(f"the fork server needs bwrap; isolation here is {isolation.level!r}")
+
+
+@pytest.fixture
+def bwrap_isolation(isolation):
+    """The isolation in force where the fork server can run; skips (saying why) elsewhere."""
+    _require_bwrap(isolation)
+    return isolation
+
+
 @pytest.fixture(params=["fresh", "fork_server"])
 def run(request, isolation, no_leaks):
     """``run_program``: in a fresh sandbox per program, or forked from one warm sandbox (bwrap only).
@@ -123,7 +135,6 @@ def run(request, isolation, no_leaks):
     if request.param == "fresh":
         yield run_program
         return
-    if isolation.level != "bwrap":
-        pytest.skip(f"the fork server needs bwrap; isolation here is {isolation.level!r}")
+    _require_bwrap(isolation)
     with ForkServer(SandboxConfig(), isolation) as server:
         yield lambda program, limits=None: run_program(program, limits, server=server)

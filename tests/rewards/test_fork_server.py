@@ -18,10 +18,8 @@ LIM = Limits(test_timeout_s=2.0, program_timeout_s=10.0, memory_mb=256)
 
 
 @pytest.fixture
-def server(isolation, no_leaks):
-    if isolation.level != "bwrap":
-        pytest.skip(f"the fork server needs bwrap; isolation here is {isolation.level!r}")
-    with ForkServer(SandboxConfig(), isolation) as srv:
+def server(bwrap_isolation, no_leaks):
+    with ForkServer(SandboxConfig(), bwrap_isolation) as srv:
         yield srv
 
 
@@ -84,10 +82,8 @@ def test_a_dead_sandbox_is_replaced(server):
     assert server.starts == 2
 
 
-def test_sandbox_is_recycled_after_max_jobs(isolation, no_leaks):
-    if isolation.level != "bwrap":
-        pytest.skip(f"the fork server needs bwrap; isolation here is {isolation.level!r}")
-    with ForkServer(SandboxConfig(), isolation, max_jobs=2) as server:
+def test_sandbox_is_recycled_after_max_jobs(bwrap_isolation, no_leaks):
+    with ForkServer(SandboxConfig(), bwrap_isolation, max_jobs=2) as server:
         for _ in range(5):
             assert run_program(call("def f():\n    return 1\n", 1), LIM, server=server).passed
         assert server.starts == 3
@@ -114,11 +110,9 @@ def test_pool_workers_fork_from_warm_sandboxes_unless_told_not_to(isolation, no_
     assert not any(r.extra.get("fork_server") for r in cold)
 
 
-def test_a_sandbox_that_cannot_start_is_an_error_not_a_failing_program(isolation, tmp_path, no_leaks):
-    if isolation.level != "bwrap":
-        pytest.skip(f"the fork server needs bwrap; isolation here is {isolation.level!r}")
+def test_a_sandbox_that_cannot_start_is_an_error_not_a_failing_program(bwrap_isolation, tmp_path, no_leaks):
     missing = str(tmp_path / "no-such-python")
-    with ForkServer(SandboxConfig(python=missing), isolation) as server:
+    with ForkServer(SandboxConfig(python=missing), bwrap_isolation) as server:
         with pytest.raises(RuntimeError, match="did not start") as err:
             run_program(call("def f():\n    return 1\n", 1), LIM, server=server)
     assert "no-such-python" in str(err.value)
