@@ -34,6 +34,7 @@ def test_harness_smoke(tmp_path):
     assert all(v > 1e8 for v in res["peak"]["peak_flops"].values())  # > 0.1 GFLOP/s, float32 and bfloat16
     (train,) = res["train"]["rows"]
     assert train["marljax"]["tokens_per_s"] > 0 and train["transformers"]["tokens_per_s"] > 0
+    assert train["marljax_scan"]["tokens_per_s"] > 0  # the same step with the layers under lax.scan
     assert train["entropy_rel_diff"] < 1e-3  # same weights, same batch: same model
     assert 0 < train["marljax"]["fraction_of_peak"] < 1.5
     gen = res["generate"]["rows"]

@@ -47,6 +47,11 @@ class ModelConfig:
       "dots" (save matmul outputs only).
     - `attention_impl`: passed to `jax.nn.dot_product_attention`
       (None lets JAX choose; "cudnn" forces the fused GPU kernel).
+    - `scan_layers`: run the layers under one `lax.scan` (compile time independent
+      of depth) or, when False, as one unrolled block per layer: XLA then keeps
+      each layer's activations as they are instead of writing them into stacked
+      buffers and slicing them back in the backward pass, which made the CPU
+      train step ~15% faster (4 and 12 layers) for ~15-40% longer compiles.
     """
 
     architecture: str
@@ -77,6 +82,7 @@ class ModelConfig:
     param_dtype: str = "float32"
     remat: str = "none"
     attention_impl: str | None = None
+    scan_layers: bool = True
 
     def __post_init__(self):
         if self.architecture not in SUPPORTED_ARCHITECTURES:
@@ -95,7 +101,7 @@ class ModelConfig:
             v = getattr(self, name)
             if not isinstance(v, (int, float)) or isinstance(v, bool) or not v > 0:
                 raise ValueError(f"ModelConfig.{name} must be a positive number, got {v!r}")
-        for name in ("qkv_bias", "o_bias", "qk_norm", "tie_word_embeddings"):
+        for name in ("qkv_bias", "o_bias", "qk_norm", "tie_word_embeddings", "scan_layers"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"ModelConfig.{name} must be a bool, got {getattr(self, name)!r}")
         if self.num_heads % self.num_kv_heads:
@@ -160,7 +166,7 @@ class ModelConfig:
     def from_hf(cls, hf_config: Any, **runtime: Any) -> "ModelConfig":
         """Build from a transformers `PretrainedConfig` (or its `to_dict()`).
 
-        `runtime` sets `dtype`, `param_dtype`, `remat`, `attention_impl`.
+        `runtime` sets `dtype`, `param_dtype`, `remat`, `attention_impl`, `scan_layers`.
         Raises ValueError naming the key for anything not supported.
         """
         d: Mapping[str, Any] = hf_config if isinstance(hf_config, Mapping) else hf_config.to_dict()

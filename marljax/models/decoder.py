@@ -9,8 +9,8 @@ static argument:
     logits, _ = forward(params, ids, config=model.config, positions=pos, attention_mask=m)
 
 Layer parameters are stacked on a leading `layers` axis and the layers run
-under `lax.scan`, so compile time does not grow with depth and `remat` wraps
-one layer. Parameter shapes (L layers, D hidden, N query heads, K kv heads,
+under `lax.scan`, so compile time does not grow with depth (or unrolled, with
+`ModelConfig.scan_layers` False: faster on CPU), and `remat` wraps one layer. Parameter shapes (L layers, D hidden, N query heads, K kv heads,
 H head_dim, F mlp, V vocab):
 
     embed [V, D]              lm_head [D, V] (absent when tied)   final_norm [D]
@@ -304,7 +304,7 @@ def hidden_states(params: Params, input_ids: jax.Array, *, config: ModelConfig,
         def body(x, p):
             return layer(p, x, None)[0], None
 
-        x, _ = jax.lax.scan(body, x, params["layers"])
+        x, _ = _run_layers(body, x, params["layers"], config.scan_layers)
         new_cache = None
     else:
         def body(x, xs):
@@ -312,9 +312,20 @@ def hidden_states(params: Params, input_ids: jax.Array, *, config: ModelConfig,
             x, kv = layer(p, x, (k, v, cache.index))
             return x, kv
 
-        x, (ks, vs) = jax.lax.scan(body, x, (params["layers"], cache.k, cache.v))
+        x, (ks, vs) = _run_layers(body, x, (params["layers"], cache.k, cache.v), config.scan_layers)
         new_cache = KVCache(k=ks, v=vs, mask=new_mask, index=cache.index + T)
     return rms_norm(x, params["final_norm"], config.rms_norm_eps), new_cache
+
+
+def _run_layers(body, x, xs, scan: bool):
+    """`lax.scan(body, x, xs)`, or the same loop unrolled (`ModelConfig.scan_layers` False)."""
+    if scan:
+        return jax.lax.scan(body, x, xs)
+    ys = []
+    for i in range(jax.tree.leaves(xs)[0].shape[0]):
+        x, y = body(x, jax.tree.map(lambda a: a[i], xs))
+        ys.append(y)
+    return x, None if ys[0] is None else jax.tree.map(lambda *a: jnp.stack(a), *ys)
 
 
 def _unembed(params: Params, h: jax.Array, config: ModelConfig) -> jax.Array:

@@ -222,7 +222,7 @@ def _check_tensors(config: ModelConfig, where: dict[str, _SafetensorsFile], path
 
 def from_pretrained(path: str | os.PathLike, *, dtype: Any = "float32", param_dtype: Any = None,
                     mesh: Mesh | None = None, rules: LogicalRules | None = None,
-                    remat: str = "none", attention_impl: str | None = None):
+                    remat: str = "none", attention_impl: str | None = None, scan_layers: bool = True):
     """Load a Hugging Face Qwen2/Qwen2.5/Qwen3/Llama checkpoint directory.
 
     Args:
@@ -232,7 +232,7 @@ def from_pretrained(path: str | os.PathLike, *, dtype: Any = "float32", param_dt
         of the parameters (default: `dtype`); weights are cast on the host.
       mesh: place each parameter with its `NamedSharding` from `rules`
         (default `LOGICAL_AXIS_RULES`); None puts everything on `jax.devices()[0]`.
-      remat, attention_impl: see `ModelConfig`.
+      remat, attention_impl, scan_layers: see `ModelConfig`.
 
     Returns:
       `(model, config)`: a `Decoder` and its `ModelConfig`.
@@ -247,7 +247,7 @@ def from_pretrained(path: str | os.PathLike, *, dtype: Any = "float32", param_dt
     if not path.is_dir():
         raise CheckpointError(f"{path}: not a directory")
     config = _read_config(path, dtype=dtype, param_dtype=param_dtype or dtype, remat=remat,
-                          attention_impl=attention_impl)
+                          attention_impl=attention_impl, scan_layers=scan_layers)
     where = _open_weights(path)
     table = {t.path: t for t in _check_tensors(config, where, path)}
 

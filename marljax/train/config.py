@@ -97,6 +97,8 @@ class ModelSpec(_Model):
     tokenizer: str | None = Field(None, description="tokenizer directory; default: path")
     seed: int = Field(0, description="init seed for presets")
     remat: bool = Field(False, description="rematerialise decoder layers to save memory")
+    scan_layers: bool = Field(True, description="run the layers under lax.scan (compiles independent of depth); "
+                              "false unrolls them: faster steps on CPU, longer compiles")
 
     @field_validator("preset")
     @classmethod

@@ -62,7 +62,7 @@ def load_model(spec: Any, mesh=None) -> tuple[ModelConfig, dict, Any]:
     remat = "full" if spec.remat else "none"
     if spec.path is not None:
         model, config = from_pretrained(spec.path, dtype=spec.dtype, param_dtype=spec.param_dtype,
-                                        mesh=mesh, remat=remat)
+                                        mesh=mesh, remat=remat, scan_layers=spec.scan_layers)
         tokenizer = load_tokenizer(spec.tokenizer or spec.path)
     else:
         if spec.tokenizer is not None:
@@ -72,7 +72,7 @@ def load_model(spec: Any, mesh=None) -> tuple[ModelConfig, dict, Any]:
 
             tokenizer = make_tiny_tokenizer()
         config = ModelConfig.preset(spec.preset, dtype=spec.dtype, param_dtype=spec.param_dtype, remat=remat,
-                                    eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+                                    scan_layers=spec.scan_layers, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
         if len(tokenizer) > config.vocab_size:
             raise ValueError(f"preset {spec.preset!r} has {config.vocab_size} embeddings but the tokenizer "
                              f"has {len(tokenizer)} tokens")

@@ -56,6 +56,8 @@ def test_field_validation():
         PRESETS["tiny-qwen3"].replace(dtype="float8")
     with pytest.raises(ValueError, match="remat"):
         PRESETS["tiny-qwen3"].replace(remat="sometimes")
+    with pytest.raises(ValueError, match="scan_layers"):
+        PRESETS["tiny-qwen3"].replace(scan_layers="no")
     with pytest.raises(ValueError, match="unknown ModelConfig field"):
         PRESETS["tiny-qwen3"].replace(heads=3)
     with pytest.raises(ValueError, match="unknown preset"):

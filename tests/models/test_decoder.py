@@ -170,6 +170,30 @@ def test_remat_changes_nothing_numerically():
         np.testing.assert_allclose(a, b, atol=1e-6, rtol=1e-5)
 
 
+@pytest.mark.parametrize("remat", ["none", "full"])
+def test_unrolled_layers_equal_scanned_layers(remat):
+    """scan_layers=False runs the same layers in the same order: same logits, gradients and cache."""
+    model, cfg = _model("tiny-qwen3", remat=remat)
+    unrolled = cfg.replace(scan_layers=False)
+    params = get_params(model)
+    ids, mask = _left_padded()
+
+    def loss(p, c):
+        return token_logprobs(p, ids, ids, config=c, attention_mask=mask).mean()
+
+    grad = jax.jit(jax.value_and_grad(loss), static_argnums=1)
+    (l0, g0), (l1, g1) = grad(params, cfg), grad(params, unrolled)
+    np.testing.assert_allclose(l0, l1, rtol=1e-6)
+    for a, b in zip(jax.tree.leaves(g0), jax.tree.leaves(g1)):
+        np.testing.assert_allclose(a, b, atol=1e-6, rtol=1e-5)
+    pos = positions_from_mask(mask)
+    outs = [fwd(params, ids, config=c, positions=pos, attention_mask=mask, cache=init_cache(c, 3, 12))
+            for c in (cfg, unrolled)]
+    for a, b in zip(jax.tree.leaves(outs[0]), jax.tree.leaves(outs[1])):
+        np.testing.assert_allclose(a, b, atol=1e-5, rtol=0)
+    assert outs[1][1].k.shape == init_cache(cfg, 3, 12).k.shape  # layers stacked again
+
+
 def test_init_model_gives_a_working_random_model():
     model = init_model(ModelConfig.preset("tiny-llama"), seed=3)
     logits, _ = fwd(get_params(model), jnp.ones((1, 4), jnp.int32), config=model.config)
