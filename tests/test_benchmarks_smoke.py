@@ -47,6 +47,7 @@ def test_harness_smoke(tmp_path):
     rl = res["rl"]["breakdown"]["grpo_tiny"]
     assert rl["seconds_per_step"] > 0 and abs(sum(rl["share"].values()) - 1) < 1e-6
     assert rl["seconds"]["sampling"] > 0 and rl["seconds"]["update"] > 0
+    assert rl["end_of_run_seconds"] > 0  # close() waits for the last checkpoint: reported once, not per step
     assert res["sandbox"]["pool_programs_per_s"] > 0
     md = (tmp_path / "results.md").read_text()
     assert "## Targets (issues #9 and #4)" in md and "Load average when the harness started" in md

@@ -51,7 +51,8 @@ class ModelConfig:
       of depth) or, when False, as one unrolled block per layer: XLA then keeps
       each layer's activations as they are instead of writing them into stacked
       buffers and slicing them back in the backward pass, which made the CPU
-      train step ~15% faster (4 and 12 layers) for ~15-40% longer compiles.
+      train step 15-20% faster (4 and 12 layers, host memory kept: see
+      `marljax.host_memory`; slower without it) for ~15-40% longer compiles.
     """
 
     architecture: str

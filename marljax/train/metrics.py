@@ -172,9 +172,14 @@ class MetricsWriter:
         self._file.write(_dumps({"step": step, "time": time.time(), **values}))
         self._file.flush()
         if self.tensorboard:
+            from tensorboardX import summary
+            from tensorboardX.proto.summary_pb2 import Summary
+
+            # one event per step: add_scalar per key queued 25 events through a multiprocessing
+            # queue (~2 ms a step); the purge step is written when the file writer is made
             tb = self._summary_writer()
-            for key, value in values.items():
-                tb.add_scalar(key, value, step)
+            merged = Summary(value=[v for key, x in values.items() for v in summary.scalar(key, x).value])
+            tb._get_file_writer().add_summary(merged, step)
             tb.flush()
 
     def resume(self, step: int) -> None:
