@@ -10,7 +10,8 @@ static argument:
 
 Layer parameters are stacked on a leading `layers` axis and the layers run
 under `lax.scan`, so compile time does not grow with depth (or unrolled, with
-`ModelConfig.scan_layers` False: faster on CPU), and `remat` wraps one layer. Parameter shapes (L layers, D hidden, N query heads, K kv heads,
+`ModelConfig.scan_layers` False: faster steps on CPU), and `remat` wraps one
+layer. Parameter shapes (L layers, D hidden, N query heads, K kv heads,
 H head_dim, F mlp, V vocab):
 
     embed [V, D]              lm_head [D, V] (absent when tied)   final_norm [D]

@@ -72,7 +72,8 @@ def load_model(spec: Any, mesh=None) -> tuple[ModelConfig, dict, Any]:
 
             tokenizer = make_tiny_tokenizer()
         config = ModelConfig.preset(spec.preset, dtype=spec.dtype, param_dtype=spec.param_dtype, remat=remat,
-                                    scan_layers=spec.scan_layers, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+                                    scan_layers=spec.scan_layers, eos_token_id=tokenizer.eos_token_id,
+                                    pad_token_id=tokenizer.pad_token_id)
         if len(tokenizer) > config.vocab_size:
             raise ValueError(f"preset {spec.preset!r} has {config.vocab_size} embeddings but the tokenizer "
                              f"has {len(tokenizer)} tokens")

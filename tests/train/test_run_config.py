@@ -160,6 +160,16 @@ def test_boolean_is_not_a_number(tmp_path):
     assert config_from_dict(with_(**{"policies.main.model.remat": True})).policies["main"].model.remat
 
 
+def test_model_runtime_options_reach_the_model_config():
+    from marljax.train.policy import load_model
+
+    spec = config_from_dict(with_(**{"policies.main.model.scan_layers": False,
+                                     "policies.main.model.remat": True})).policies["main"].model
+    config = load_model(spec)[0]
+    assert (config.scan_layers, config.remat) == (False, "full")
+    assert load_model(config_from_dict(with_()).policies["main"].model)[0].scan_layers is True  # the default
+
+
 def test_wrong_type_for_section(tmp_path):
     msg = only_problem(tmp_path, with_(**{"sampler": 5}))
     assert ": sampler: " in msg and "(got 5)" in msg
