@@ -72,7 +72,7 @@ def run(mode: str = "full", peak: dict | None = None) -> dict:
     size = "qwen2.5-0.5b" if on_gpu else "smoke"
     train = bench_train.measure(size, repeats=2 if mode == "smoke" else 5)
     dtype_peak = peak.get("peak_flops", {}).get(train["dtype"])
-    for lib in ("marljax", "transformers"):
+    for lib in ("marljax", "marljax_scan", "transformers"):
         if lib in train and dtype_peak:
             train[lib]["mfu"] = train[lib]["flops_per_s"] / dtype_peak
     if on_gpu:
@@ -90,7 +90,8 @@ def run(mode: str = "full", peak: dict | None = None) -> dict:
             d["fraction_of_roofline"] = d["decode_tokens_per_s"] / d["roofline_tokens_per_s"]
         decode.append(d)
     lines = [f"Train step ({size}, {train['dtype']}, {train['batch']} x {train['seq_len']}): marljax "
-             f"{train['marljax']['tokens_per_s']:,.0f} tokens/s"
+             f"{train['marljax']['tokens_per_s']:,.0f} tokens/s with the layers unrolled "
+             f"({train['marljax_scan']['tokens_per_s']:,.0f} under `lax.scan`)"
              + (f", MFU {100 * train['marljax']['mfu']:.0f}% of the measured {train['dtype']} matmul peak"
                 if "mfu" in train["marljax"] else "")
              + (f"; transformers {train['transformers']['tokens_per_s']:,.0f} tokens/s "
