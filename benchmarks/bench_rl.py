@@ -24,8 +24,9 @@ charged to the inner one only):
 The first `warmup` steps (which compile the sampler and the update) are left
 out of the shares. `Trainer.close()` (waiting for the last checkpoint's write,
 stopping the sandbox pool) happens once per run, however long: it is reported
-on its own ("end of run"), not spread over the measured steps. Then MARS2's cost is measured against nodes per tree
-(`max_nodes`) and team size (1, 2, 3 agents, one policy each).
+on its own ("end of run"), not spread over the measured steps. Then MARS2's
+cost is measured against nodes per tree (`max_nodes`) and team size (1, 2, 3
+agents, one policy each).
 """
 
 from __future__ import annotations
@@ -168,7 +169,7 @@ def measure(cfg, warmup: int, steps: int) -> dict:
     clock = Clock()
     with instrumented(clock):
         trainer = Trainer(cfg)
-        # wall time of each step: from its train_step to the next one (or to the end of run())
+        # wall time of each step: from its train_step to the next one (the last one: to close())
         starts: dict[int, float] = {}
         inner, close = trainer.train_step, trainer.close
         trainer.train_step = lambda: (starts.setdefault(trainer.step, time.perf_counter()), inner())[1]
