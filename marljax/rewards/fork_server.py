@@ -31,7 +31,7 @@ from pathlib import Path
 from .formats import Program
 from .isolation import HARNESS_PATH, SandboxConfig, bwrap_argv
 from .results import ExecutionResult, Isolation
-from .sandbox import Limits, build_payload, collect, make_workdir, rmtree, throwaway_uid
+from .sandbox import Limits, build_payload, collect, hand_to_throwaway_uid, make_workdir, rmtree
 from .verdicts import classify
 
 ZYGOTE_PATH = str(Path(__file__).with_name("zygote.py").resolve())
@@ -112,13 +112,9 @@ class ForkServer:
             self.close()
         if self._proc is None:
             self._start()
-        drop = self.isolation.privileges_dropped
-        uid = throwaway_uid(self.config) if drop else None
-        if drop:
-            os.chown(self._workdir, uid, uid)
+        drop_ids = hand_to_throwaway_uid(self.config, self._workdir, self.isolation.privileges_dropped)
         nonce = secrets.token_hex(16)
-        payload = build_payload(program, limits, nonce, -1, {"uid": uid, "gid": uid} if drop else None,
-                                None, pdeathsig=False)
+        payload = build_payload(program, limits, nonce, -1, drop_ids, None, pdeathsig=False)
         out_r, out_w = os.pipe()
         rec_r, rec_w = os.pipe()
         self._jobs += 1

@@ -167,6 +167,7 @@ def build_payload(program: Program, limits: Limits, nonce: str, rfd: int, drop_i
         "max_message_chars": int(limits.max_message_chars),
     }
 
+
 def rmtree(path: str) -> None:
     def onerror(func, p, exc_info):
         try:
@@ -179,8 +180,14 @@ def rmtree(path: str) -> None:
     shutil.rmtree(path, onerror=onerror)
 
 
-def throwaway_uid(config: SandboxConfig) -> int:
-    return config.uid_base + secrets.randbelow(config.uid_span)
+def hand_to_throwaway_uid(config: SandboxConfig, workdir: str, drop: bool) -> dict | None:
+    """With ``drop``: a freshly drawn throw-away uid now owns ``workdir``; the payload's ``drop``
+    ids (None without ``drop``)."""
+    if not drop:
+        return None
+    uid = config.uid_base + secrets.randbelow(config.uid_span)
+    os.chown(workdir, uid, uid)
+    return {"uid": uid, "gid": uid}
 
 
 def make_workdir(config: SandboxConfig) -> tuple[str, str]:
@@ -199,18 +206,15 @@ def make_workdir(config: SandboxConfig) -> tuple[str, str]:
 def _run(program: Program, limits: Limits, config: SandboxConfig, iso: Isolation) -> ExecutionResult:
     t_begin = time.perf_counter()
     drop = iso.privileges_dropped
-    uid = throwaway_uid(config) if drop else None
     base, workdir = make_workdir(config)
-    proc = None
+    proc = drop_ids = None
     rfd = wfd = -1
     try:
-        if drop:
-            os.chown(workdir, uid, uid)
+        drop_ids = hand_to_throwaway_uid(config, workdir, drop)
         nonce = secrets.token_hex(16)
         rfd, wfd = os.pipe()
         jail = jail_spec(config, drop) if iso.level == "unshare" else None
-        payload = build_payload(program, limits, nonce, wfd, {"uid": uid, "gid": uid} if drop else None,
-                                jail, pdeathsig=iso.level != "bwrap")
+        payload = build_payload(program, limits, nonce, wfd, drop_ids, jail, pdeathsig=iso.level != "bwrap")
         ppath = os.path.join(base, "payload.json")
         fd = os.open(ppath, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "w") as f:
@@ -238,8 +242,8 @@ def _run(program: Program, limits: Limits, config: SandboxConfig, iso: Isolation
             proc.wait()
             if proc.stdout is not None:
                 proc.stdout.close()
-        if drop and iso.level == "none":
-            kill_uid(uid)
+        if drop_ids and iso.level == "none":
+            kill_uid(drop_ids["uid"])
         for fd_ in (rfd, wfd):
             if fd_ >= 0:
                 os.close(fd_)
