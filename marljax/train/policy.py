@@ -34,6 +34,7 @@ from marljax.models.sharding import make_mesh, param_dict_shardings, process_loc
 from marljax.sampler import generate
 from marljax.sampler.engine import Buckets
 from marljax.train.batch import collate
+from marljax.train.config import OptimizerConfig
 from marljax.train.optim import make_optimizer
 from marljax.train.update import LossSettings, make_logprob_fn, make_update_fn, rl_loss, sft_loss
 from marljax.workflows.types import Sample
@@ -105,6 +106,17 @@ def _to_float(metrics: dict) -> dict[str, float]:
     return {k: float(v) for k, v in jax.device_get(metrics).items()}
 
 
+@functools.lru_cache(maxsize=32)
+def _step_functions(config: ModelConfig, optimizer_json: str, loss: LossSettings, use_old_logp: bool):
+    """(rl update, sft update, log-probs), jitted; shared by policies with equal settings, so
+    a team of agents of one architecture compiles each shape once, not once per agent."""
+    optimizer, _ = make_optimizer(OptimizerConfig.model_validate_json(optimizer_json))
+    rl = make_update_fn(functools.partial(rl_loss, config=config, loss=loss, use_old_logp=use_old_logp),
+                        optimizer, loss.agg_mode)
+    sft = make_update_fn(functools.partial(sft_loss, config=config), optimizer, "token-mean")
+    return rl, sft, make_logprob_fn(config)
+
+
 class Policy:
     """One set of trainable weights with its optimiser; see the module doc."""
 
@@ -129,13 +141,8 @@ class Policy:
         self.seed = seed
         self.version = 0  # completed RL updates
         self.step = 0  # optimiser steps (RL and SFT)
-        use_old = cfg.mini_batches > 1
-        self._rl_update = make_update_fn(
-            functools.partial(rl_loss, config=self.config, loss=self.loss, use_old_logp=use_old),
-            self.optimizer, self.loss.agg_mode)
-        self._sft_update = make_update_fn(functools.partial(sft_loss, config=self.config),
-                                          self.optimizer, "token-mean")
-        self._logprobs = make_logprob_fn(self.config)
+        self._rl_update, self._sft_update, self._logprobs = _step_functions(
+            self.config, cfg.optimizer.model_dump_json(), self.loss, cfg.mini_batches > 1)
 
     # ------------------------------------------------------------ sampling
     @property

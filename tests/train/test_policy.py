@@ -1,0 +1,52 @@
+"""Policies of one architecture and settings share their compiled steps; other settings do not."""
+
+from __future__ import annotations
+
+import jax
+import jax.monitoring
+import numpy as np
+
+from marljax.train.config import PolicyConfig
+from marljax.train.policy import Policy
+from marljax.workflows.types import Sample
+
+
+def config(seed: int, lr: float = 1e-3) -> PolicyConfig:
+    # no clipping or weight decay: Adam's first step then moves each weight by lr (up to eps)
+    return PolicyConfig.model_validate({
+        "model": {"preset": "tiny-qwen3", "seed": seed}, "micro_batch_size": 4,
+        "optimizer": {"lr": lr, "weight_decay": 0.0, "max_grad_norm": None}})
+
+
+def samples(n: int = 4) -> list[Sample]:
+    rng = np.random.default_rng(0)
+    return [Sample(rng.integers(3, 200, 6), rng.integers(3, 200, 5), np.full(5, -4.0, np.float32), reward=0.0,
+                   advantage=float(rng.normal()), policy="p") for _ in range(n)]
+
+
+LOWERINGS: list[float] = []  # every jit cache miss lowers its function to StableHLO first
+jax.monitoring.register_event_duration_secs_listener(
+    lambda event, secs, **kw: LOWERINGS.append(secs) if event.endswith("jaxpr_to_mlir_module_duration") else None)
+
+
+def moved(policy: Policy, before) -> float:
+    return max(float(np.max(np.abs(np.asarray(a) - b))) for a, b in
+               zip(jax.tree.leaves(policy.params), jax.tree.leaves(before)))
+
+
+def test_a_second_agent_of_the_same_model_compiles_nothing():
+    a, b = Policy("a", config(seed=1)), Policy("b", config(seed=2))  # same shapes, other weights
+    a.update(samples())
+    before = jax.tree.map(np.array, b.params)
+    lowered = len(LOWERINGS)
+    b.update(samples())
+    assert len(LOWERINGS) == lowered  # b ran a's compiled step
+    assert 0.9e-3 < moved(b, before) < 1.1e-3  # ... on its own weights, with its own optimiser
+
+
+def test_other_optimiser_settings_get_their_own_step():
+    slow, fast = Policy("slow", config(seed=1, lr=1e-3)), Policy("fast", config(seed=1, lr=3e-3))
+    before = jax.tree.map(np.array, slow.params)
+    slow.update(samples())
+    fast.update(samples())
+    np.testing.assert_allclose(moved(fast, before) / moved(slow, before), 3.0, rtol=1e-3)
