@@ -103,8 +103,9 @@ _SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 
 
 def bwrap_argv(config: SandboxConfig, workdir: str, drop: bool, files: dict[str, str], args: list[str],
-               caps: tuple[str, ...] = ()) -> list[str]:
-    """bubblewrap around ``python args...``; ``files`` maps read-only binds (inside path -> host path).
+               caps: tuple[str, ...] = (), env: tuple[tuple[str, str], ...] = ()) -> list[str]:
+    """bubblewrap around ``python args...``; ``files`` maps read-only binds (inside path -> host path);
+    ``env``: extra environment variables.
 
     With ``drop`` (as root) the sandbox keeps CAP_SETUID/CAP_SETGID so the harness can
     switch to the throw-away uid, plus any extra ``caps``; bwrap drops every other one.
@@ -138,7 +139,10 @@ def bwrap_argv(config: SandboxConfig, workdir: str, drop: bool, files: dict[str,
     for inside, host in files.items():
         argv += ["--ro-bind", host, inside]
     argv += ["--clearenv", "--setenv", "PATH", "/usr/bin:/bin", "--setenv", "HOME", "/sandbox",
-             "--setenv", "TMPDIR", "/tmp", "--setenv", "LANG", "C.UTF-8", "--"]
+             "--setenv", "TMPDIR", "/tmp", "--setenv", "LANG", "C.UTF-8"]
+    for name, value in env:
+        argv += ["--setenv", name, value]
+    argv += ["--"]
     # Without site-packages the real interpreter is all we need; a venv's own
     # path may sit under /tmp, which the working directory hides.
     python = config.python if config.site_packages else os.path.realpath(config.python)

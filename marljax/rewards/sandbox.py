@@ -53,6 +53,7 @@ from .verdicts import classify, not_run
 __all__ = ["HARNESS_PATH", "LEVELS", "Limits", "SandboxConfig", "detect_isolation", "run_program"]
 
 _GRACE_S = 0.5  # parent-side slack on top of the child's own per-test alarm
+_decode = json.JSONDecoder().decode  # json.loads of bytes also guesses their encoding: ~30 records per program
 _MAX_CODE_CHARS = 1 << 20
 
 
@@ -310,8 +311,8 @@ def collect(out_fd: int, rfd: int, nonce: str, program: Program, limits: Limits)
                 if not line.startswith(tag):
                     continue
                 try:
-                    rec = json.loads(line[len(tag):])
-                except ValueError:
+                    rec = _decode(line[len(tag):].decode())
+                except ValueError:  # UnicodeDecodeError included
                     continue
                 if not isinstance(rec, dict):
                     continue

@@ -15,7 +15,8 @@ Once warm it says ``ready\n``.  Per job, over the control socket (a stream):
    interpreter would (rlimits, dropped uid, records).
 3. parent -> zygote: ``end\\n`` once it has collected what it needs (or a limit hit).
 4. The zygote SIGKILLs the child's session, reaps the child, SIGKILLs every
-   process left in the namespace except pid 1 and itself, and answers one JSON line: ``{"exit": <returncode>,
+   process left in the namespace except pid 1 and itself, reaps them (it is the namespace's child
+   subreaper: no zombie of one job is left for the next to see), and answers one JSON line: ``{"exit": <returncode>,
    "dirty": <bool>}``.  ``dirty`` says the job left something outside the
    working directory (SysV IPC objects, files in /dev/shm) that only a fresh
    sandbox removes; the parent then replaces the server.
@@ -35,6 +36,7 @@ import sys
 import time
 
 _PR_SET_DUMPABLE = 4
+_PR_SET_CHILD_SUBREAPER = 36
 
 
 def _load_harness(path):
@@ -64,11 +66,9 @@ def _read_job(sock):
     return json.loads(_recv_exact(sock, n)), fds
 
 
-def _read_line(sock):
-    buf = bytearray()
-    while not buf.endswith(b"\n"):
-        buf += _recv_exact(sock, 1)
-    return bytes(buf)
+def _read_end(sock):
+    if _recv_exact(sock, 4) != b"end\n":
+        raise EOFError
 
 
 def _state(pid):
@@ -99,16 +99,36 @@ def _sweep(deadline_s=5.0):
         time.sleep(0.001)
 
 
-def _dirty():
-    for name in ("shm", "sem", "msg"):
+def _only_me_left():
+    """Reap this process's dead children; True when it has none left.
+
+    The zygote is the namespace's child subreaper: every process a job starts descends from it, and
+    orphans are re-parented to it (before their parent turns zombie), not to pid 1.  So no child
+    left means nothing but pid 1 and the zygote is alive, and the /proc sweep can be skipped.
+    """
+    while True:
         try:
-            with open("/proc/sysvipc/" + name) as f:
-                if len(f.read().splitlines()) > 1:  # a header line, then one line per object
-                    return True
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return True
+        if pid == 0:
+            return False
+
+
+def _dirty():
+    # Raw reads, not text files: every object the zygote allocates per job costs a page fault after a fork.
+    for name in (b"/proc/sysvipc/shm", b"/proc/sysvipc/sem", b"/proc/sysvipc/msg"):
+        try:
+            fd = os.open(name, os.O_RDONLY)
         except OSError:
-            pass
+            continue
+        try:
+            if os.read(fd, 4096).count(b"\n") > 1:  # a header line, then one line per object
+                return True
+        finally:
+            os.close(fd)
     try:
-        return bool(os.listdir("/dev/shm"))
+        return bool(os.listdir(b"/dev/shm"))
     except OSError:
         return False
 
@@ -130,12 +150,15 @@ def _child(harness, sock, job, out_fd, rec_fd):
 def main():
     if os.getpid() != 2:  # the sweep kills every other process of the namespace: never outside one
         sys.exit("zygote.py must run as pid 2 of its own pid namespace (under bwrap --unshare-pid)")
+    os.environ.pop("LD_BIND_NOW", None)  # set for this interpreter's start only (see fork_server.py)
     harness = _load_harness(sys.argv[1])
     sock = socket.socket(fileno=int(sys.argv[2]))
     harness.warm_up()
     gc.freeze()  # children's garbage collections then leave the shared heap's pages alone (fewer copies)
     # Without a uid drop the programs share this uid: keep them from ptracing the zygote.
     harness._libc()[1].prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)
+    if harness._libc()[1].prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:  # see _only_me_left
+        sys.exit("zygote.py: prctl(PR_SET_CHILD_SUBREAPER) failed")
     sock.sendall(b"ready\n")
     while True:
         job, fds = _read_job(sock)
@@ -147,16 +170,18 @@ def main():
             _child(harness, sock, job, out_fd, rec_fd)
         os.close(out_fd)
         os.close(rec_fd)
-        _read_line(sock)  # "end"
+        _read_end(sock)
         try:
             os.killpg(pid, signal.SIGKILL)
         except OSError:
             pass
-        _, status = os.waitpid(pid, 0)  # first: the sweep then rarely finds anything to wait for
-        if not _sweep():
-            os._exit(3)
-        reply = {"exit": os.waitstatus_to_exitcode(status), "dirty": _dirty()}
-        sock.sendall(json.dumps(reply).encode() + b"\n")
+        _, status = os.waitpid(pid, 0)
+        if not _only_me_left():  # something of the job outlived it: kill everything, then reap it
+            if not _sweep():
+                os._exit(3)
+            _only_me_left()
+        reply = b'{"exit": %d, "dirty": %s}\n' % (os.waitstatus_to_exitcode(status), b"true" if _dirty() else b"false")
+        sock.sendall(reply)
 
 
 if __name__ == "__main__":

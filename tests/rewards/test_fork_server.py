@@ -116,3 +116,26 @@ def test_a_sandbox_that_cannot_start_is_an_error_not_a_failing_program(bwrap_iso
         with pytest.raises(RuntimeError, match="did not start") as err:
             run_program(call("def f():\n    return 1\n", 1), LIM, server=server)
     assert "no-such-python" in str(err.value)
+
+
+def test_the_warm_interpreter_leaves_no_trace_in_a_program(server):
+    # The zygote starts with LD_BIND_NOW and runs a dummy program in warm_up(): neither reaches a job.
+    look = ("import os, sys, linecache\ndef f():\n"
+            "    return ['LD_BIND_NOW' in os.environ, sorted(k for k in linecache.cache if k.startswith('<')),\n"
+            "            type(sys.stdin).__name__, os.getuid() == 0]\n")
+    res = run_program(call(look, [False, [], "StringIO", False]), LIM, server=server)
+    assert res.passed, res.tests[0].actual
+
+
+def test_a_leftover_child_in_its_own_session_is_killed_and_reaped(server):
+    # A job's process that left the job's session survives the session kill: the zygote must kill it
+    # and reap it (it is the child subreaper) before the next job, which then sees no process but its own.
+    leave = ("import os, time\ndef f():\n    if os.fork() == 0:\n        os.setsid()\n        time.sleep(60)\n"
+             "        os._exit(0)\n    return 1\n")
+    census = ("import os\ndef f():\n    mine = {1, os.getppid(), os.getpid()}\n"
+              "    return sorted(int(p) for p in os.listdir('/proc') if p.isdigit() and int(p) not in mine)\n")
+    for _ in range(3):
+        assert run_program(call(leave, 1), LIM, server=server).passed
+        res = run_program(call(census, []), LIM, server=server)
+        assert res.passed, res.tests[0].actual
+    assert server.starts == 1
