@@ -3,6 +3,9 @@ HBM-bandwidth roofline.
 
     python benchmarks/run.py --gpu          (needs a jax CUDA/TPU backend; torch side if torch.cuda)
 
+GPU set-up: a CUDA build of jaxlib (JAX's install guide, e.g. `pip install "jax[cuda12]"`); for the
+transformers side a CUDA build of torch.
+
 - Train step: `bench_train.measure("qwen2.5-0.5b")` (8 x 1024 tokens, bfloat16 compute,
   float32 master weights; transformers under `torch.autocast` when torch sees CUDA);
   MFU = achieved FLOP/s / the bfloat16 matmul peak `bench_peak` measured on the device.
@@ -68,9 +71,13 @@ def run(mode: str = "full", peak: dict | None = None) -> dict:
     if not on_gpu and mode != "smoke":
         return {"skipped": f"no accelerator (jax backend {jax.default_backend()!r})",
                 "markdown": "Skipped: no GPU on this machine (jax backend cpu)."}
+    import torch
+
     peak = peak or {}
     size = "qwen2.5-0.5b" if on_gpu else "smoke"
-    train = bench_train.measure(size, repeats=2 if mode == "smoke" else 5)
+    # never a GPU against torch on CPU (a CPU-only torch wheel would take minutes per 0.5B step)
+    train = bench_train.measure(size, repeats=2 if mode == "smoke" else 5,
+                                torch_side=not on_gpu or torch.cuda.is_available())
     dtype_peak = peak.get("peak_flops", {}).get(train["dtype"])
     for lib in ("marljax", "marljax_scan", "transformers"):
         if lib in train and dtype_peak:

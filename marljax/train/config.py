@@ -278,7 +278,7 @@ WorkflowConfig = Annotated[Union[tuple(Annotated[m, Tag(k)] for m, k in zip(WORK
 
 
 class SandboxSettings(_Model):
-    workers: int | None = Field(None, ge=1, description="parallel test processes; None = CPU count")
+    workers: int | None = Field(None, ge=1, description="parallel test processes; None = CPU count + 1")
     timeout_s: float = Field(5.0, gt=0)
     memory_mb: int = Field(512, ge=1)
 
