@@ -93,10 +93,11 @@ def _pad_batch(batch: dict, M: int, T: int, pad_id: int) -> dict:
 
 
 def _counters_on(opt_state: Any, mesh) -> Any:
-    """optax makes its step counters on the default device; replicate them on the policy's mesh
-    (the moments already follow the parameters' shardings)."""
+    """optax makes its step counters uncommitted on the default device; commit them where the
+    parameters are (replicated on the policy's mesh), as the update returns them: else its second
+    call sees other input shardings and compiles again (the moments already follow the parameters)."""
     if mesh is None:
-        return opt_state
+        return jax.device_put(opt_state, jax.devices()[0])
     replicated = NamedSharding(mesh, PartitionSpec())
     return jax.tree.map(lambda x: jax.device_put(np.asarray(x), replicated)
                         if isinstance(x, jax.Array) and x.ndim == 0 else x, opt_state)
@@ -132,6 +133,8 @@ class Policy:
             raise ValueError(f"policies.{name}.mesh must use devices of all {procs} processes on a multi-process "
                              f"run ({jax.device_count()} devices, {jax.local_device_count()} per process)")
         self.config, self.params, self.tokenizer = load_model(cfg.model, self.mesh)
+        if self.mesh is None:  # committed, as loaded checkpoints and the update's outputs are
+            self.params = jax.device_put(self.params, jax.devices()[0])
         self._sampler_setup(getattr(cfg, "sampler_mesh", None))
         self.optimizer, self.schedule = make_optimizer(cfg.optimizer)
         self.opt_state = _counters_on(self.optimizer.init(self.params), self.mesh)

@@ -5,9 +5,10 @@ from __future__ import annotations
 import jax
 import jax.monitoring
 import numpy as np
+import pytest
 
 from marljax.train.config import PolicyConfig
-from marljax.train.policy import Policy
+from marljax.train.policy import Policy, _step_functions
 from marljax.workflows.types import Sample
 
 
@@ -50,3 +51,19 @@ def test_other_optimiser_settings_get_their_own_step():
     slow.update(samples())
     fast.update(samples())
     np.testing.assert_allclose(moved(fast, before) / moved(slow, before), 3.0, rtol=1e-3)
+
+
+@pytest.mark.parametrize("source", ["preset", "checkpoint"])
+def test_the_first_shape_compiles_once(source, checkpoint):
+    # Loaded weights are committed to their device while optax makes its step counter uncommitted:
+    # the update's second call then saw other input shardings and compiled the same shapes again.
+    model = ({"preset": "tiny-qwen3", "seed": 1} if source == "preset"
+             else {"path": str(checkpoint("qwen3-tied-gqa2"))})
+    _step_functions.cache_clear()  # the other case's model config may equal this one's
+    policy = Policy("p", PolicyConfig.model_validate({"model": model, "micro_batch_size": 4}))
+    lowered = []
+    for _ in range(3):
+        n = len(LOWERINGS)
+        policy.update(samples())
+        lowered.append(len(LOWERINGS) - n)
+    assert lowered[0] > 0 and lowered[1:] == [0, 0]
