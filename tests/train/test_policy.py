@@ -1,4 +1,4 @@
-"""Policies of one architecture and settings share their compiled steps; other settings do not."""
+"""Compiled steps: shared by policies of one architecture and settings, not by others; a shape compiles once."""
 
 from __future__ import annotations
 
