@@ -441,14 +441,17 @@ def main(cfg, confine=True):
             except BaseException:  # noqa: BLE001
                 target = None
 
+    def record_after_test(*recs):
+        try:
+            record(*recs)
+        except BaseException:  # noqa: BLE001 - e.g. a late alarm; retry once
+            record(*recs)
+
     # A test's "end" record goes out with the next test's "start" (or with "done"): one write, still
     # after the test ran and before the next one starts.
     ended = []
     for i, test in enumerate(tests):
-        try:
-            record(*ended, {"e": "start", "i": i})
-        except BaseException:  # noqa: BLE001 - e.g. a late alarm; retry once
-            record(*ended, {"e": "start", "i": i})
+        record_after_test(*ended, {"e": "start", "i": i})
         out = _Capture(cap)
         rec = {"e": "end", "i": i}
         t0 = time.perf_counter()
@@ -517,10 +520,7 @@ def main(cfg, confine=True):
         if "actual" in rec and rec["actual"] is not None and mode != "assert":
             rec["actual"] = rec["actual"][:cap]
         ended = [rec]
-    try:
-        record(*ended, {"e": "done"})
-    except BaseException:  # noqa: BLE001 - e.g. a late alarm; retry once
-        record(*ended, {"e": "done"})
+    record_after_test(*ended, {"e": "done"})
 
 
 def _safe_tb(exc, n_chars):
