@@ -35,7 +35,7 @@ def decode_rate(config, batch: int, prompt: int, new: int, repeats: int) -> dict
     import jax
     import numpy as np
 
-    from marljax.models.testing import random_model
+    from marljax.models.tiny import random_model
     from marljax.sampler import generate
 
     model = random_model(config)

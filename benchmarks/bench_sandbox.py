@@ -5,9 +5,10 @@ sandbox per program) vs one fresh sandbox at a time.
 
 Workload: trivial HumanEval-style programs (a one-line function and a
 ``check(candidate)`` with three asserts).  Prints a markdown table and writes
-JSON.  On the ``bwrap`` level the pool forks each program from a warm sandbox
-(``SandboxConfig.fork_server``, the default); the same pool with
-``fork_server=False`` starts bubblewrap and Python per program.  The overhead
+JSON.  Where the isolation level allows it (``bwrap``; ``unshare`` as root) the
+pool forks each program from a warm sandbox (``SandboxConfig.fork_server``, the
+default); the same pool with ``fork_server=False`` starts the sandbox and Python
+per program.  The overhead
 of a fresh sandbox is broken down by starting the same things bare: ``python
 -I -S -c pass`` (interpreter start-up), the isolation wrapper around it
 (``bwrap``/``unshare`` cost), and the full harness run (our protocol, rlimits,
@@ -32,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from marljax.rewards import AssertTest, Program, SandboxConfig, SandboxPool, detect_isolation, run_program  # noqa: E402
 from marljax.rewards.fork_server import ForkServer  # noqa: E402
-from marljax.rewards.isolation import bwrap_harness_argv, unshare_argv  # noqa: E402
+from marljax.rewards.isolation import bwrap_harness_argv, forks_programs, unshare_argv  # noqa: E402
 from marljax.rewards.pool import default_workers  # noqa: E402
 
 CHECK = "def check(candidate):\n    assert candidate(1, 2) == 3\n    assert candidate(0, 0) == 0\n" \
@@ -78,7 +79,7 @@ def run(mode: str = "full", n: int | None = None, workers: int | None = None) ->
         return rate
 
     fresh_rate = pool_rate(SandboxConfig(fork_server=False), n)
-    warm = iso.level == "bwrap"
+    warm = forks_programs(iso)
     warm_rate = pool_rate(SandboxConfig(), n) if warm else None
 
     # Overhead breakdown (sequential medians).
@@ -94,7 +95,7 @@ def run(mode: str = "full", n: int | None = None, workers: int | None = None) ->
         cut = argv.index("--") + 1
         wrapped = timed_runs(lambda: argv[:cut] + py, k)
     elif iso.level == "unshare":
-        wrapped = timed_runs(lambda: unshare_argv(cfg, payload)[:-len(py) + 1] + py, k)
+        wrapped = timed_runs(lambda: unshare_argv(cfg, ["-c", "pass"]), k)
     shutil.rmtree(tmp)
     full = statistics.median([run_program(p).wall_s for p in progs[:k]])
     forked = None

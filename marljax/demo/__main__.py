@@ -22,14 +22,18 @@ import argparse
 import dataclasses
 import json
 import logging
+import os
 import sys
 import time
 from pathlib import Path
 
-from marljax.demo.models import ensure_models
-from marljax.demo.pipeline import METHODS, DemoSettings, train_method, warm_start
-from marljax.demo.report import results_table, write_plots
-from marljax.rewards import SandboxPool
+# Before transformers is first imported: the demo needs no torch, so its "PyTorch was not found" advice is noise.
+os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+
+from marljax.demo.models import ensure_models  # noqa: E402
+from marljax.demo.pipeline import METHODS, DemoSettings, train_method, warm_start  # noqa: E402
+from marljax.demo.report import results_table, write_plots  # noqa: E402
+from marljax.rewards import SandboxPool  # noqa: E402
 
 QUICK = dict(sft_steps=16, rl_steps=1, n_train=32, n_eval=8, problems_per_step=2, samples_per_problem=4,
              refine_examples=8)

@@ -2,9 +2,9 @@
 
 Both share one byte-level BPE tokenizer whose merges are learnt from the
 demo's task texts, so prompts and programs are short (about 40 and 20
-tokens). The models are random (transformers' own initialisation, seeded)
-and are written with `save_pretrained`; marljax then loads them through the
-same safetensors path as any downloaded checkpoint.
+tokens). The models are random (seeded, drawn with numpy) and written by
+marljax's own safetensors writer, so the demo needs no torch; marljax then
+loads them through the same path as any downloaded checkpoint.
 """
 
 from __future__ import annotations
@@ -48,16 +48,16 @@ def task_corpus(pool, n: int = 2000, n_refine: int = 100, steps: int = 3) -> lis
 
 def ensure_models(root: Path, pool, seed: int = 0) -> dict[str, Path]:
     """Create the checkpoints under `root` unless a previous run finished writing them."""
-    from marljax.models.testing import make_tiny_checkpoint, make_tiny_tokenizer
+    from marljax.models.tiny import make_tokenizer, write_random_checkpoint
 
     paths = {name: root / name for name in FAMILIES}
     done = root / "models.json"
     if done.exists():
         return paths
-    tokenizer = make_tiny_tokenizer(vocab_size=VOCAB, corpus=task_corpus(pool))
+    tokenizer = make_tokenizer(vocab_size=VOCAB, corpus=task_corpus(pool))
     for k, (name, (family, overrides)) in enumerate(FAMILIES.items()):
-        make_tiny_checkpoint(paths[name], family, seed=seed + k, std=0.02, tokenizer=False, vocab_size=VOCAB,
-                             max_position_embeddings=512, **overrides)
+        write_random_checkpoint(paths[name], family, seed=seed + k, std=0.02, tokenizer=False, vocab_size=VOCAB,
+                                max_position_embeddings=512, **overrides)
         tokenizer.save_pretrained(str(paths[name]))
     done.write_text(json.dumps({name: str(p) for name, p in paths.items()}, indent=1))  # written last
     return paths

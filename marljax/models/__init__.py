@@ -7,7 +7,8 @@
 
 Hot paths use the pure functions over plain parameter dicts:
 `forward`, `hidden_states`, `token_logprobs` with `params = get_params(model)`.
-`marljax.models.testing` builds tiny random checkpoints for tests (needs torch).
+`marljax.models.tiny` builds tiny random models, checkpoints and tokenizers
+(`marljax.models.testing` adds checkpoints written by transformers, for parity tests; needs torch).
 """
 
 from marljax.models.config import PRESETS, SUPPORTED_ARCHITECTURES, ModelConfig

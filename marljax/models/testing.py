@@ -1,8 +1,9 @@
-"""Tiny random Hugging Face checkpoints and tokenizers, for tests and demos.
+"""Tiny random Hugging Face checkpoints written by transformers, for the parity tests.
 
 These helpers use transformers' own torch models to write checkpoints (so a
 checkpoint is an independent reference, not marljax's own output) and need
 `torch` (a test-only dependency); it is imported only when they are called.
+Torch-free models, checkpoints and tokenizers are in `marljax.models.tiny`.
 
     from marljax.models.testing import make_tiny_checkpoint
     path = make_tiny_checkpoint(tmp_path / "qwen3", family="qwen3", num_key_value_heads=1)
@@ -17,38 +18,14 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
-FAMILIES = ("qwen2", "qwen3", "llama")
-
-SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")  # ids 0, 1, 2
-PAD_ID, IM_START_ID, EOS_ID = 0, 1, 2
-
-CHATML_TEMPLATE = (
-    "{%- for message in messages %}"
-    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
-    "{%- endfor %}"
-    "{%- if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{%- endif %}"
+from marljax.models.tiny import (  # noqa: F401 - re-exported for the tests
+    CHATML_TEMPLATE, EOS_ID, FAMILIES, IM_START_ID, PAD_ID, SPECIAL_TOKENS, hf_config, random_model,
 )
-
-_BASE: dict[str, Any] = dict(vocab_size=512, hidden_size=64, intermediate_size=128,
-                             num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                             max_position_embeddings=512, rms_norm_eps=1e-6,
-                             bos_token_id=None, eos_token_id=EOS_ID, pad_token_id=PAD_ID)
-
-FAMILY_DEFAULTS: dict[str, dict[str, Any]] = {
-    # Qwen2/2.5: q/k/v biases, untied embeddings by default
-    "qwen2": dict(architectures=["Qwen2ForCausalLM"], tie_word_embeddings=False, rope_theta=10000.0),
-    # Qwen3: q/k RMSNorm, head_dim (32) != hidden_size / heads (16), tied embeddings
-    "qwen3": dict(architectures=["Qwen3ForCausalLM"], head_dim=32, tie_word_embeddings=True,
-                  rope_theta=1000000.0),
-    # Llama 3.x: llama3 rope scaling whose bands fall inside the tiny head_dim
-    "llama": dict(architectures=["LlamaForCausalLM"], tie_word_embeddings=False, rope_theta=10000.0,
-                  rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-                                "high_freq_factor": 4.0, "original_max_position_embeddings": 32}),
-}
+from marljax.models.tiny import make_tokenizer as make_tiny_tokenizer
 
 # Named tiny checkpoints (for `make_tiny_checkpoint(path, *CASES[name])`):
 # name -> (family, HF config overrides). Together they cover: Qwen2 biases,
@@ -64,55 +41,6 @@ CASES: dict[str, tuple[str, dict[str, Any]]] = {
     "llama-linearrope-bias-tied": ("llama", dict(rope_scaling={"rope_type": "linear", "factor": 2.0},
                                                  attention_bias=True, tie_word_embeddings=True)),
 }
-
-
-
-_CORPUS = [
-    "The quick brown fox jumps over the lazy dog.",
-    "def add(a, b):\n    return a + b\n",
-    "Agents cooperate: the coder writes, the tester checks, the reviewer decides.",
-    "1 + 1 = 2, 2 * 3 = 6, 10 / 4 = 2.5",
-    "for i in range(10):\n    print(i * i)\n",
-    "Question: what is the capital of France? Answer: Paris.",
-] * 4
-
-
-def random_model(config, *, seed: int = 0, std: float = 0.15):
-    """A `Decoder` for `config` (a `ModelConfig` or preset name) with random weights
-    drawn on the host with numpy (no compilation, no torch): matrices N(0, std),
-    biases N(0, 0.1), norm weights 1 + N(0, 0.1) -- so logits are of order 1.
-    """
-    import jax
-    from flax import nnx
-
-    from marljax.models.config import ModelConfig
-    from marljax.models.decoder import Decoder
-
-    if isinstance(config, str):
-        config = ModelConfig.preset(config)
-    graphdef, state = nnx.split(nnx.eval_shape(lambda: Decoder(config, rngs=nnx.Rngs(0))))
-    rng = np.random.default_rng(seed)
-    flat = nnx.to_flat_state(state)
-    for key, var in flat:
-        sds, name = var.get_value(), str(key[-1])
-        if "norm" in name:
-            x = 1.0 + 0.1 * rng.standard_normal(sds.shape)
-        elif name.startswith("b"):
-            x = 0.1 * rng.standard_normal(sds.shape)
-        else:
-            x = std * rng.standard_normal(sds.shape)
-        var.set_value(jax.numpy.asarray(x.astype(np.float32)).astype(sds.dtype))
-    return nnx.merge(graphdef, nnx.from_flat_state(flat))
-
-
-def hf_config(family: str = "qwen3", **overrides: Any):
-    """The transformers config of a tiny `family` model; `overrides` are HF config keys."""
-    import transformers
-
-    if family not in FAMILIES:
-        raise ValueError(f"unknown family {family!r}; known: {FAMILIES}")
-    kwargs = {**_BASE, **FAMILY_DEFAULTS[family], **overrides}
-    return transformers.AutoConfig.for_model(family, **kwargs)
 
 
 def make_tiny_checkpoint(path: str | os.PathLike, family: str = "qwen3", *, seed: int = 0,
@@ -149,34 +77,6 @@ def make_tiny_checkpoint(path: str | os.PathLike, family: str = "qwen3", *, seed
     if tokenizer:
         make_tiny_tokenizer(path)
     return path
-
-
-def make_tiny_tokenizer(path: str | os.PathLike | None = None, vocab_size: int = 320,
-                        corpus: Sequence[str] | None = None):
-    """A byte-level BPE `PreTrainedTokenizerFast` with ChatML specials and chat template.
-
-    Ids: `<|endoftext|>` = 0 (pad), `<|im_start|>` = 1, `<|im_end|>` = 2 (eos);
-    `vocab_size` <= 512 fits every tiny model. BPE merges are learnt from
-    `corpus` (default: a few generic lines). Saved to `path` when given
-    (loadable with `transformers.AutoTokenizer.from_pretrained(path)`).
-    """
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=list(SPECIAL_TOKENS),
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-                                  show_progress=False)
-    tok.train_from_iterator(_CORPUS if corpus is None else corpus, trainer=trainer)
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>",
-                                   pad_token="<|endoftext|>",
-                                   additional_special_tokens=["<|im_start|>"])
-    fast.chat_template = CHATML_TEMPLATE
-    if path is not None:
-        fast.save_pretrained(str(path))
-    return fast
 
 
 def torch_logits(path: str | os.PathLike, input_ids, attention_mask=None, position_ids=None) -> np.ndarray:

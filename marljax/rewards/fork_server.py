@@ -1,19 +1,21 @@
-"""Parent side of the warm sandbox: one bubblewrap sandbox, one interpreter, a fork per program.
+"""Parent side of the warm sandbox: one sandbox, one interpreter, a fork per program.
 
-Starting bubblewrap and a Python interpreter costs ~25-40 ms of CPU per program,
+Starting a sandbox and a Python interpreter costs ~25-40 ms of CPU per program,
 100x what a typical RL-generated program spends in its tests.  A ``ForkServer``
-starts the sandbox once, with ``zygote.py`` inside it, and runs each program in
+starts the sandbox (bubblewrap, or ``unshare`` with the harness's jail) once, with
+``zygote.py`` inside it, and runs each program in
 a freshly forked child of that warm interpreter (~1 ms).  What each program gets
 is unchanged: its own process, session, rlimits and throw-away uid (as root), the
 same record protocol and verdicts (``sandbox.collect`` / ``verdicts.classify``).
 
 What is shared, and how it is reset between programs (one program at a time per
 server): the working directory (emptied by the parent), the pid namespace (the
-zygote SIGKILLs every other process in it before it answers), the IPC namespace
-and /dev/shm (a job that leaves anything there gets a fresh sandbox), and the
-interpreter's start-up state (hash seed; ``random`` reseeds itself after fork).
-The server is also replaced every ``max_jobs`` programs, and whenever it dies.
-Only the ``bwrap`` level has the pid namespace this needs.
+zygote SIGKILLs every other process in it before it answers), the IPC namespace,
+/dev/shm and /run/lock (a job that leaves anything there gets a fresh sandbox), and
+the interpreter's start-up state (hash seed; ``random`` reseeds itself after fork).
+Everything else a program can see is read-only.  The server is also replaced every
+``max_jobs`` programs, and whenever it dies.  Only levels with a pid namespace (and,
+under ``unshare``, a throw-away uid per program) qualify: ``isolation.forks_programs``.
 """
 
 from __future__ import annotations
@@ -29,22 +31,26 @@ import time
 from pathlib import Path
 
 from .formats import Program
-from .isolation import HARNESS_PATH, SandboxConfig, bwrap_argv
+from .isolation import HARNESS_PATH, SandboxConfig, bwrap_argv, forks_programs, jail_spec, unshare_argv
 from .results import ExecutionResult, Isolation
 from .sandbox import Limits, build_payload, collect, hand_to_throwaway_uid, make_workdir, rmtree
 from .verdicts import classify
 
 ZYGOTE_PATH = str(Path(__file__).with_name("zygote.py").resolve())
 _REPLY_TIMEOUT_S = 15.0  # the zygote gives up killing after 5 s and exits
-_START_TIMEOUT_S = 60.0  # bwrap + interpreter + harness imports, on a loaded machine
+_START_TIMEOUT_S = 60.0  # sandbox + interpreter + harness imports, on a loaded machine
+# Resolve every symbol of libpython/libc once in the zygote, not lazily in each child (fewer pages
+# copied per child); the zygote removes the variable from its environment.
+_BIND_NOW = ("LD_BIND_NOW", "1")
 
 
 class ForkServer:
     """``server.run(program, limits)``; not thread-safe: one per pool worker."""
 
     def __init__(self, config: SandboxConfig, isolation: Isolation, max_jobs: int = 1000) -> None:
-        if isolation.level != "bwrap":
-            raise ValueError(f"ForkServer needs the bwrap isolation level, not {isolation.level!r}")
+        if not forks_programs(isolation):
+            raise ValueError(f"ForkServer cannot keep the promises of isolation level {isolation.level!r} "
+                             f"(privileges dropped: {isolation.privileges_dropped}); see isolation.forks_programs")
         self.config, self.isolation, self.max_jobs = config, isolation, max_jobs
         self._proc: subprocess.Popen | None = None
         self._sock: socket.socket | None = None
@@ -56,17 +62,12 @@ class ForkServer:
     def _start(self) -> None:
         self._base, self._workdir = make_workdir(self.config)
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        files = {"/.marljax_harness.py": HARNESS_PATH, "/.marljax_zygote.py": ZYGOTE_PATH}
-        argv = bwrap_argv(self.config, self._workdir, self.isolation.privileges_dropped, files,
-                          ["/.marljax_zygote.py", "/.marljax_harness.py", str(theirs.fileno())], caps=("CAP_KILL",),
-                          # Resolve every symbol of libpython/libc once in the zygote, not lazily in each child
-                          # (fewer pages copied per child); the zygote removes the variable from its environment.
-                          env=(("LD_BIND_NOW", "1"),))
+        argv, env = self._argv(theirs.fileno())
         try:
             # stderr stays unread unless start-up fails: only bwrap's and the zygote's own errors go there.
             self._proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                          stderr=subprocess.PIPE, pass_fds=(theirs.fileno(),),
-                                          start_new_session=True, close_fds=True)
+                                          stderr=subprocess.PIPE, pass_fds=(theirs.fileno(),), cwd=self._workdir,
+                                          env=env, start_new_session=True, close_fds=True)
         except BaseException:
             ours.close()
             rmtree(self._base)
@@ -81,8 +82,20 @@ class ForkServer:
                 os.killpg(self._proc.pid, signal.SIGKILL)
             err = self._proc.stderr.read()
             self.close()
-            raise RuntimeError("the sandbox's fork server did not start (bwrap + zygote.py): "
+            raise RuntimeError(f"the sandbox's fork server did not start ({self.isolation.level} + zygote.py): "
                                + err.decode("utf-8", "replace")[-2000:])
+
+    def _argv(self, fd: int) -> tuple[list[str], dict | None]:
+        """The zygote's command line and environment at this server's isolation level."""
+        drop = self.isolation.privileges_dropped
+        if self.isolation.level == "bwrap":
+            files = {"/.marljax_harness.py": HARNESS_PATH, "/.marljax_zygote.py": ZYGOTE_PATH}
+            return bwrap_argv(self.config, self._workdir, drop, files,
+                              ["/.marljax_zygote.py", "/.marljax_harness.py", str(fd)], caps=("CAP_KILL",),
+                              env=(_BIND_NOW,)), None
+        args = [ZYGOTE_PATH, HARNESS_PATH, str(fd), json.dumps(jail_spec(self.config, drop))]
+        env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": "/tmp", "TMPDIR": "/tmp", _BIND_NOW[0]: _BIND_NOW[1]}
+        return unshare_argv(self.config, args), env
 
     def close(self) -> None:
         """Stop the sandbox and remove its working directory (idempotent)."""

@@ -140,8 +140,9 @@ def _format_tb(exc, n_chars):
 
 
 # ---------------------------------------------------------------- jail setup
-_MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_NOEXEC = 1, 2, 4, 8
+_MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_NOEXEC, _MS_REMOUNT = 1, 2, 4, 8, 32
 _MS_BIND, _MS_MOVE, _MS_REC = 4096, 8192, 16384
+_KEPT_OPTIONS = {b"nosuid": _MS_NOSUID, b"nodev": _MS_NODEV, b"noexec": _MS_NOEXEC}
 
 
 _LIBC = []  # (ctypes, libc) once loaded: a fork server's children reuse its handle
@@ -162,16 +163,39 @@ def _mount(libc_pair, src, target, fstype, flags, data=None):
         raise OSError(err, "mount %s on %s: %s" % (src, target, os.strerror(err)))
 
 
+def _mounts():
+    """[(mount point, nosuid/nodev/noexec flags)] of this mount namespace, in mount order."""
+    out = []
+    with open("/proc/self/mountinfo", "rb") as f:
+        for line in f:
+            fields = line.split()
+            point = fields[4]
+            for code in (b"\\040", b"\\011", b"\\012", b"\\134"):  # mountinfo escapes these as octal
+                point = point.replace(code, bytes([int(code[1:], 8)]))
+            flags = 0
+            for option in fields[5].split(b","):
+                flags |= _KEPT_OPTIONS.get(option, 0)
+            out.append((os.fsdecode(point), flags))
+    return out
+
+
+def _under(path, roots):
+    return any(path == r or path.startswith(r.rstrip("/") + "/") for r in roots)
+
+
 def _build_jail(jail, workdir):
     """``unshare`` level: runs as root in fresh mount+pid+net namespaces.
 
     * a fresh /proc for the new pid namespace (host processes invisible);
     * the working directory bind-mounted on /tmp and /var/tmp, small tmpfs on
-      /dev/shm and /run/lock (world-writable places no longer reach the host);
+      /dev/shm and /run/lock: the only writable places;
+    * every other mount of the host read-only (world-writable directories of the
+      host, e.g. /var/crash, no longer carry anything from one program to the next);
     * directories the dropped uid cannot traverse (e.g. a python under /root)
-      covered by a tmpfs that only re-exposes the interpreter's prefix.
+      covered by a tmpfs that only re-exposes the interpreter's prefix (read-only).
     """
     lc = _libc()
+    host_mounts = _mounts()
     _mount(lc, "proc", "/proc", "proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC)
     stage = None
     exposes = [p for p in jail.get("expose", []) if os.path.isdir(p)]
@@ -190,12 +214,23 @@ def _build_jail(jail, workdir):
         for s, p in staged:
             os.makedirs(p, mode=0o755, exist_ok=True)
             _mount(lc, s, p, None, _MS_MOVE)
+    writable = []
     for d in ("/var/tmp", "/tmp"):  # /tmp last: it hides the workdir path
         if os.path.isdir(d) and not os.path.islink(d):
             _mount(lc, workdir, d, None, _MS_BIND)
+            writable.append(d)
     for d in ("/dev/shm", "/run/lock"):
         if os.path.isdir(d) and not os.path.islink(d):
             _mount(lc, "tmpfs", d, "tmpfs", _MS_NOSUID | _MS_NODEV, "mode=1777,size=1m")
+            writable.append(d)
+    # Mounts now hidden under our own (the old /proc, anything below /tmp or a cover) cannot be reached.
+    hidden = ["/proc"] + writable + covers
+    for point, flags in host_mounts:
+        if not _under(point, hidden):
+            _mount(lc, None, point, None, _MS_REMOUNT | _MS_BIND | _MS_RDONLY | flags)
+    for p in exposes:  # binds of host directories: made read-only with their source mount's flags
+        flags = max((m for m in host_mounts if _under(p, [m[0]])), key=lambda m: len(m[0]))[1]
+        _mount(lc, None, p, None, _MS_REMOUNT | _MS_BIND | _MS_RDONLY | flags)
     os.chdir("/tmp")
 
 

@@ -9,8 +9,9 @@ Levels, strongest first (``sandbox.detect_isolation`` probes them once per proce
 ``unshare``  util-linux unshare (needs root or unprivileged user namespaces):
              new net/pid/mount/ipc/uts namespaces; the child harness mounts a
              fresh /proc, binds the working directory on /tmp and /var/tmp,
-             puts small tmpfs on /dev/shm and /run/lock, and re-exposes an
-             interpreter that lives under a private directory (e.g. /root).
+             puts small tmpfs on /dev/shm and /run/lock, makes every other
+             mount read-only, and re-exposes an interpreter that lives under a
+             private directory (e.g. /root).
 ``none``     rlimits, scrubbed environment, process-group kill only.
 """
 
@@ -43,9 +44,10 @@ class SandboxConfig:
       start-up: ``site`` is imported); default stdlib only (``python -I -S``).
     drop_privileges: when running as root, run programs as a throw-away uid.
     tmp_root: where working directories are created (default: the system temp dir).
-    fork_server: on the ``bwrap`` level, each ``SandboxPool`` worker keeps one
-      sandboxed interpreter warm and forks it per program (see ``fork_server.py``)
-      instead of starting bubblewrap and Python per program.
+    fork_server: each ``SandboxPool`` worker keeps one sandboxed interpreter warm
+      and forks it per program (see ``fork_server.py``) instead of starting the
+      sandbox and Python per program; on the ``bwrap`` level, and on ``unshare``
+      where programs run as a throw-away uid (``forks_programs``).
     """
 
     isolation: str = field(default_factory=lambda: os.environ.get("MARLJAX_SANDBOX_ISOLATION", "auto"))
@@ -155,16 +157,19 @@ def bwrap_harness_argv(config: SandboxConfig, workdir: str, payload: str, drop: 
     return bwrap_argv(config, workdir, drop, files, ["/.marljax_harness.py", "/.payload.json"])
 
 
-def python_argv(config: SandboxConfig, payload: str) -> list[str]:
-    return [config.python, "-I", "-B"] + ([] if config.site_packages else ["-S"]) + [HARNESS_PATH, payload]
+def python_argv(config: SandboxConfig, args: list[str]) -> list[str]:
+    """The sandbox's interpreter running ``args`` (a script and its arguments)."""
+    return [config.python, "-I", "-B"] + ([] if config.site_packages else ["-S"]) + args
 
 
-def unshare_argv(config: SandboxConfig, payload: str) -> list[str]:
+def unshare_argv(config: SandboxConfig, args: list[str]) -> list[str]:
+    """``python args...`` as pid 1 of fresh pid/net/mount/ipc/uts namespaces (and a user namespace
+    when not root), killed when ``unshare`` dies."""
     argv = ["unshare", "--net", "--pid", "--fork", "--kill-child", "--mount", "--propagation", "private",
             "--ipc", "--uts"]
     if not is_root():
         argv += ["--user", "--map-root-user"]
-    return argv + python_argv(config, payload)
+    return argv + python_argv(config, args)
 
 
 def jail_spec(config: SandboxConfig, drop: bool) -> dict:
@@ -194,6 +199,13 @@ def level_isolation(level: str, config: SandboxConfig) -> Isolation:
                          "util-linux unshare: net/pid/mount namespaces; private /tmp")
     return Isolation("none", False, False, drop, False,
                      "rlimits + scrubbed env + process-group kill only; network NOT denied")
+
+
+def forks_programs(isolation: Isolation) -> bool:
+    """Whether a fork server can keep this level's promises.  Under ``unshare`` without root the
+    programs would share the zygote's user namespace and its capabilities in it (they could unmount
+    the jail that the next program relies on), so that case starts a fresh sandbox per program."""
+    return isolation.level == "bwrap" or (isolation.level == "unshare" and isolation.privileges_dropped)
 
 
 def will_drop(level: str, config: SandboxConfig) -> bool:

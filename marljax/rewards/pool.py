@@ -2,8 +2,9 @@
 
 Each program still gets its own process (see ``sandbox.run_program``); the
 pool decides how many run at once.  Worker *threads* are enough: they spend
-their time blocked in ``poll``/``wait`` on the child.  On the ``bwrap`` level
-each worker forks its programs from its own warm sandbox (``fork_server.py``;
+their time blocked in ``poll``/``wait`` on the child.  Where the isolation level
+allows it (``isolation.forks_programs``: bwrap, or unshare as root) each worker
+forks its programs from its own warm sandbox (``fork_server.py``;
 ``SandboxConfig(fork_server=False)`` starts a fresh one per program).  The
 submission queue is bounded: ``submit`` blocks (or raises ``queue.Full`` with
 ``block=False`` / after ``timeout``) when ``max_queue`` programs are waiting.
@@ -19,6 +20,7 @@ from typing import Iterable
 
 from .fork_server import ForkServer
 from .formats import Program
+from .isolation import forks_programs
 from .results import ExecutionResult
 from .sandbox import Limits, SandboxConfig, detect_isolation, run_program
 
@@ -55,7 +57,7 @@ class SandboxPool:
     def _worker(self) -> None:
         # Started by this thread: bwrap's --die-with-parent follows the thread that spawned it.
         server = None
-        if self.config.fork_server and self.isolation.level == "bwrap":
+        if self.config.fork_server and forks_programs(self.isolation):
             server = ForkServer(self.config, self.isolation)
         try:
             while True:

@@ -223,9 +223,9 @@ def _run(program: Program, limits: Limits, config: SandboxConfig, iso: Isolation
         if iso.level == "bwrap":
             argv = bwrap_harness_argv(config, workdir, ppath, drop)
         elif iso.level == "unshare":
-            argv = unshare_argv(config, ppath)
+            argv = unshare_argv(config, [HARNESS_PATH, ppath])
         else:
-            argv = python_argv(config, ppath)
+            argv = python_argv(config, [HARNESS_PATH, ppath])
         env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": workdir, "TMPDIR": workdir}
         t_spawn = time.perf_counter()
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,

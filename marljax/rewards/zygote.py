@@ -1,9 +1,11 @@
 """A warm interpreter inside the sandbox that forks one child per program.
 
-Runs as ``python -I -S -B zygote.py <harness.py> <control fd>`` inside bubblewrap,
-as pid 2 of the sandbox's pid namespace (bwrap's reaper is pid 1; it refuses to run
-anywhere else, since it kills every other process it can see); the parent side
-is ``fork_server.py``.  Standard library only; never imported by marljax.
+Runs as ``python -I -S -B zygote.py <harness.py> <control fd> [<jail>]`` in a fresh pid
+namespace: as its pid 2 inside bubblewrap (bwrap's reaper is pid 1), or as its pid 1
+under ``unshare``, where it first builds the harness's filesystem jail (``<jail>``, JSON)
+once for all its programs.  It refuses to run anywhere else, since it kills every other
+process it can see.  The parent side is ``fork_server.py``.  Standard library only;
+never imported by marljax.
 
 Once warm it says ``ready\n``.  Per job, over the control socket (a stream):
 
@@ -18,11 +20,11 @@ Once warm it says ``ready\n``.  Per job, over the control socket (a stream):
    process left in the namespace except pid 1 and itself, reaps them (it is the namespace's child
    subreaper: no zombie of one job is left for the next to see), and answers one JSON line: ``{"exit": <returncode>,
    "dirty": <bool>}``.  ``dirty`` says the job left something outside the
-   working directory (SysV IPC objects, files in /dev/shm) that only a fresh
-   sandbox removes; the parent then replaces the server.
+   working directory (SysV IPC objects, files in /dev/shm or /run/lock) that only
+   a fresh sandbox removes; the parent then replaces the server.
 
-If the zygote cannot kill everything within a few seconds it exits, and bwrap
-tears the whole namespace down with it.
+If the zygote cannot kill everything within a few seconds it exits, and the kernel
+(pid 1 gone) or bwrap tears the whole namespace down with it.
 """
 
 import gc
@@ -127,10 +129,13 @@ def _dirty():
                 return True
         finally:
             os.close(fd)
-    try:
-        return bool(os.listdir(b"/dev/shm"))
-    except OSError:
-        return False
+    for name in (b"/dev/shm", b"/run/lock"):
+        try:
+            if os.listdir(name):
+                return True
+        except OSError:
+            continue
+    return False
 
 
 def _child(harness, sock, job, out_fd, rec_fd):
@@ -148,11 +153,15 @@ def _child(harness, sock, job, out_fd, rec_fd):
 
 
 def main():
-    if os.getpid() != 2:  # the sweep kills every other process of the namespace: never outside one
-        sys.exit("zygote.py must run as pid 2 of its own pid namespace (under bwrap --unshare-pid)")
+    # The sweep kills every other process of the namespace: never outside one (pids 1 and 2 of the
+    # host's namespace are init and kthreadd, so these two can only be a fresh namespace's).
+    if os.getpid() not in (1, 2):
+        sys.exit("zygote.py must run as pid 1 or 2 of its own pid namespace (under unshare or bwrap)")
     os.environ.pop("LD_BIND_NOW", None)  # set for this interpreter's start only (see fork_server.py)
     harness = _load_harness(sys.argv[1])
     sock = socket.socket(fileno=int(sys.argv[2]))
+    if len(sys.argv) > 3:  # unshare: the jail every program of this sandbox runs in, built once
+        harness._build_jail(json.loads(sys.argv[3]), os.getcwd())
     harness.warm_up()
     gc.freeze()  # children's garbage collections then leave the shared heap's pages alone (fewer copies)
     # Without a uid drop the programs share this uid: keep them from ptracing the zygote.

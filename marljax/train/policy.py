@@ -69,9 +69,9 @@ def load_model(spec: Any, mesh=None) -> tuple[ModelConfig, dict, Any]:
         if spec.tokenizer is not None:
             tokenizer = load_tokenizer(spec.tokenizer)
         else:
-            from marljax.models.testing import make_tiny_tokenizer
+            from marljax.models.tiny import make_tokenizer
 
-            tokenizer = make_tiny_tokenizer()
+            tokenizer = make_tokenizer()
         config = ModelConfig.preset(spec.preset, dtype=spec.dtype, param_dtype=spec.param_dtype, remat=remat,
                                     scan_layers=spec.scan_layers, eos_token_id=tokenizer.eos_token_id,
                                     pad_token_id=tokenizer.pad_token_id)

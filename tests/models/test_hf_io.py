@@ -43,6 +43,33 @@ def test_hf_to_marljax_to_hf_is_identical_and_loads_in_transformers(checkpoint, 
     assert torch.equal(want, got)
 
 
+@pytest.mark.parametrize("family,overrides", [("qwen3", {}), ("llama", dict(rope_scaling=None, head_dim=24)),
+                                              ("qwen2", dict(tie_word_embeddings=True))])
+def test_torch_free_checkpoint_loads_in_transformers_with_the_same_logits(tmp_path, family, overrides):
+    # The demo's checkpoints: written by marljax without torch, read by transformers as they are.
+    torch = pytest.importorskip("torch", reason="the transformers side of this check needs torch ([test] extra)")
+    import transformers
+
+    from marljax.models.tiny import write_random_checkpoint
+
+    path = write_random_checkpoint(tmp_path / family, family, seed=3, **overrides)
+    reference = transformers.AutoModelForCausalLM.from_pretrained(
+        str(path), dtype=torch.float32, attn_implementation="eager").eval()
+    assert reference.config.model_type == family
+    assert transformers.AutoTokenizer.from_pretrained(str(path)).eos_token_id == testing.EOS_ID
+    ids = np.random.RandomState(0).randint(3, 512, (2, 7))
+    with torch.no_grad():
+        want = reference(torch.tensor(ids)).logits.numpy()
+    model, _ = from_pretrained(path)
+    np.testing.assert_allclose(np.asarray(model(jnp.asarray(ids))[0]), want, rtol=2e-4, atol=2e-4)
+    # seeded: the same seed writes the same weights, another seed other ones
+    again = write_random_checkpoint(tmp_path / "again", family, seed=3, tokenizer=False, **overrides)
+    other = write_random_checkpoint(tmp_path / "other", family, seed=4, tokenizer=False, **overrides)
+    a, b, c = _tensors(path), _tensors(again), _tensors(other)
+    assert all(np.array_equal(a[n], b[n]) for n in a)
+    assert not np.array_equal(a["model.embed_tokens.weight"], c["model.embed_tokens.weight"])
+
+
 def test_bfloat16_checkpoint_round_trip_is_bit_exact(tmp_path):
     src = testing.make_tiny_checkpoint(tmp_path / "src", "qwen3", dtype="bfloat16", tokenizer=False)
     model, cfg = from_pretrained(src, dtype="bfloat16")

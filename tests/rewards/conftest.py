@@ -1,5 +1,6 @@
-"""Shared fixtures for the rewards tests: the isolation in force, a leak check, and the two ways
-a program reaches its sandbox (a fresh one, or a fork of a warm one)."""
+"""Shared fixtures for the rewards tests: the isolation levels this machine offers, a leak check,
+and the ways a program reaches its sandbox: a fresh one at each level, or a fork of a warm one at
+each level that can fork programs (``isolation.forks_programs``)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ import pytest
 
 from marljax.rewards import SandboxConfig, detect_isolation, run_program
 from marljax.rewards.fork_server import ZYGOTE_PATH, ForkServer
-from marljax.rewards.sandbox import HARNESS_PATH
+from marljax.rewards.isolation import forks_programs
+from marljax.rewards.sandbox import HARNESS_PATH, LEVELS
 
 
 def _own_temp_dir() -> None:
@@ -93,8 +95,45 @@ def open_fds() -> int:
     return len(os.listdir("/proc/self/fd"))
 
 
-@pytest.fixture(scope="session")
-def isolation():
+def _offered_levels() -> dict:
+    """{level: Isolation} for every level that works here, and {level: why not} for the others."""
+    offered, missing = {}, {}
+    for level in LEVELS:
+        try:
+            offered[level] = detect_isolation(SandboxConfig(isolation=level))
+        except RuntimeError as exc:
+            missing[level] = str(exc)
+    return offered, missing
+
+
+OFFERED, MISSING = _offered_levels()
+# (level, how): every level fresh, and forked from a warm sandbox where the level can keep its promises so.
+RUNS = [(level, how) for level, iso in OFFERED.items() for how in ("fresh", "fork_server")
+        if how == "fresh" or forks_programs(iso)]
+FORKING = [level for level, iso in OFFERED.items() if forks_programs(iso)]
+
+
+def pytest_report_header(config):
+    return [f"sandbox: levels offered here {list(OFFERED)}, fork server at {FORKING}",
+            *(f"sandbox: level {level!r} not offered: {why}" for level, why in MISSING.items())]
+
+
+@pytest.fixture(params=list(OFFERED))
+def level_config(request):
+    """A ``SandboxConfig`` naming each level offered here."""
+    return SandboxConfig(isolation=request.param)
+
+
+@pytest.fixture
+def isolation(request):
+    """The isolation in force: that of the ``run`` or ``forking_isolation`` parameter where the test
+    has one, else the strongest level here (what ``SandboxConfig()`` picks)."""
+    params = getattr(request.node, "callspec", None)
+    params = params.params if params is not None else {}
+    if "run" in params:
+        return OFFERED[params["run"][0]]
+    if "forking_isolation" in params:
+        return OFFERED[params["forking_isolation"]]
     return detect_isolation(SandboxConfig())
 
 
@@ -114,27 +153,27 @@ def no_leaks():
     assert open_fds() <= fds0, f"leaked file descriptors: {fds0} -> {open_fds()}"
 
 
-def _require_bwrap(isolation) -> None:
-    if isolation.level != "bwrap":
-        pytest.skip(f"the fork server needs bwrap; isolation here is {isolation.level!r}")
+_NO_FORKING = ("no isolation level here can fork programs from a warm sandbox (bwrap, or unshare as root): "
+               f"offered {list(OFFERED)}; missing: {MISSING}")
 
 
-@pytest.fixture
-def bwrap_isolation(isolation):
-    """The isolation in force where the fork server can run; skips (saying why) elsewhere."""
-    _require_bwrap(isolation)
-    return isolation
+@pytest.fixture(params=FORKING or [pytest.param(None, marks=pytest.mark.skip(reason=_NO_FORKING))])
+def forking_isolation(request):
+    """Each isolation in force here under which a fork server runs."""
+    return OFFERED[request.param]
 
 
-@pytest.fixture(params=["fresh", "fork_server"])
-def run(request, isolation, no_leaks):
-    """``run_program``: in a fresh sandbox per program, or forked from one warm sandbox (bwrap only).
+@pytest.fixture(params=RUNS, ids=[f"{level}-{how}" for level, how in RUNS])
+def run(request, no_leaks):
+    """``run_program`` at one isolation level: in a fresh sandbox per program, or forked from one
+    warm sandbox.
 
     Requests ``no_leaks`` itself so the leak check runs after the server has been closed.
     """
-    if request.param == "fresh":
-        yield run_program
+    level, how = request.param
+    config = SandboxConfig(isolation=level)
+    if how == "fresh":
+        yield lambda program, limits=None: run_program(program, limits, config)
         return
-    _require_bwrap(isolation)
-    with ForkServer(SandboxConfig(), isolation) as server:
+    with ForkServer(config, OFFERED[level]) as server:
         yield lambda program, limits=None: run_program(program, limits, server=server)

@@ -121,6 +121,31 @@ def test_writing_outside_the_working_directory(run, isolation, tmp_path):
         assert not os.path.exists(p), f"sandbox wrote {p} on the host"
 
 
+def test_files_left_anywhere_writable_do_not_reach_the_next_program(run, isolation):
+    if not isolation.fs_confined:
+        pytest.skip(f"isolation {isolation.level!r} does not confine writes (runs as the parent's user "
+                    "without a mount namespace)")
+    # The first program drops a file into every directory it can write (three levels deep from /,
+    # plus the usual world-writable places); the second looks for each of them.
+    token = "marljax-left-" + secrets.token_hex(8)
+    litter = ("import os\ndef f(token):\n    seen, left = set(), []\n"
+              "    todo = [('/', 0)] + [(d, 9) for d in ('/tmp', '/var/tmp', '/dev/shm', '/run/lock', '/dev/mqueue',"
+              " os.getcwd())]\n"
+              "    while todo:\n        d, depth = todo.pop()\n        if d in seen or d.startswith(('/proc', '/sys')):\n"
+              "            continue\n        seen.add(d)\n        try:\n"
+              "            with open(os.path.join(d, token), 'w') as fh:\n                fh.write('x')\n"
+              "            left.append(os.path.join(d, token))\n        except OSError:\n            pass\n"
+              "        if depth < 3:\n            try:\n"
+              "                todo += [(e.path, depth + 1) for e in os.scandir(d) if e.is_dir(follow_symlinks=False)]\n"
+              "            except OSError:\n                pass\n    return left\n")
+    first = run(call(litter, None, [token]), LIM)
+    left = eval(first.tests[0].actual)  # noqa: S307 - the program's JSON list of paths
+    assert os.path.join("/tmp", token) in left or any(p.startswith("/sandbox/") for p in left), left
+    look = "import os\ndef f(paths):\n    return [p for p in paths if os.path.exists(p)]\n"
+    res = run(call(look, [], [left]), LIM)
+    assert res.passed, f"left by the previous program: {res.tests[0].actual}"
+
+
 def test_reading_other_processes_environment(run, isolation):
     secret = "marljax-secret-" + secrets.token_hex(8)
     os.environ["MARLJAX_TEST_SECRET"] = secret  # in the parent's own environment ...

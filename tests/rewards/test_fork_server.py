@@ -13,13 +13,14 @@ import pytest
 
 from marljax.rewards import CallTest, Limits, Program, SandboxConfig, SandboxPool, Status, StdioTest, run_program
 from marljax.rewards.fork_server import ForkServer
+from marljax.rewards.isolation import forks_programs
 
 LIM = Limits(test_timeout_s=2.0, program_timeout_s=10.0, memory_mb=256)
 
 
 @pytest.fixture
-def server(bwrap_isolation, no_leaks):
-    with ForkServer(SandboxConfig(), bwrap_isolation) as srv:
+def server(forking_isolation, no_leaks):
+    with ForkServer(SandboxConfig(isolation=forking_isolation.level), forking_isolation) as srv:
         yield srv
 
 
@@ -46,7 +47,8 @@ def test_no_process_of_a_program_survives_into_the_next(server):
     daemon = ("import os, time\ndef f():\n    if os.fork() == 0:\n        os.setsid()\n        if os.fork() == 0:\n"
               "            time.sleep(60)\n        os._exit(0)\n    return 1\n")
     assert run_program(call(daemon, 1), LIM, server=server).passed
-    # Everything in the pid namespace but bwrap's reaper (1), the zygote (our parent) and us.
+    # Everything in the pid namespace but pid 1 (bwrap's reaper, or the zygote under unshare), the zygote
+    # (our parent) and us.
     census = ("import os\ndef f():\n    mine = {1, os.getppid(), os.getpid()}\n"
               "    return sorted(int(p) for p in os.listdir('/proc') if p.isdigit() and int(p) not in mine)\n")
     res = run_program(call(census, []), LIM, server=server)
@@ -82,8 +84,8 @@ def test_a_dead_sandbox_is_replaced(server):
     assert server.starts == 2
 
 
-def test_sandbox_is_recycled_after_max_jobs(bwrap_isolation, no_leaks):
-    with ForkServer(SandboxConfig(), bwrap_isolation, max_jobs=2) as server:
+def test_sandbox_is_recycled_after_max_jobs(forking_isolation, no_leaks):
+    with ForkServer(SandboxConfig(isolation=forking_isolation.level), forking_isolation, max_jobs=2) as server:
         for _ in range(5):
             assert run_program(call("def f():\n    return 1\n", 1), LIM, server=server).passed
         assert server.starts == 3
@@ -106,13 +108,13 @@ def test_pool_workers_fork_from_warm_sandboxes_unless_told_not_to(isolation, no_
     with SandboxPool(max_workers=2, limits=LIM, config=SandboxConfig(fork_server=False)) as pool:
         cold = pool.map(programs)
     assert all(r.passed for r in warm + cold)
-    assert [bool(r.extra.get("fork_server")) for r in warm] == [isolation.level == "bwrap"] * 6
+    assert [bool(r.extra.get("fork_server")) for r in warm] == [forks_programs(isolation)] * 6
     assert not any(r.extra.get("fork_server") for r in cold)
 
 
-def test_a_sandbox_that_cannot_start_is_an_error_not_a_failing_program(bwrap_isolation, tmp_path, no_leaks):
+def test_a_sandbox_that_cannot_start_is_an_error_not_a_failing_program(forking_isolation, tmp_path, no_leaks):
     missing = str(tmp_path / "no-such-python")
-    with ForkServer(SandboxConfig(python=missing), bwrap_isolation) as server:
+    with ForkServer(SandboxConfig(isolation=forking_isolation.level, python=missing), forking_isolation) as server:
         with pytest.raises(RuntimeError, match="did not start") as err:
             run_program(call("def f():\n    return 1\n", 1), LIM, server=server)
     assert "no-such-python" in str(err.value)
@@ -139,3 +141,13 @@ def test_a_leftover_child_in_its_own_session_is_killed_and_reaped(server):
         res = run_program(call(census, []), LIM, server=server)
         assert res.passed, res.tests[0].actual
     assert server.starts == 1
+
+
+def test_unshare_without_a_uid_drop_gets_no_fork_server():
+    # Programs would share the zygote's user namespace and its capabilities there: refused, not weakened.
+    from marljax.rewards.results import Isolation
+
+    shared_uid = Isolation("unshare", True, True, False, True, "unshare as a non-root user")
+    with pytest.raises(ValueError, match="cannot keep the promises"):
+        ForkServer(SandboxConfig(isolation="unshare"), shared_uid)
+    assert not forks_programs(shared_uid) and not forks_programs(Isolation("none", False, False, True, False, ""))
