@@ -67,6 +67,20 @@ def test_embedded_demo_quick_run(tmp_path, capsys):
         assert r["programs_per_step"] > 0 and r["seconds"]["sampling"] > 0 and r["seconds"]["update"] > 0
 
 
+def test_demo_refuses_a_directory_made_with_other_settings(tmp_path, capsys):
+    # A quick run's tiny models must never be resumed as if they were the full demo's.
+    import json
+
+    from marljax.demo.__main__ import main
+
+    (tmp_path / "settings.json").write_text(json.dumps({"sft_steps": 16}))
+    with pytest.raises(SystemExit):
+        main(["--out", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert str(tmp_path / "settings.json") in err and "other settings" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["settings.json"]  # nothing else was started
+
+
 def test_cli_dispatches_demo(capsys):
     from marljax import cli
 

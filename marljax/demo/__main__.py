@@ -1,6 +1,6 @@
 """The embedded demo: a heterogeneous two-agent MARS2 team learns to write code, on a laptop CPU.
 
-    python -m marljax.demo [--out runs/demo] [--quick]
+    python -m marljax.demo [--out DIR] [--quick] [--seed N]
 
 1. Creates two tiny random models of different families and sizes (a Qwen3
    and a Llama) and their tokenizer as Hugging Face checkpoints.
@@ -57,19 +57,34 @@ def compilation_cache(path: Path) -> None:
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
 
 
+def same_settings(out: Path, settings: DemoSettings) -> bool:
+    """Record `settings` in a new output directory; False when `out` was made with other ones."""
+    path = out / "settings.json"
+    mine = dataclasses.asdict(settings)
+    if path.exists():
+        return json.loads(path.read_text()) == mine
+    out.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(mine, indent=1))
+    return True
+
+
 def main(argv=None) -> int:
     if argv is None:  # from the command line: restart with host memory kept (see marljax.host_memory)
         from marljax.host_memory import restart_with_kept_memory
 
         restart_with_kept_memory(["-m", "marljax.demo", *sys.argv[1:]])
     parser = argparse.ArgumentParser(prog="python -m marljax.demo", description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=Path("runs/demo"), help="output directory (reused on rerun)")
+    parser.add_argument("--out", type=Path, help="output directory, reused on rerun (default: runs/demo, "
+                        "runs/demo-quick with --quick)")
     parser.add_argument("--quick", action="store_true", help="a few steps of each stage (a smoke run, no learning)")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     settings = DemoSettings(seed=args.seed, **(QUICK if args.quick else {}))
+    args.out = args.out or Path("runs/demo-quick" if args.quick else "runs/demo")
+    if not same_settings(args.out, settings):
+        parser.error(f"{args.out} holds a run with other settings ({args.out / 'settings.json'}): a rerun reuses "
+                     "its models and checkpoints, so give another --out or delete that directory")
     quiet()
-    args.out.mkdir(parents=True, exist_ok=True)
     compilation_cache(args.out / "xla_cache")
     start = time.perf_counter()
     print(f"marljax demo -> {args.out}", flush=True)
