@@ -192,7 +192,7 @@ def test_opening_a_network_socket(run, isolation):
     for c in accepted:
         c.close()
     if not isolation.network_denied:
-        pytest.skip(f"isolation {isolation.level!r} cannot deny network (no bwrap/unshare here); "
+        pytest.skip(f"isolation {isolation.level!r} cannot deny network (no network namespace at this level); "
                     f"the program reported {res.tests[0].actual or res.status.value}")
     assert res.passed, f"network reachable from the sandbox: {res.tests[0].actual}"
     assert not accepted
