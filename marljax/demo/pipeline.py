@@ -36,10 +36,9 @@ class DemoSettings:
     refine_examples: int = 256  # broken attempts + feedback -> fix: every 8th SFT batch
     rl_steps: int = 40
     rl_lr: float = 1e-3
-    # the Llama's own RL rate: at 1e-3 it collapsed to 0% pass@1 after one gradient spike (step 36 of 40,
-    # and with 16-node trees), while the Qwen3 stays stable there
+    # the Llama's own RL rate: at the Qwen3's it can collapse after a single gradient spike
     llama_rl_lr: float = 5e-4
-    mini_batches: int = 1  # optimiser steps per RL update (4 made the heterogeneous team collapse)
+    mini_batches: int = 1  # optimiser steps per RL update (more made the heterogeneous team collapse)
     problems_per_step: int = 8
     samples_per_problem: int = 8  # GRPO's group size = MARS2's nodes per tree: equal budgets
     teacher_slips: float = 0.5  # rate of the SFT teacher's classic slips (marljax.demo.teacher)
@@ -86,7 +85,7 @@ def run_config(name: str, run_dir: Path, models: dict[str, Path], agents: dict[s
     if len(agents) == 1:
         workflow = {"kind": "grpo", "group_size": s.samples_per_problem, "reward": s.reward}
     else:  # a team of two models normalises per agent inside each tree: with one group per tree the
-        # weaker Llama's advantages were negative on average and it collapsed (pass@1 15% -> 2%)
+        # weaker model's advantages are negative on average and it collapses
         workflow = {"kind": "mars2", "agents": sorted(agents), "max_nodes": s.samples_per_problem,
                     "expansions_per_round": s.samples_per_problem // 2, "stop_on_solve": False,
                     "reward": s.reward, "normalization": "tree" if len(used) == 1 else "agent"}

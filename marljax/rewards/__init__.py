@@ -1,4 +1,4 @@
-"""Verifiers: sandboxed code execution, math answers, synthetic tasks (issue 5).
+"""Verifiers: sandboxed code execution, math answers, synthetic tasks.
 
 Pure Python + stdlib (sympy optional); independent of JAX and of the models.
 

@@ -29,8 +29,8 @@ _STOP = object()
 
 def default_workers() -> int:
     """One more than the cores: a program's path passes between this process, the sandbox's
-    interpreter and the program's process, so one worker leaves its core idle part of the time
-    (demo-style programs on 2 cores: 1.71 ms per program with 2 workers, 1.45-1.52 with 3 or 4)."""
+    interpreter and the program's process, so one worker per core leaves cores idle part of the
+    time (benchmarks/RESULTS.md, "Cheaper sandboxed programs")."""
     return (os.cpu_count() or 1) + 1
 
 

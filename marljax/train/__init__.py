@@ -1,1 +1,1 @@
-"""Agents, policies, buffers, update step, checkpoints, data, loop (issue 6)."""
+"""Agents, policies, buffers, update step, checkpoints, data, loop."""
