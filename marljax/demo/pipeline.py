@@ -23,7 +23,6 @@ from marljax.train.config import RunConfig, config_from_dict
 from marljax.train.loop import Trainer
 from marljax.train.metrics import MetricsWriter
 from marljax.train.sft import run_sft
-from marljax.workflows.scoring import score_texts
 
 log = logging.getLogger(__name__)
 
@@ -142,7 +141,7 @@ def pass_at_1(trainer: Trainer, s: DemoSettings, known: dict[str, float] | None 
         gens = trainer.generator.generate([(agent, agent.render(p.prompt)) for p in problems], s.eval_samples,
                                           seed=s.seed + 12345)
         flat = [(p, g) for p, group in zip(problems, gens) for g in group]
-        scores = score_texts([p for p, _ in flat], [g.text for _, g in flat], trainer.pool)
+        scores = trainer.verifier.score([p for p, _ in flat], [g.text for _, g in flat])
         out[policy] = float(np.mean([sc.passed for sc in scores]))
     return out
 

@@ -13,11 +13,10 @@ import random
 import re
 from typing import Any, Callable, Sequence
 
-from marljax.rewards.feedback import error_feedback
+from marljax.rewards import error_feedback, score_texts
 from marljax.train.sft import reference_completion
 from marljax.workflows.base import Agent
 from marljax.workflows.mars2 import refine_prompt
-from marljax.workflows.scoring import score_texts
 
 
 def break_program(code: str, rng: random.Random, names: bool = False) -> str:

@@ -86,3 +86,21 @@ def error_feedback(result: ExecutionResult, max_chars: int = 2000, field_chars: 
             parts.append(f"The program failed ({st.value}).")
         text = "\n\n".join(parts)
     return _clip(text, max_chars)
+
+
+def public_feedback(result: ExecutionResult | None) -> str:
+    """What a team may be told about a program between turns: its public tests only ('' for math).
+
+    Unlike `error_feedback` it also reports success ("All 3 public tests passed.") and says when
+    a problem has no public tests, so that every turn gets a line about the last program.
+    """
+    if result is None:
+        return ""
+    if result.status in (Status.NO_CODE, Status.SYNTAX_ERROR):
+        return error_feedback(result)
+    public = [t for t in result.tests if t.split == "public"]
+    if not public:
+        return "No public tests."
+    if all(t.passed for t in public):
+        return f"All {len(public)} public tests passed."
+    return error_feedback(result)

@@ -14,25 +14,8 @@ from typing import Sequence
 
 import numpy as np
 
+from marljax.shapes import geometric_bucket, round_up
 from marljax.workflows.types import Sample
-
-
-def round_up(n: int, multiple: int) -> int:
-    return max(multiple, -(-n // multiple) * multiple)
-
-
-def geometric_bucket(n: int, unit: int = 1) -> int:
-    """The smallest `unit * b >= n` with `b` in 1, 2, 3, 4, 6, 8, 12, 16, ... (powers of two and
-    1.5 times them): at most a third is padding, and sizes up to `N` need O(log N) shapes."""
-    b = 1
-    while unit * b < n:
-        if b == 1:
-            b = 2
-        elif b & (b - 1) == 0:  # a power of two: next is 1.5 times it
-            b = b * 3 // 2
-        else:  # 1.5 times a power of two: next is the following power of two
-            b = b * 4 // 3
-    return unit * b
 
 
 def collate(samples: Sequence[Sample], *, micro_batch_size: int, pad_id: int = 0,

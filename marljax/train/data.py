@@ -6,7 +6,7 @@
         ...
         save(stream.get_state())                              # JSON; set_state() resumes exactly
 
-Row schemas and :class:`Problem` live in :mod:`marljax.train.data_schemas`.
+Row schemas live in :mod:`marljax.train.data_schemas`, :class:`Problem` in :mod:`marljax.rewards.problems`.
 """
 
 from __future__ import annotations

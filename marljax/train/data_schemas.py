@@ -4,52 +4,24 @@ Schemas: ``humaneval`` (OpenAI HumanEval rows), ``mbpp`` (MBPP and sanitized
 MBPP), ``stdio`` (LiveCodeBench / CodeContests / APPS input-output cases, on
 stdin or call-based with ``fn_name``) and ``math`` (a problem and its reference
 answer).  Rows are checked when they are read, so a bad row fails at load time
-with its ``path:line`` instead of mid-training.  A :class:`Problem` keeps its
-raw row in ``fields`` (JSON-able), so ``parse_row(p.fields, p.schema, p.source)``
-rebuilds it.
+with its ``path:line`` instead of mid-training.  A
+:class:`~marljax.rewards.problems.Problem` keeps its raw row in ``fields``
+(JSON-able), so ``parse_row(p.fields, p.schema, p.source)`` rebuilds it.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
-from marljax.rewards import Program, humaneval_program, io_program, mbpp_program
+from marljax.rewards.problems import Problem
 
 SCHEMAS = ("humaneval", "mbpp", "stdio", "math")
+__all__ = ["SCHEMAS", "DataError", "Problem", "detect_schema", "parse_row"]
 
 
 class DataError(ValueError):
     """A bad data file or row; the message starts with ``"path:line: "``."""
-
-
-@dataclass(frozen=True)
-class Problem:
-    id: str
-    prompt: str  # the text shown to the model
-    schema: str  # one of SCHEMAS
-    source: str  # "path:line"
-    fields: Mapping[str, Any]  # the raw row
-
-    def program(self, code: str) -> Program:
-        """This problem's tests around the untrusted ``code`` (code schemas only)."""
-        f = self.fields
-        if self.schema == "humaneval":
-            return humaneval_program(f, code)
-        if self.schema == "mbpp":
-            return mbpp_program(code, f["test_list"], setup=f.get("test_setup_code") or "",
-                                challenge_tests=f.get("challenge_test_list") or (),
-                                test_imports=f.get("test_imports") or ())
-        if self.schema == "stdio":
-            return io_program(code, f["inputs"], f["outputs"], fn_name=f.get("fn_name"), public=f.get("public"))
-        raise ValueError(f"{self.source}: {self.schema} problems have no program (problem {self.id!r}); "
-                         "score them with .answer")
-
-    @property
-    def answer(self) -> str | None:
-        """The reference answer of a math problem (as text); None for code problems."""
-        return str(self.fields["answer"]) if self.schema == "math" else None
 
 
 # ----------------------------------------------------------------- checking

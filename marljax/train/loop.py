@@ -8,6 +8,11 @@ and the loop state (data iterator, buffers, workflow state, counters) are
 checkpointed together; a restarted run resumes from the newest complete
 checkpoint and, with fixed seeds on CPU, reproduces the uninterrupted run.
 Per-step randomness is derived from `(seed, step)`, so it needs no state.
+
+The trainer owns what every workflow shares: the per-agent statistics of each
+rollout (`Rollout.metrics`: `agent_metrics` and `amplification_metrics` of
+`marljax.workflows.types`), the diversity of each agent's programs, and the
+policy versions, which its `PolicyGenerator` stamps on every generation.
 """
 
 from __future__ import annotations
@@ -17,31 +22,32 @@ import time
 from pathlib import Path
 from typing import Any
 
-import jax.numpy as jnp
 import numpy as np
 
-from marljax import kernels as K
-from marljax.rewards import Limits, SandboxPool
+from marljax.envs.grid import make_grid_problems
+from marljax.rewards import Limits, Problem, SandboxPool, SandboxVerifier
+from marljax.seeds import derive_seed
 from marljax.train import data as data_lib
 from marljax.train import distributed, memory
 from marljax.train.buffer import ExperienceBuffer
 from marljax.train.checkpoint import RunCheckpointer
-from marljax.train.config import RunConfig, dump_config
+from marljax.train.config import DataConfig, RunConfig, dump_config
+from marljax.train.generation import PolicyGenerator
 from marljax.train.metrics import MetricsWriter, Progress
 from marljax.train.policy import Policy
 from marljax.train.sft import run_sft
 from marljax.workflows import build_workflow
-from marljax.workflows.base import Agent, PolicyGenerator
+from marljax.workflows.base import Agent
 from marljax.workflows.diversity import per_agent_diversity
+from marljax.workflows.types import Rollout
+from marljax.workflows.types import amplification_metrics  # noqa: F401  benchmarks/bench_rl.py patches it here
 
 log = logging.getLogger(__name__)
 
 
-def load_split(cfg: Any, split: str) -> list:
+def load_split(cfg: DataConfig, split: str) -> list[Problem]:
     """Problems of the train or eval split from a JSONL file or a generator (code tasks, grids)."""
     if cfg.grid is not None:
-        from marljax.workflows.games import make_grid_problems
-
         g = cfg.grid
         n, seed = (g.n_train, g.seed) if split == "train" else (g.n_eval, g.seed + 1_000_000)
         return make_grid_problems(n, seed=seed, size=g.size)
@@ -54,29 +60,12 @@ def load_split(cfg: Any, split: str) -> list:
     return [] if path is None else data_lib.load_problems(path, cfg.schema)
 
 
-def amplification_metrics(samples: list) -> dict[str, float]:
-    """Dr. MAS's gradient amplification factor per agent under global normalisation
-    (1 for every agent means agent-wise and global normalisation agree)."""
-    names = sorted({s.agent for s in samples})
-    if len(names) < 2:
-        return {}
-    rewards = jnp.asarray([s.reward for s in samples], jnp.float32)
-    ids = jnp.asarray([names.index(s.agent) for s in samples], jnp.int32)
-    factor = np.asarray(K.amplification_factor(rewards, ids, len(names)))
-    return {f"agent/{a}/amplification": float(f) for a, f in zip(names, factor)}
-
-
-def diversity_of(samples: list, policies: dict) -> dict[str, float]:
+def diversity_of(rollout: Rollout) -> dict[str, float]:
     """Per-agent diversity of this step's programs, within each problem's group, averaged."""
     groups: dict[str, dict[str, list[str]]] = {}
-    for s in samples:
-        text = policies[s.policy].tokenizer.decode(s.completion_ids, skip_special_tokens=True)
-        groups.setdefault(s.agent, {}).setdefault(str(s.ids.get("problem")), []).append(text)
-    return per_agent_diversity({a: list(g.values()) for a, g in groups.items()})
-
-
-def step_seed(seed: int, step: int) -> int:
-    return int(np.random.SeedSequence([seed, step]).generate_state(1)[0])
+    for g, ids in zip(rollout.generations, rollout.ids):
+        groups.setdefault(g.agent, {}).setdefault(str(ids.get("problem")), []).append(g.text)
+    return per_agent_diversity({a: list(by_problem.values()) for a, by_problem in groups.items()})
 
 
 class Trainer:
@@ -118,10 +107,14 @@ class Trainer:
             self._pool = SandboxPool(max_workers=s.workers, limits=limits)
         return self._pool
 
+    @property
+    def verifier(self) -> SandboxVerifier:
+        return SandboxVerifier(self.pool)
+
     def loop_state(self) -> dict[str, Any]:
         return {"step": self.step, "data": self.stream.get_state(),
                 "buffers": {n: b.state_dict() for n, b in self.buffers.items()},
-                "workflow": getattr(self.workflow, "state_dict", dict)()}
+                "workflow": self.workflow.state_dict()}
 
     def save(self) -> None:
         self.checkpointer.save(self.step, {n: p.state() for n, p in self.policies.items()}, self.loop_state())
@@ -137,8 +130,7 @@ class Trainer:
         self.stream.set_state(loop["data"])
         for name, state in loop["buffers"].items():
             self.buffers[name].load_state_dict(state)
-        if hasattr(self.workflow, "load_state_dict"):
-            self.workflow.load_state_dict(loop["workflow"])
+        self.workflow.load_state_dict(loop["workflow"])
         self.step = int(loop["step"])
         log.info("resumed %s at step %d", self.run_dir, step)
         return True
@@ -175,13 +167,12 @@ class Trainer:
     def train_step(self) -> dict[str, float]:
         t0 = time.perf_counter()
         problems = next(self.stream)
-        rollout = self.workflow.rollout(problems, self.agents, self.generator, self.pool,
-                                        step_seed(self.cfg.seed, self.step))
+        rollout = self.workflow.rollout(problems, self.agents, self.generator, self.verifier,
+                                        derive_seed(self.cfg.seed, self.step))
         t1 = time.perf_counter()
-        for s in rollout.samples:
-            self.buffers[s.policy].add([s])
-        metrics = {**rollout.metrics, **amplification_metrics(rollout.samples),
-                   **diversity_of(rollout.samples, self.policies), **self.update_ready_policies()}
+        for k, name in enumerate(rollout.policy_names):
+            self.buffers[name].add([s for s, p in zip(rollout.samples, rollout.policy_ids) if p == k])
+        metrics = {**rollout.metrics, **diversity_of(rollout), **self.update_ready_policies()}
         self.step += 1
         metrics.update({"time/rollout_s": t1 - t0, "time/update_s": time.perf_counter() - t1})
         return metrics
@@ -189,7 +180,7 @@ class Trainer:
     def evaluate(self) -> dict[str, float]:
         if not self.eval_problems:
             return {}
-        return self.workflow.evaluate(self.eval_problems, self.agents, self.eval_generator, self.pool)
+        return self.workflow.evaluate(self.eval_problems, self.agents, self.eval_generator, self.verifier)
 
     def run(self) -> None:
         cfg, t = self.cfg, self.cfg.train

@@ -1,25 +1,36 @@
-"""The small protocol between workflows, agents and whatever generates text.
+"""The workflow contract: a typed config, a `Workflow` that rolls out and evaluates, and a registry.
 
-A workflow sees agents (name, role, template, policy name) and a `Generator`:
-`generate(requests, n, seed)` takes `(agent, prompt_text)` pairs and returns
-`n` generations for each. `PolicyGenerator` sends all requests of one policy
-to the sampler as one batch (across problems, trees and agents sharing the
-policy); tests drive the same workflows with a `ScriptedGenerator`.
+A workflow is one module: a config class (a `WorkflowSettings` whose `kind`
+is a Literal naming the workflow) and a `Workflow[Config]` subclass registered
+under that kind. The workflow reads its options from `self.cfg`, asks a
+`Generator` for text, scores it with a `Verifier`, assigns credit with the
+kernels and returns a `Rollout` of arrays; the trainer does everything common
+(per-agent metrics, buffers, versions, updates, checkpoints).
+
+    class EchoConfig(WorkflowSettings):
+        kind: Literal["echo"] = "echo"
+        group_size: int = Field(4, ge=2)
+
+    @register_workflow("echo")
+    class EchoWorkflow(Workflow[EchoConfig]):
+        def rollout(self, problems, agents, generator, verifier, seed): ...
+        def evaluate(self, problems, agents, generator, verifier): ...
 """
 
 from __future__ import annotations
 
+import abc
 import dataclasses
+import inspect
 import string
-from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable, Mapping, Protocol, Sequence
+import typing
+from typing import Any, Callable, ClassVar, Generic, Mapping, Protocol, Sequence, TypeVar
 
 import numpy as np
 
+from marljax.rewards import Problem, Verifier
 from marljax.settings import StrictModel
-from marljax.workflows.types import Sample
-
-PLACEHOLDERS = ("role", "problem", "feedback", "history")
+from marljax.workflows.types import Generation, Rollout
 
 
 class WorkflowSettings(StrictModel):
@@ -28,11 +39,7 @@ class WorkflowSettings(StrictModel):
     kind: str
 
     def check_agents(self, agents: Mapping[str, Any]) -> list[tuple[tuple[str, ...], str, Any]]:
-        """Cross-checks against the run's agents: `(key under workflow, problem, value)` each.
-        By default an `agent` option, if the workflow has one, must name an agent."""
-        name = getattr(self, "agent", None)
-        if name is not None and name not in agents:
-            return [(("agent",), f"unknown agent; known: {', '.join(agents)}", name)]
+        """Cross-checks against the run's agents: `(key under workflow, problem, value)` each."""
         return []
 
 
@@ -61,86 +68,10 @@ def template_fields(template: str) -> list[str]:
     return [name for _, name, _, _ in string.Formatter().parse(template) if name is not None]
 
 
-@dataclasses.dataclass(frozen=True)
-class Generation:
-    """One sampled completion: its text, token ids and the sampler's log-probs."""
-
-    text: str
-    prompt_ids: np.ndarray
-    completion_ids: np.ndarray
-    logprobs: np.ndarray
-    finish_reason: str = "stop"
-
-    def sample(self, agent: Agent, reward: float, advantage: float, version: int, **ids: Any) -> Sample:
-        return Sample(self.prompt_ids, self.completion_ids, self.logprobs, reward=reward, advantage=advantage,
-                      agent=agent.name, policy=agent.policy, version=version, ids=ids)
-
-
 class Generator(Protocol):
-    versions: Mapping[str, int]
-
     def generate(self, requests: Sequence[tuple[Agent, str]], n: int, seed: int) -> list[list[Generation]]:
-        """`n` generations for each `(agent, prompt_text)` request, in request order."""
-
-
-class PolicyGenerator:
-    """Generates with real policies: one sampler call per policy per `generate`."""
-
-    def __init__(self, policies: Mapping[str, Any], sampler: Any, max_prompt_len: int | None = None):
-        self.policies, self.sampler, self.max_prompt_len = policies, sampler, max_prompt_len
-
-    @property
-    def versions(self) -> dict[str, int]:
-        return {name: p.version for name, p in self.policies.items()}
-
-    def generate(self, requests, n, seed):
-        out: list[list[Generation] | None] = [None] * len(requests)
-        by_policy: dict[str, list[int]] = {}
-        for i, (agent, _) in enumerate(requests):
-            by_policy.setdefault(agent.policy, []).append(i)
-        jobs = [(k, name, idx) for k, (name, idx) in enumerate(sorted(by_policy.items()))]
-        if len(jobs) > 1 and disjoint_devices([self.policies[name] for _, name, _ in jobs]):
-            # policies on separate devices sample at the same time (JAX releases the GIL while they run)
-            with ThreadPoolExecutor(len(jobs)) as pool:
-                results = list(pool.map(lambda job: self._generate_one(requests, n, seed, *job), jobs))
-        else:
-            results = [self._generate_one(requests, n, seed, *job) for job in jobs]
-        for (_, _, idx), gens in zip(jobs, results):
-            for i, g in zip(idx, gens):
-                out[i] = g
-        return out
-
-    def _generate_one(self, requests, n, seed, k, name, idx) -> list[list[Generation]]:
-        policy = self.policies[name]
-        tok = policy.tokenizer
-        prompts = [tok(requests[i][1])["input_ids"] for i in idx]
-        if self.max_prompt_len:  # keep the end of an over-long prompt (the question is last)
-            prompts = [p[-self.max_prompt_len:] for p in prompts]
-        res = policy.generate(prompts, n=n, seed=(seed * 1009 + k) % 2**32, sampler=self.sampler)
-        out = []
-        for j in range(len(idx)):
-            gens = []
-            for r in range(j * n, (j + 1) * n):
-                L = int(res.lengths[r])
-                ids = res.tokens[r, :L]
-                gens.append(Generation(tok.decode(ids, skip_special_tokens=True), np.asarray(prompts[j]),
-                                       ids, res.sampling_logprobs[r, :L], str(res.finish_reason[r])))
-            out.append(gens)
-        return out
-
-
-def disjoint_devices(policies: Sequence[Any]) -> bool:
-    """True when every policy samples on its own mesh and no two meshes share a device."""
-    seen: set = set()
-    for p in policies:
-        mesh = getattr(p, "sampler_mesh", None)
-        if mesh is None:
-            return False
-        devices = set(mesh.devices.flat)
-        if devices & seen:
-            return False
-        seen |= devices
-    return True
+        """`n` generations for each `(agent, prompt_text)` request, in request order, each stamped
+        with the agent's name, its policy and that policy's current version."""
 
 
 class ScriptedGenerator:
@@ -152,21 +83,112 @@ class ScriptedGenerator:
         self.versions = dict(versions or {})
         self.calls: list[tuple[str, int]] = []  # (policy, number of prompts) per sampler batch
 
-    def generate(self, requests, n, seed):
+    def generate(self, requests: Sequence[tuple[Agent, str]], n: int, seed: int) -> list[list[Generation]]:
         policies = sorted({a.policy for a, _ in requests})
         self.calls += [(p, sum(a.policy == p for a, _ in requests)) for p in policies]
-        encode = lambda s: np.frombuffer(s.encode(), np.uint8).astype(np.int32)  # noqa: E731
         out = []
         for agent, prompt in requests:
             texts = [self.script(agent, prompt, k, seed) for k in range(n)]
-            out.append([Generation(t, encode(prompt), encode(t), np.zeros(len(t.encode()), np.float32))
+            out.append([Generation(t, _bytes(prompt), _bytes(t), np.zeros(len(t.encode()), np.float32),
+                                   agent=agent.name, policy=agent.policy,
+                                   version=self.versions.get(agent.policy, 0))
                         for t in texts])
         return out
 
 
-@dataclasses.dataclass
-class Rollout:
-    """A workflow's output for one batch of problems."""
+def _bytes(text: str) -> np.ndarray:
+    return np.frombuffer(text.encode(), np.uint8).astype(np.int32)
 
-    samples: list[Sample]
-    metrics: dict[str, float]
+
+C = TypeVar("C", bound=WorkflowSettings)
+
+
+class Workflow(abc.ABC, Generic[C]):
+    """Base of every workflow: owns its config `cfg` (of the type in `Workflow[...]`).
+
+    Build one from a config object, or from its options: by keyword, or by
+    position in the config's field order. State that must survive a restart
+    (e.g. running averages) goes through `state_dict` / `load_state_dict`,
+    which the trainer checkpoints with the loop.
+    """
+
+    config_type: ClassVar[type[WorkflowSettings]]
+    cfg: C
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        for base in getattr(cls, "__orig_bases__", ()):
+            if typing.get_origin(base) is Workflow:
+                (cls.config_type,) = typing.get_args(base)
+
+    def __init__(self, *args: Any, **options: Any):
+        if len(args) == 1 and not options and isinstance(args[0], WorkflowSettings):
+            if not isinstance(args[0], self.config_type):
+                raise TypeError(f"{type(self).__name__} is configured by {self.config_type.__name__}, "
+                                f"not {type(args[0]).__name__}")
+            self.cfg = args[0]
+            return
+        names = [name for name in self.config_type.model_fields if name != "kind"]
+        if len(args) > len(names):
+            raise TypeError(f"{type(self).__name__} takes at most {len(names)} options, got {len(args)}")
+        self.cfg = self.config_type(**dict(zip(names, args)), **options)
+
+    @classmethod
+    def from_config(cls, cfg: C) -> Workflow[C]:
+        return cls(cfg)
+
+    @abc.abstractmethod
+    def rollout(self, problems: Sequence[Problem], agents: Mapping[str, Agent], generator: Generator,
+                verifier: Verifier, seed: int) -> Rollout:
+        """Sample, score and credit one batch of problems (`seed` fixes every random choice)."""
+
+    @abc.abstractmethod
+    def evaluate(self, problems: Sequence[Problem], agents: Mapping[str, Agent], generator: Generator,
+                 verifier: Verifier) -> dict[str, float]:
+        """Held-out metrics, keys `eval/...`; the trainer passes a greedy generator."""
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        del state  # stateless by default
+
+
+# kind -> (config class, workflow class); the run config's `workflow` section is validated
+# against the config classes, in registration order (the first is the default kind).
+REGISTRY: dict[str, tuple[type[WorkflowSettings], type[Workflow]]] = {}
+
+
+def register_workflow(kind: str) -> Callable[[type[Workflow]], type[Workflow]]:
+    """Class decorator: make a `Workflow[Config]` subclass the workflow of `workflow.kind: <kind>`."""
+
+    def register(cls: type[Workflow]) -> type[Workflow]:
+        if not (isinstance(cls, type) and issubclass(cls, Workflow)):
+            raise TypeError(f"@register_workflow({kind!r}) needs a Workflow subclass, got {cls!r}")
+        if inspect.isabstract(cls):
+            missing = ", ".join(sorted(cls.__abstractmethods__))
+            raise TypeError(f"workflow {cls.__name__} cannot be registered: it does not implement {missing}")
+        config = getattr(cls, "config_type", None)
+        if not (isinstance(config, type) and issubclass(config, WorkflowSettings)):
+            raise TypeError(f"workflow {cls.__name__} must subclass Workflow[<its WorkflowSettings>]")
+        if config.model_fields["kind"].default != kind:
+            raise TypeError(f"{config.__name__}.kind must default to {kind!r} (a Literal[{kind!r}] field), "
+                            f"got {config.model_fields['kind'].default!r}")
+        known = REGISTRY.get(kind)
+        if known is not None and _qualified(known[1]) != _qualified(cls):
+            raise ValueError(f"workflow kind {kind!r} is already registered by {_qualified(known[1])}")
+        REGISTRY[kind] = (config, cls)
+        return cls
+
+    return register
+
+
+def _qualified(cls: type) -> str:
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def build_workflow(cfg: WorkflowSettings) -> Workflow:
+    """The workflow for a config's `workflow` section (dispatch on `kind`)."""
+    if cfg.kind not in REGISTRY:
+        raise ValueError(f"unknown workflow kind {cfg.kind!r}; known: {sorted(REGISTRY)}")
+    return REGISTRY[cfg.kind][1](cfg)

@@ -24,7 +24,9 @@ router is not asked.
 Rewards: the episode reward R is the fraction of all tests (public and
 private) passed by the final program (math: the answer is right). Every solver
 and router turn gets R; a verifier turn gets 1 when its verdict was right
-(ACCEPT iff the program it reviewed passes all tests), else 0.
+(ACCEPT iff the program it reviewed passes all tests), else 0. A solver or
+router turn passes when the final program passes every test, a verifier turn
+when its verdict was right.
 
 Advantages (Dr. MAS): agent-wise, ``A_i = (r_i - mu_{p,k}) / (sigma_{p,k} + eps)``
 over the turns of agent k in the G episodes of problem p
@@ -45,11 +47,13 @@ import jax.numpy as jnp
 import numpy as np
 from pydantic import Field, model_validator
 
-from marljax import kernels as K
-from marljax.rewards import Status, error_feedback, extract_code
-from marljax.workflows.base import Agent, Generation, Generator, Rollout, WorkflowSettings
+from marljax import kernels
+from marljax.rewards import Problem, Score, Verifier, extract_code, public_feedback
+from marljax.seeds import derive_seed
+from marljax.shapes import power_of_two_bucket
+from marljax.workflows.base import Agent, Generator, Workflow, WorkflowSettings, register_workflow
 from marljax.workflows.diversity import grouped_diversity
-from marljax.workflows.scoring import Score, score_texts
+from marljax.workflows.types import Generation, Rollout
 
 ROLES = ("solver", "verifier", "router")
 _VERDICT = re.compile(r"\b(ACCEPT|REVISE)\b", re.I)
@@ -70,30 +74,22 @@ def parse_route(text: str, names: Sequence[str]) -> str | None:
     return min(hits)[1] if hits else None
 
 
-def public_feedback(score: Score) -> str:
-    """What the sandbox may tell the team: public tests only (private tests are the held-out reward)."""
-    res = score.result
-    if res is None:  # math: no tests
-        return ""
-    if res.status in (Status.NO_CODE, Status.SYNTAX_ERROR):
-        return error_feedback(res)
-    public = [t for t in res.tests if t.split == "public"]
-    if not public:
-        return "No public tests."
-    if all(t.passed for t in public):
-        return f"All {len(public)} public tests passed."
-    return error_feedback(res)
+def _fence(code: str, problem: Problem) -> str:
+    return code if problem.is_math else f"```python\n{code}\n```"
 
 
-def _fence(code: str, schema: str) -> str:
-    return code if schema == "math" else f"```python\n{code}\n```"
+@dataclasses.dataclass
+class Turn:
+    role: str
+    generation: Generation
+    reward: float  # the verifier's own; solver and router turns get the episode's when it ends
 
 
 @dataclasses.dataclass
 class Episode:
-    problem: Any
+    problem: Problem
     group: int  # problem index in the batch
-    turns: list[tuple[str, Generation, float]] = dataclasses.field(default_factory=list)  # role, gen, reward
+    turns: list[Turn] = dataclasses.field(default_factory=list)
     code: str = ""  # latest program (math: the latest answer text)
     score: Score | None = None
     feedback: str = ""  # public-test feedback on `code`
@@ -126,20 +122,19 @@ class DrMasConfig(WorkflowSettings):
 
     def check_agents(self, agents: Mapping[str, Any]):
         return [((role,), f"unknown agent; known: {', '.join(agents)}", name)
-                for role in ROLES if (name := getattr(self, role)) is not None and name not in agents]
+                for role, name in self.names.items() if name is not None and name not in agents]
+
+    @property
+    def names(self) -> dict[str, str | None]:
+        """Role -> agent name (None: no router)."""
+        return {"solver": self.solver, "verifier": self.verifier, "router": self.router}
 
 
-class DrMasWorkflow:
-    def __init__(self, solver: str = "solver", verifier: str = "verifier", router: str | None = None,
-                 max_loops: int = 2, group_size: int = 4, normalization: str = "agent"):
-        DrMasConfig(solver=solver, verifier=verifier, router=router, max_loops=max_loops, group_size=group_size,
-                    normalization=normalization)  # same checks as the config
-        self.names = {"solver": solver, "verifier": verifier, "router": router}
-        self.max_loops, self.group_size, self.normalization = max_loops, group_size, normalization
-
-    @classmethod
-    def from_config(cls, cfg: Any) -> "DrMasWorkflow":
-        return cls(cfg.solver, cfg.verifier, cfg.router, cfg.max_loops, cfg.group_size, cfg.normalization)
+@register_workflow("dr_mas")
+class DrMasWorkflow(Workflow[DrMasConfig]):
+    @property
+    def names(self) -> dict[str, str | None]:
+        return self.cfg.names
 
     @property
     def roles(self) -> list[str]:
@@ -147,127 +142,120 @@ class DrMasWorkflow:
 
     # ------------------------------------------------------------- prompts
     def _prompt(self, role: str, ep: Episode, agent: Agent) -> str:
-        p, code = ep.problem, _fence(ep.code, ep.problem.schema)
+        p, code = ep.problem, _fence(ep.code, ep.problem)
         if role == "solver" and not ep.used["solver"]:
             return agent.render_in_context(p.prompt)
         if role == "solver":
             return agent.render_in_context(p.prompt, history=f"Your previous solution:\n{code}",
-                          feedback=f"Reviewer comments:\n{ep.comments or '(none)'}\n\n"
-                                   "Revise your solution and reply with it in full.")
+                                           feedback=f"Reviewer comments:\n{ep.comments or '(none)'}\n\n"
+                                                    "Revise your solution and reply with it in full.")
         tests = f"Public test results:\n{ep.feedback}\n\n" if ep.feedback else ""
         if role == "verifier":
             return agent.render_in_context(p.prompt, history=f"Candidate solution:\n{code}",
-                          feedback=tests + "Reply ACCEPT if the solution is correct, otherwise REVISE "
-                                           "followed by comments for its author.")
+                                           feedback=tests + "Reply ACCEPT if the solution is correct, otherwise "
+                                                            "REVISE followed by comments for its author.")
         review = f"\n\nLatest review: {ep.verdict} {ep.comments}".rstrip() if ep.verdict else ""
         s, v = self.names["solver"], self.names["verifier"]
         return agent.render_in_context(p.prompt, history=f"Latest solution:\n{code}\n\n{tests}{review}".strip(),
-                      feedback=f"Who acts next? Reply with one name: {s} (writes or revises the solution) "
-                               f"or {v} (reviews it).")
+                                       feedback=f"Who acts next? Reply with one name: {s} (writes or revises the "
+                                                f"solution) or {v} (reviews it).")
 
     # --------------------------------------------------------------- turns
-    def _solved(self, eps: list[Episode], gens: list[Generation], pool: Any) -> None:
-        scores = score_texts([e.problem for e in eps], [g.text for g in gens], pool)
+    def _record_solutions(self, eps: list[Episode], gens: list[Generation], verifier: Verifier) -> None:
+        scores = verifier.score([e.problem for e in eps], [g.text for g in gens])
         for e, g, s in zip(eps, gens, scores):
-            e.turns.append(("solver", g, 0.0))  # reward set when the episode ends
-            e.code = g.text.strip() if e.problem.schema == "math" else extract_code(g.text).code
-            e.score, e.feedback, e.used["solver"] = s, public_feedback(s), e.used["solver"] + 1
+            e.turns.append(Turn("solver", g, 0.0))  # reward set when the episode ends
+            e.code = g.text.strip() if e.problem.is_math else extract_code(g.text).code
+            e.score, e.feedback, e.used["solver"] = s, public_feedback(s.result), e.used["solver"] + 1
             e.next_role = "verifier"
 
-    def _reviewed(self, e: Episode, g: Generation) -> None:
+    def _record_review(self, e: Episode, g: Generation) -> None:
         e.accepted, e.comments = parse_verdict(g.text)
         e.verdict = "ACCEPT" if e.accepted else "REVISE"
-        e.turns.append(("verifier", g, float(e.accepted == e.score.passed)))
+        e.turns.append(Turn("verifier", g, float(e.accepted == e.score.passed)))
         e.used["verifier"] += 1
         e.next_role = "solver"
 
-    def _left(self, e: Episode) -> list[str]:
-        return [r for r in ("solver", "verifier") if e.used[r] < self.max_loops]
+    def _turns_left(self, e: Episode) -> list[str]:
+        """The roles among solver and verifier that may still act."""
+        return [r for r in ("solver", "verifier") if e.used[r] < self.cfg.max_loops]
 
-    def _episodes(self, problems, agents: dict[str, Agent], generator: Generator, pool: Any, seed: int,
-                  G: int) -> list[Episode]:
+    def _episodes(self, problems: Sequence[Problem], agents: Mapping[str, Agent], generator: Generator,
+                  verifier: Verifier, seed: int, G: int) -> list[Episode]:
         agent = {r: agents[self.names[r]] for r in self.roles}
         eps = [Episode(p, i) for i, p in enumerate(problems) for _ in range(G)]
         gens = generator.generate([(agent["solver"], self._prompt("solver", eps[i * G], agent["solver"]))
                                    for i in range(len(problems))], G, seed)
-        self._solved(eps, [g for group in gens for g in group], pool)
-        stage = 0
+        self._record_solutions(eps, [g for group in gens for g in group], verifier)
+        calls = 0  # generate calls after the first
         while True:
             for e in eps:
-                left = self._left(e)
+                left = self._turns_left(e)
                 e.done = e.done or e.accepted or not left
                 if not e.done and e.next_role not in left:
                     e.next_role = left[0]  # the named (or default) agent has no turns left
             active = [e for e in eps if not e.done]
             if not active:
                 return eps
-            ask = [e for e in active if len(self._left(e)) == 2] if "router" in agent else []
-            if ask:  # one router call for every episode that has a choice
-                stage += 1
+            to_route = [e for e in active if len(self._turns_left(e)) == 2] if "router" in agent else []
+            if to_route:  # one router call for every episode that has a choice
+                calls += 1
                 gens = generator.generate([(agent["router"], self._prompt("router", e, agent["router"]))
-                                           for e in ask], 1, seed + 7919 * stage)
-                for e, (g,) in zip(ask, gens):
+                                           for e in to_route], 1, derive_seed(seed, calls, "stage"))
+                for e, (g,) in zip(to_route, gens):
                     named = parse_route(g.text, [self.names["solver"], self.names["verifier"]])
-                    e.turns.append(("router", g, 0.0))
+                    e.turns.append(Turn("router", g, 0.0))
                     if named is not None:
                         e.routed += 1
                         e.next_role = "solver" if named == self.names["solver"] else "verifier"
-            stage += 1
+            calls += 1
             gens = generator.generate([(agent[e.next_role], self._prompt(e.next_role, e, agent[e.next_role]))
-                                       for e in active], 1, seed + 7919 * stage)
+                                       for e in active], 1, derive_seed(seed, calls, "stage"))
             solved = [(e, g) for e, (g,) in zip(active, gens) if e.next_role == "solver"]
             for e, (g,) in zip(active, gens):
                 if e.next_role == "verifier":
-                    self._reviewed(e, g)
+                    self._record_review(e, g)
             if solved:
-                self._solved([e for e, _ in solved], [g for _, g in solved], pool)
+                self._record_solutions([e for e, _ in solved], [g for _, g in solved], verifier)
 
     # ----------------------------------------------------------- interface
-    def rollout(self, problems: Sequence[Any], agents: dict[str, Agent], generator: Generator,
-                pool: Any, seed: int) -> Rollout:
-        G, P, roles = self.group_size, len(problems), self.roles
-        eps = self._episodes(problems, agents, generator, pool, seed, G)
-        flat = []  # (episode index, turn index, role, generation, reward)
-        for n, e in enumerate(eps):
-            R = e.score.reward  # the final program's
-            flat += [(n, t, role, g, R if role != "verifier" else r) for t, (role, g, r) in enumerate(e.turns)]
-        # padded to a power of two (masked out) so the jitted kernels compile for few sizes
+    def rollout(self, problems: Sequence[Problem], agents: Mapping[str, Agent], generator: Generator,
+                verifier: Verifier, seed: int) -> Rollout:
+        G, P, roles = self.cfg.group_size, len(problems), self.roles
+        eps = self._episodes(problems, agents, generator, verifier, seed, G)
+        flat = [(n, t, turn) for n, e in enumerate(eps) for t, turn in enumerate(e.turns)]
         N = len(flat)
-        size = 1 << max(N - 1, 0).bit_length()
-        rewards = np.zeros(size, np.float32)
+        rewards = np.array([turn.reward if turn.role == "verifier" else eps[n].score.reward
+                            for n, _, turn in flat], np.float64)
+        passed = [turn.reward if turn.role == "verifier" else eps[n].score.passed for n, _, turn in flat]
+        # padded to a power of two (masked out) so the jitted kernels compile for few sizes
+        size = power_of_two_bucket(N)
+        padded = np.zeros(size, np.float32)
         agent_ids, group_ids = np.zeros(size, np.int32), np.zeros(size, np.int32)
-        rewards[:N] = [f[4] for f in flat]
-        agent_ids[:N] = [roles.index(f[2]) for f in flat]
-        group_ids[:N] = [eps[f[0]].group for f in flat]
+        padded[:N] = rewards
+        agent_ids[:N] = [roles.index(turn.role) for _, _, turn in flat]
+        group_ids[:N] = [eps[n].group for n, _, _ in flat]
         mask = jnp.arange(size) < N
-        adv, stats = K.dr_mas_advantages(jnp.asarray(rewards), jnp.asarray(agent_ids), len(roles), mask,
-                                         group_ids=jnp.asarray(group_ids), num_groups=P)
-        if self.normalization == "global":  # all agents of a problem together (GRPO's group baseline)
-            adv = K.group_advantages(jnp.asarray(rewards), jnp.asarray(group_ids), P, mask)
-        adv, rewards, agent_ids = np.asarray(adv)[:N], rewards[:N], agent_ids[:N]
-        samples = []
-        for k, (n, t, role, g, r) in enumerate(flat):
-            a = agents[self.names[role]]
-            samples.append(g.sample(a, float(r), float(adv[k]), generator.versions.get(a.policy, 0),
-                                    problem=eps[n].problem.id, episode=n, node=t, parent=t - 1, depth=t, turn=t))
-        return Rollout(samples, self._metrics(eps, rewards, adv, agent_ids, stats))
+        advantages, stats = kernels.dr_mas_advantages(jnp.asarray(padded), jnp.asarray(agent_ids), len(roles), mask,
+                                                      group_ids=jnp.asarray(group_ids), num_groups=P)
+        if self.cfg.normalization == "global":  # all agents of a problem together (GRPO's group baseline)
+            advantages = kernels.group_advantages(jnp.asarray(padded), jnp.asarray(group_ids), P, mask)
+        ids = [dict(problem=eps[n].problem.id, episode=n, node=t, parent=t - 1, depth=t, turn=t) for n, t, _ in flat]
+        return Rollout([turn.generation for _, _, turn in flat], ids, rewards, np.asarray(advantages)[:N], passed,
+                       self._extras(eps, agent_ids[:N], stats))
 
-    def _metrics(self, eps, rewards, adv, agent_ids, stats) -> dict[str, float]:
+    def _extras(self, eps: list[Episode], agent_ids: np.ndarray, stats: Mapping[str, Any]) -> dict[str, float]:
         out = {"team/reward": float(np.mean([e.score.reward for e in eps])),
                "team/pass_rate": float(np.mean([e.score.passed for e in eps])),
                "team/accept_rate": float(np.mean([e.accepted for e in eps])),
                "team/loops": float(np.mean([e.used["solver"] for e in eps])),
                "team/turns": float(np.mean([len(e.turns) for e in eps]))}
         for k, role in enumerate(self.roles):
-            pre, sel = f"agent/{self.names[role]}", agent_ids == k
-            out.update({f"{pre}/reward": float(rewards[sel].mean()) if sel.any() else 0.0,
-                        f"{pre}/adv_mean": float(adv[sel].mean()) if sel.any() else 0.0,
-                        f"{pre}/adv_std": float(adv[sel].std()) if sel.any() else 0.0,
-                        f"{pre}/turns": float(sel.sum()) / len(eps),
-                        f"{pre}/amplification": float(stats["amplification"][k]),
-                        f"{pre}/reward_std": float(stats["agent_std"][k])})
+            name = self.names[role]
+            out[f"agent/{name}/turns"] = float((agent_ids == k).sum()) / len(eps)
+            out[f"agent/{name}/reward_std"] = float(stats["agent_std"][k])
         if self.names["router"] is not None:
-            asked = sum(r == "router" for e in eps for r, _, _ in e.turns)
+            asked = sum(turn.role == "router" for e in eps for turn in e.turns)
             out[f"agent/{self.names['router']}/parse_rate"] = sum(e.routed for e in eps) / max(asked, 1)
         groups: dict[int, list[str]] = {}
         for e in eps:
@@ -275,11 +263,11 @@ class DrMasWorkflow:
         out.update(grouped_diversity(list(groups.values()), "team"))
         return out
 
-    def evaluate(self, problems: Sequence[Any], agents: dict[str, Agent], generator: Generator,
-                 pool: Any) -> dict[str, float]:
+    def evaluate(self, problems: Sequence[Problem], agents: Mapping[str, Agent], generator: Generator,
+                 verifier: Verifier) -> dict[str, float]:
         """One (greedy, with a greedy generator) episode per held-out problem: the team's pass@1."""
-        eps = self._episodes(problems, agents, generator, pool, 0, 1)
-        verdicts = [r for e in eps for role, _, r in e.turns if role == "verifier"]
+        eps = self._episodes(problems, agents, generator, verifier, 0, 1)
+        verdicts = [turn.reward for e in eps for turn in e.turns if turn.role == "verifier"]
         return {"eval/team/pass_at_1": float(np.mean([e.score.passed for e in eps])),
                 "eval/team/reward": float(np.mean([e.score.reward for e in eps])),
                 "eval/team/loops": float(np.mean([e.used["solver"] for e in eps])),

@@ -13,16 +13,14 @@ import jax.numpy as jnp
 import numpy as np
 from pydantic import Field
 
-from marljax import kernels as K
-from marljax.workflows.base import Agent, Generator, Rollout, WorkflowSettings
-from marljax.workflows.scoring import RewardKind, as_reward, check_reward_kind, score_texts
+from marljax import kernels
+from marljax.rewards import Problem, Verifier
+from marljax.workflows.base import Agent, Generator, Workflow, WorkflowSettings, register_workflow
+from marljax.workflows.scoring import RewardKind, as_reward
+from marljax.workflows.types import Rollout
 
-ESTIMATORS = {"grpo": K.grpo_advantages, "dr_grpo": K.dr_grpo_advantages, "rloo": K.rloo_advantages}
-
-
-def group_stats(prefix: str, rewards: np.ndarray, passed: np.ndarray, advantages: np.ndarray) -> dict[str, float]:
-    return {f"{prefix}/reward": float(rewards.mean()), f"{prefix}/pass_rate": float(passed.mean()),
-            f"{prefix}/adv_mean": float(advantages.mean()), f"{prefix}/adv_std": float(advantages.std())}
+ESTIMATORS = {"grpo": kernels.grpo_advantages, "dr_grpo": kernels.dr_grpo_advantages,
+              "rloo": kernels.rloo_advantages}
 
 
 class GrpoConfig(WorkflowSettings):
@@ -37,53 +35,39 @@ class GrpoConfig(WorkflowSettings):
     def check_agents(self, agents: Mapping[str, Any]):
         if self.agent is None and len(agents) != 1:
             return [(("agent",), "grpo trains one agent: set workflow.agent", None)]
-        return super().check_agents(agents)
+        if self.agent is not None and self.agent not in agents:
+            return [(("agent",), f"unknown agent; known: {', '.join(agents)}", self.agent)]
+        return []
 
 
-class GrpoWorkflow:
-    def __init__(self, group_size: int = 4, estimator: str = "grpo", agent: str | None = None,
-                 reward: str = "fraction"):
-        if group_size < 2:
-            raise ValueError(f"group_size must be >= 2, got {group_size}")
-        if estimator not in ESTIMATORS:
-            raise ValueError(f"estimator must be one of {sorted(ESTIMATORS)}, got {estimator!r}")
-        self.group_size, self.estimator, self.agent = group_size, estimator, agent
-        self.reward = check_reward_kind(reward)
-
-    @classmethod
-    def from_config(cls, cfg: Any) -> "GrpoWorkflow":
-        return cls(cfg.group_size, cfg.estimator, cfg.agent, cfg.reward)
-
-    def _agent(self, agents: dict[str, Agent]) -> Agent:
-        if self.agent is not None:
-            return agents[self.agent]
+@register_workflow("grpo")
+class GrpoWorkflow(Workflow[GrpoConfig]):
+    def _agent(self, agents: Mapping[str, Agent]) -> Agent:
+        if self.cfg.agent is not None:
+            return agents[self.cfg.agent]
         if len(agents) != 1:
             raise ValueError(f"GRPO runs one agent; name it with workflow.agent (agents: {sorted(agents)})")
         return next(iter(agents.values()))
 
-    def rollout(self, problems: Sequence[Any], agents: dict[str, Agent], generator: Generator,
-                pool: Any, seed: int) -> Rollout:
-        agent = self._agent(agents)
-        G = self.group_size
+    def rollout(self, problems: Sequence[Problem], agents: Mapping[str, Agent], generator: Generator,
+                verifier: Verifier, seed: int) -> Rollout:
+        agent, G = self._agent(agents), self.cfg.group_size
         gens = generator.generate([(agent, agent.render(p.prompt)) for p in problems], G, seed)
         flat = [(i, g) for i, group in enumerate(gens) for g in group]
-        scores = score_texts([problems[i] for i, _ in flat], [g.text for _, g in flat], pool)
-        rewards = np.array([as_reward(s.reward, self.reward) for s in scores], np.float32)
-        passed = np.array([s.passed for s in scores], np.float32)
+        scores = verifier.score([problems[i] for i, _ in flat], [g.text for _, g in flat])
+        rewards = np.array([as_reward(s.reward, self.cfg.reward) for s in scores], np.float32)
         group_ids = np.repeat(np.arange(len(problems)), G)
-        adv = np.asarray(ESTIMATORS[self.estimator](jnp.asarray(rewards), jnp.asarray(group_ids),
-                                                    num_groups=len(problems)))
-        version = generator.versions.get(agent.policy, 0)
-        samples = [g.sample(agent, float(rewards[k]), float(adv[k]), version, problem=problems[i].id,
-                            episode=k // G, node=k, parent=-1, depth=0, turn=0)
-                   for k, (i, g) in enumerate(flat)]
-        return Rollout(samples, group_stats(f"agent/{agent.name}", rewards, passed, adv))
+        estimator = ESTIMATORS[self.cfg.estimator]
+        advantages = estimator(jnp.asarray(rewards), jnp.asarray(group_ids), num_groups=len(problems))
+        ids = [dict(problem=problems[i].id, episode=k // G, node=k, parent=-1, depth=0, turn=0)
+               for k, (i, _) in enumerate(flat)]
+        return Rollout([g for _, g in flat], ids, rewards, np.asarray(advantages), [s.passed for s in scores])
 
-    def evaluate(self, problems: Sequence[Any], agents: dict[str, Agent], generator: Generator,
-                 pool: Any) -> dict[str, float]:
+    def evaluate(self, problems: Sequence[Problem], agents: Mapping[str, Agent], generator: Generator,
+                 verifier: Verifier) -> dict[str, float]:
         """pass@1 of one (greedy, with a greedy generator) answer per held-out problem."""
         agent = self._agent(agents)
         gens = generator.generate([(agent, agent.render(p.prompt)) for p in problems], 1, 0)
-        scores = score_texts(problems, [g[0].text for g in gens], pool)
+        scores = verifier.score(problems, [g[0].text for g in gens])
         return {f"eval/{agent.name}/pass_at_1": float(np.mean([s.passed for s in scores])),
                 f"eval/{agent.name}/reward": float(np.mean([s.reward for s in scores]))}

@@ -5,7 +5,7 @@ or the state after one joint action of the previous turn. At each node each
 of the N agents (all at once, from their own prompts) samples G completions;
 the joint actions are the G aligned tuples ``(a_1g, ..., a_Ng)``
 (``joint="aligned"``) or all G^N combinations (``"cross"``, agent 0 slowest).
-Every joint action gets the task's joint reward ``r``; unless it is at the
+Every joint action gets the task's joint reward ``r`` (`marljax.envs.joint`); unless it is at the
 last turn or ``r >= early_stop_reward`` it opens a child node whose prompts
 carry the joint answer (``{history}``) and its feedback (``{feedback}``).
 
@@ -23,9 +23,9 @@ node's parent, -1 at the root), ``depth == turn``; ``episode`` is the
 problem's index in the batch. Sibling group = (episode, node, agent).
 
 Defaults: ``gamma = 0.9``, the discount of the paper's reference trainer
-(CoMLRL). Early stopping here is per joint action (the brief's rule); the
-reference code stops a node when the *mean* reward of its joint actions
-passes the threshold.
+(CoMLRL). Early stopping here is per joint action, so one good joint answer
+ends its own branch; the reference code stops a node when the *mean* reward
+of its joint actions passes the threshold.
 """
 
 from __future__ import annotations
@@ -40,18 +40,14 @@ import jax
 import numpy as np
 from pydantic import Field, model_validator
 
-from marljax import kernels as K
-from marljax.rewards import error_feedback, extract_code
-from marljax.workflows import coop_code
-from marljax.workflows.base import (
-    Agent,
-    Generation,
-    Generator,
-    Rollout,
-    WorkflowSettings,
-    template_fields,
-)
-from marljax.workflows.scoring import score_texts
+from marljax import kernels
+from marljax.envs.joint import TASKS, JointTask
+from marljax.rewards import Problem, Verifier, extract_code
+from marljax.seeds import derive_seed
+from marljax.shapes import power_of_two_bucket
+from marljax.workflows.base import (Agent, Generator, Workflow, WorkflowSettings, register_workflow,
+                                    template_fields)
+from marljax.workflows.types import Generation, Rollout
 
 
 class MagrpoConfig(WorkflowSettings):
@@ -125,68 +121,38 @@ class Tree:
 
 @functools.partial(jax.jit, static_argnames=("gamma", "max_depth", "num_agents", "group_size", "mode", "scale"))
 def _credit(rewards, parents, siblings, mask, *, gamma, max_depth, num_agents, group_size, mode, scale):
-    returns = K.tree_returns(rewards, parents, gamma=gamma, max_depth=max_depth, mask=mask)
-    adv = K.magrpo_advantages(returns, parents, siblings, num_agents=num_agents, group_size=group_size,
-                              mode=mode, mask=mask, scale=scale)
+    returns = kernels.tree_returns(rewards, parents, gamma=gamma, max_depth=max_depth, mask=mask)
+    adv = kernels.magrpo_advantages(returns, parents, siblings, num_agents=num_agents, group_size=group_size,
+                                    mode=mode, mask=mask, scale=scale)
     return returns, adv
 
 
-def _seed(seed: int, turn: int) -> int:
-    return int(np.random.SeedSequence([seed, turn]).generate_state(1)[0])
-
-
-class MagrpoWorkflow:
-    def __init__(self, agents: Sequence[str] = ("helper", "main"), group_size: int = 4, joint: str = "aligned",
-                 num_turns: int = 1, gamma: float = 0.9, early_stop_reward: float | None = None,
-                 task: str = "coop_code", scale: str = "std"):
-        MagrpoConfig(agents=list(agents), group_size=group_size, joint=joint, num_turns=num_turns, gamma=gamma,
-                     early_stop_reward=early_stop_reward, task=task, scale=scale)  # validates
-        self.agent_names, self.group_size, self.joint = list(agents), group_size, joint
-        self.num_turns, self.gamma, self.early_stop_reward = num_turns, gamma, early_stop_reward
-        self.task, self.scale = task, scale
-
-    @classmethod
-    def from_config(cls, cfg: Any) -> MagrpoWorkflow:
-        return cls(cfg.agents, cfg.group_size, cfg.joint, cfg.num_turns, cfg.gamma, cfg.early_stop_reward,
-                   cfg.task, cfg.scale)
-
-    # ------------------------------------------------------------ the task
-    def _problem_text(self, problem: Any, k: int) -> str:
-        if self.task == "coop_code":
-            return coop_code.helper_prompt(problem) if k == 0 else coop_code.main_prompt(problem)
-        return problem.prompt
-
-    def _judge(self, problems: Sequence[Any], texts: Sequence[Sequence[str]], pool: Any):
-        """(reward, passed, feedback) of each joint answer (one text per agent)."""
-        if not problems:
-            return []
-        if self.task == "coop_code":
-            scores = coop_code.score_pairs(problems, [t[0] for t in texts], [t[1] for t in texts], pool)
-            return [(s.reward, s.passed, s.feedback) for s in scores]
-        scores = score_texts(problems, [t[-1] for t in texts], pool)
-        return [(s.reward, s.passed, error_feedback(s.result) if s.result is not None
-                 else ("" if s.passed else "The answer is incorrect.")) for s in scores]
+@register_workflow("magrpo")
+class MagrpoWorkflow(Workflow[MagrpoConfig]):
+    @functools.cached_property
+    def task(self) -> JointTask:
+        return TASKS[self.cfg.task]()
 
     def _stops(self, reward: float) -> bool:
-        return self.early_stop_reward is not None and reward >= self.early_stop_reward
+        return self.cfg.early_stop_reward is not None and reward >= self.cfg.early_stop_reward
 
     # ----------------------------------------------------------- the tree
-    def grow(self, problems: Sequence[Any], agents: Sequence[Agent], generator: Generator, pool: Any,
-             seed: int, n: int) -> Tree:
+    def grow(self, problems: Sequence[Problem], agents: Sequence[Agent], generator: Generator,
+             verifier: Verifier, seed: int, n: int) -> Tree:
         """Expand all episodes turn by turn: one `generate` call and one scoring batch per turn."""
         N = len(agents)
-        combos = (list(itertools.product(range(n), repeat=N)) if self.joint == "cross"
+        combos = (list(itertools.product(range(n), repeat=N)) if self.cfg.joint == "cross"
                   else [(g,) * N for g in range(n)])
         frontier = [Node(e, 0, -1, 0) for e in range(len(problems))]
         next_id = [1] * len(problems)
         nodes: list[Node] = []
         joints: list[Joint] = []
-        for t in range(self.num_turns):
+        for t in range(self.cfg.num_turns):
             if not frontier:
                 break
-            requests = [(a, a.render(self._problem_text(problems[s.episode], k), s.feedback, s.history))
+            requests = [(a, a.render(self.task.problem_text(problems[s.episode], k), s.feedback, s.history))
                         for s in frontier for k, a in enumerate(agents)]
-            gens = generator.generate(requests, n, _seed(seed, t))
+            gens = generator.generate(requests, n, derive_seed(seed, t))
             start = len(joints)
             for i, s in enumerate(frontier):
                 s.gens = gens[i * N:(i + 1) * N]
@@ -195,15 +161,15 @@ class MagrpoWorkflow:
                     joints.append(Joint(s, sib, combo))
             new = joints[start:]
             answers = [[j.node.gens[k][c].text for k, c in enumerate(j.combo)] for j in new]
-            judged = self._judge([problems[j.node.episode] for j in new], answers, pool)
+            judged = self.task.judge([problems[j.node.episode] for j in new], answers, verifier) if new else []
             nodes += frontier
             frontier = []
-            for idx, (j, texts, (reward, passed, feedback)) in enumerate(zip(new, answers, judged)):
-                j.reward, j.passed = float(reward), bool(passed)
-                if t + 1 < self.num_turns and not self._stops(j.reward):
+            for idx, (j, texts, verdict) in enumerate(zip(new, answers, judged)):
+                j.reward, j.passed = float(verdict.reward), bool(verdict.passed)
+                if t + 1 < self.cfg.num_turns and not self._stops(j.reward):
                     e = j.node.episode
                     frontier.append(Node(e, next_id[e], j.node.id, t + 1, start + idx,
-                                         _history(agents, texts), feedback))
+                                         _history(agents, texts), verdict.feedback))
                     next_id[e] += 1
         return Tree(nodes, joints, len(problems))
 
@@ -216,7 +182,7 @@ class MagrpoWorkflow:
         stopping) reuse a few compiled shapes.
         """
         E, M = tree.episodes, len(tree.joints)
-        size = max(16, 1 << (E + M - 1).bit_length())
+        size = power_of_two_bucket(E + M, minimum=16)
         rewards = np.zeros(size, np.float32)
         parents = np.full(size, -1, np.int32)
         siblings = np.zeros(size, np.int32)
@@ -224,58 +190,53 @@ class MagrpoWorkflow:
         for k, j in enumerate(tree.joints):
             rewards[E + k], siblings[E + k], mask[E + k] = j.reward, j.sibling, True
             parents[E + k] = j.node.episode if j.node.via < 0 else E + j.node.via
-        returns, adv = _credit(rewards, parents, siblings, mask, gamma=self.gamma, max_depth=self.num_turns,
-                               num_agents=num_agents, group_size=n, mode=self.joint, scale=self.scale)
+        returns, adv = _credit(rewards, parents, siblings, mask, gamma=self.cfg.gamma, max_depth=self.cfg.num_turns,
+                               num_agents=num_agents, group_size=n, mode=self.cfg.joint, scale=self.cfg.scale)
         return np.asarray(returns)[E:E + M], np.asarray(adv)[E:E + M]
 
     # ------------------------------------------------------------ the API
     def _agents(self, agents: Mapping[str, Agent]) -> list[Agent]:
-        missing = [a for a in self.agent_names if a not in agents]
+        missing = [a for a in self.cfg.agents if a not in agents]
         if missing:
             raise ValueError(f"MAGRPO agents {missing} are not among the run's agents {sorted(agents)}")
-        return [agents[a] for a in self.agent_names]
+        return [agents[a] for a in self.cfg.agents]
 
-    def rollout(self, problems: Sequence[Any], agents: Mapping[str, Agent], generator: Generator,
-                pool: Any, seed: int) -> Rollout:
-        team, G = self._agents(agents), self.group_size
-        tree = self.grow(problems, team, generator, pool, seed, G)
+    def rollout(self, problems: Sequence[Problem], agents: Mapping[str, Agent], generator: Generator,
+                verifier: Verifier, seed: int) -> Rollout:
+        team, G = self._agents(agents), self.cfg.group_size
+        tree = self.grow(problems, team, generator, verifier, seed, G)
         returns, adv = self.credit(tree, len(team), G)
         rewards = np.array([j.reward for j in tree.joints], np.float32)
         passed = np.array([j.passed for j in tree.joints], np.float32)
-        samples, per_agent = [], {a.name: ([], [], []) for a in team}
+        gens, ids, sample_rewards, sample_adv, sample_passed = [], [], [], [], []
         for s in tree.nodes:
-            for i, agent in enumerate(team):
-                version = generator.versions.get(agent.policy, 0)
+            for i in range(len(team)):
                 for g, gen in enumerate(s.gens[i]):
                     mine = [j for j in s.joints if tree.joints[j].combo[i] == g]  # joint actions using it
-                    r, a = float(rewards[mine].mean()), float(adv[mine[0], i])
-                    samples.append(gen.sample(agent, r, a, version, problem=problems[s.episode].id,
-                                              episode=s.episode, node=s.id, parent=s.parent, depth=s.turn,
-                                              turn=s.turn))
-                    for acc, v in zip(per_agent[agent.name], (r, float(passed[mine].mean()), a)):
-                        acc.append(v)
-        metrics = {}
-        for name, (r, p, a) in per_agent.items():
-            metrics.update({f"agent/{name}/reward": float(np.mean(r)), f"agent/{name}/pass_rate": float(np.mean(p)),
-                            f"agent/{name}/adv_mean": float(np.mean(a)), f"agent/{name}/adv_std": float(np.std(a))})
+                    gens.append(gen)
+                    ids.append(dict(problem=problems[s.episode].id, episode=s.episode, node=s.id, parent=s.parent,
+                                    depth=s.turn, turn=s.turn))
+                    sample_rewards.append(float(rewards[mine].mean()))
+                    sample_adv.append(adv[mine[0], i])
+                    sample_passed.append(float(passed[mine].mean()))
         turns = np.array([j.node.turn for j in tree.joints])
-        top = turns == 0
-        metrics.update({"team/reward": float(rewards.mean()), "team/pass_rate": float(passed.mean()),
-                        "team/return": float(returns[top].mean()), "tree/nodes": len(tree.nodes) / tree.episodes,
-                        "tree/joint_actions": len(tree.joints) / tree.episodes})
-        if self.num_turns > 1:
+        extras = {"team/reward": float(rewards.mean()), "team/pass_rate": float(passed.mean()),
+                  "team/return": float(returns[turns == 0].mean()), "tree/nodes": len(tree.nodes) / tree.episodes,
+                  "tree/joint_actions": len(tree.joints) / tree.episodes}
+        if self.cfg.num_turns > 1:
             for t in range(int(turns.max()) + 1):
-                metrics[f"team/reward_turn{t}"] = float(rewards[turns == t].mean())
-            early = (turns < self.num_turns - 1) & np.array([self._stops(r) for r in rewards])
-            metrics["tree/early_stop_rate"] = float(early.sum() / max(1, (turns < self.num_turns - 1).sum()))
-        return Rollout(samples, metrics)
+                extras[f"team/reward_turn{t}"] = float(rewards[turns == t].mean())
+            early = (turns < self.cfg.num_turns - 1) & np.array([self._stops(r) for r in rewards])
+            extras["tree/early_stop_rate"] = float(early.sum() / max(1, (turns < self.cfg.num_turns - 1).sum()))
+        return Rollout(gens, ids, np.array(sample_rewards, np.float64), np.array(sample_adv, np.float32),
+                       sample_passed, extras)
 
-    def evaluate(self, problems: Sequence[Any], agents: Mapping[str, Agent], generator: Generator,
-                 pool: Any) -> dict[str, float]:
+    def evaluate(self, problems: Sequence[Problem], agents: Mapping[str, Agent], generator: Generator,
+                 verifier: Verifier) -> dict[str, float]:
         """One (greedy, with a greedy generator) joint answer per problem and turn, for `num_turns`
         turns or until the early-stop reward; the last joint answer counts."""
         team = self._agents(agents)
-        tree = self.grow(problems, team, generator, pool, 0, 1)
+        tree = self.grow(problems, team, generator, verifier, 0, 1)
         last = {j.node.episode: j for j in tree.joints}  # one joint action per node: a chain per episode
         final = [last[e] for e in range(len(problems))]
         return {f"eval/{team[-1].name}/pass_at_1": float(np.mean([j.passed for j in final])),

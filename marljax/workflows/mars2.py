@@ -27,25 +27,28 @@ private tests.
 
 from __future__ import annotations
 
-import dataclasses
+import functools
 import itertools
 from typing import Any, Callable, Literal, Mapping, Sequence
 
 import jax.numpy as jnp
 import numpy as np
-from pydantic import Field
+from pydantic import Field, field_validator
 
-from marljax import kernels as K
-from marljax.rewards import error_feedback, extract_code
+from marljax import kernels
+from marljax.rewards import Problem, Score, Verifier, error_feedback, extract_code
+from marljax.seeds import derive_seed
 from marljax.settings import StrictModel
-from marljax.workflows.base import Agent, Generator, Rollout, WorkflowSettings, template_fields
+from marljax.workflows.base import (Agent, Generator, Workflow, WorkflowSettings, register_workflow,
+                                    template_fields)
 from marljax.workflows.mars2_search import CONT, RewardAverage, Tree, select_final
 from marljax.workflows.mars2_search import depth_gamma as make_gamma
-from marljax.workflows.scoring import RewardKind, Score, as_reward, check_reward_kind, score_texts
+from marljax.workflows.scoring import RewardKind, as_reward
+from marljax.workflows.types import Rollout
 
 REFINE_NOTE = "Refine the previous attempt so that it passes all tests. Reply with the complete program."
 # reward_model(problem, candidate texts) -> one score per candidate (higher is better)
-RewardModel = Callable[[Any, Sequence[str]], Sequence[float]]
+RewardModel = Callable[[Problem, Sequence[str]], Sequence[float]]
 
 
 class DepthGamma(StrictModel):
@@ -77,6 +80,13 @@ class Mars2Config(WorkflowSettings):
     eval_search: bool = Field(False, description="also run MARS2-T+ search at evaluation")
     eval_max_nodes: int | None = Field(None, ge=2, description="T+ nodes per tree; None: max_nodes")
 
+    @field_validator("depth_gamma")
+    @classmethod
+    def _gamma_values(cls, v):
+        if isinstance(v, list):
+            make_gamma(v)  # raises for an empty list or values outside (0, 1]
+        return v
+
     def check_agents(self, agents: Mapping[str, Any]):
         found = []
         for i, name in enumerate(self.agents or ()):
@@ -85,16 +95,6 @@ class Mars2Config(WorkflowSettings):
             elif name in self.agents[:i]:
                 found.append((("agents", i), "agent listed twice", name))
         return found
-
-
-@dataclasses.dataclass(frozen=True)
-class SearchOptions:
-    max_nodes: int = 8
-    expansions_per_round: int = 2
-    depth_gamma: Any = None  # a `depth_gamma` spec
-    use_feedback: bool = True
-    stop_on_solve: bool = True
-    reward: str = "fraction"  # or "pass": 1 only when every test passes
 
 
 def split_fractions(score: Score) -> dict[str, float]:
@@ -108,11 +108,10 @@ def split_fractions(score: Score) -> dict[str, float]:
             "private": res.pass_fraction("private" if "private" in splits else None)}
 
 
-def refine_prompt(agent: Agent, problem: Any, code: str, feedback: str) -> str:
+def refine_prompt(agent: Agent, problem: Problem, code: str, feedback: str) -> str:
     """The CONT prompt: problem, previous program, feedback. Placed in the template's {history} /
     {feedback} slots when it has them, else appended to the problem text."""
-    history = f"Previous attempt:\n{code}" if problem.schema == "math" else \
-        f"Previous attempt:\n```python\n{code}\n```"
+    history = f"Previous attempt:\n{code}" if problem.is_math else f"Previous attempt:\n```python\n{code}\n```"
     fb = f"Feedback on the public tests:\n{feedback}" if feedback else ""
     fields = template_fields(agent.template)
     parts = [problem.prompt] + ([history] if "history" not in fields else []) + \
@@ -120,17 +119,17 @@ def refine_prompt(agent: Agent, problem: Any, code: str, feedback: str) -> str:
     return agent.render("\n\n".join(parts), feedback=fb, history=history)
 
 
-def run_search(problems: Sequence[Any], team: Sequence[Agent], generator: Generator, pool: Any, seed: int,
-               opts: SearchOptions, priors: Mapping[str, tuple[float, float]] | None = None,
+def run_search(problems: Sequence[Problem], team: Sequence[Agent], generator: Generator, verifier: Verifier,
+               seed: int, search: Mars2Config, priors: Mapping[str, tuple[float, float]] | None = None,
                split: str = "all") -> tuple[list[Tree], int]:
-    """Grow one tree per problem; node rewards are the `split` ("all" or "public") pass fraction.
-    Returns the trees and the number of generator rounds."""
+    """Grow one tree per problem with `search`'s options; node rewards are the `split` ("all" or
+    "public") pass fraction. Returns the trees and the number of generator rounds."""
     by_name = {a.name: a for a in team}
-    gamma = make_gamma(opts.depth_gamma)
-    trees = [Tree(list(by_name), opts.max_nodes, priors, gamma, opts.stop_on_solve) for _ in problems]
+    gamma = make_gamma(search.depth_gamma)
+    trees = [Tree(list(by_name), search.max_nodes, priors, gamma, search.stop_on_solve) for _ in problems]
     rng = np.random.default_rng(seed)
     for rnd in itertools.count():
-        pending = [(i, n) for i, t in enumerate(trees) for n in t.plan_round(rng, opts.expansions_per_round)]
+        pending = [(i, n) for i, t in enumerate(trees) for n in t.plan_round(rng, search.expansions_per_round)]
         if not pending:
             return trees, rnd
         prompts = []
@@ -143,28 +142,31 @@ def run_search(problems: Sequence[Any], team: Sequence[Agent], generator: Genera
                 prompts.append(agent.render(p.prompt))
         # One call for every pending node of every tree: the generator batches per policy.
         gens = generator.generate([(by_name[n.agent], q) for (_, n), q in zip(pending, prompts)], 1,
-                                  (seed * 1_000_003 + rnd) % 2**31)
+                                  derive_seed(seed, rnd, "round"))
         texts = [g[0].text for g in gens]
-        scores = score_texts([problems[i] for i, _ in pending], texts, pool)
+        scores = verifier.score([problems[i] for i, _ in pending], texts)
         for (i, n), g, text, s, q in zip(pending, gens, texts, scores, prompts):
             frac = split_fractions(s)
-            fb = error_feedback(s.result) if opts.use_feedback and s.result is not None else ""
-            code = text if problems[i].schema == "math" else extract_code(text).code
-            trees[i].record(n, as_reward(frac[split], opts.reward), frac[split] >= 1.0, gen=g[0], text=text,
+            fb = error_feedback(s.result) if search.use_feedback and s.result is not None else ""
+            code = text if problems[i].is_math else extract_code(text).code
+            trees[i].record(n, as_reward(frac[split], search.reward), frac[split] >= 1.0, gen=g[0], text=text,
                             code=code, feedback=fb, fractions=frac, prompt=q)
 
 
-def search_eval(problems: Sequence[Any], agents: Sequence[Agent] | Mapping[str, Agent], generator: Generator,
-                pool: Any, *, max_nodes: int, expansions_per_round: int = 1, depth_gamma: Any = None,
-                stop_on_solve: bool = True, priors: Mapping[str, tuple[float, float]] | None = None,
+def search_eval(problems: Sequence[Problem], agents: Sequence[Agent] | Mapping[str, Agent], generator: Generator,
+                verifier: Verifier, *, max_nodes: int, expansions_per_round: int = 1,
+                depth_gamma: list[float] | DepthGamma | None = None, stop_on_solve: bool = True,
+                priors: Mapping[str, tuple[float, float]] | None = None,
                 reward_model: RewardModel | None = None, seed: int = 0) -> dict[str, float]:
     """MARS2-T+: search with error feedback on public-test rewards, pick one answer per problem
     (best public score, ties earliest; or `reward_model`), score it on the private tests.
 
     pass_at_1: the chosen answer passes all private tests; oracle: some node does."""
     team = list(agents.values()) if isinstance(agents, Mapping) else list(agents)
-    opts = SearchOptions(max_nodes, expansions_per_round, depth_gamma, True, stop_on_solve)
-    trees, rounds = run_search(problems, team, generator, pool, seed, opts, priors, split="public")
+    gamma = {} if depth_gamma is None else {"depth_gamma": depth_gamma}
+    search = Mars2Config(max_nodes=max_nodes, expansions_per_round=expansions_per_round, use_feedback=True,
+                         stop_on_solve=stop_on_solve, reward="fraction", **gamma)
+    trees, rounds = run_search(problems, team, generator, verifier, seed, search, priors, split="public")
     chosen, passed, oracle = [], [], []
     for p, t in zip(problems, trees):
         scores = None if reward_model is None else list(reward_model(p, [n.data["text"] for n in t.nodes]))
@@ -180,112 +182,78 @@ def search_eval(problems: Sequence[Any], agents: Sequence[Agent] | Mapping[str, 
     return out
 
 
-class Mars2Workflow:
+@register_workflow("mars2")
+class Mars2Workflow(Workflow[Mars2Config]):
     """MARS2 training environment; `reward_model` is the optional T+ answer-selection hook."""
 
-    def __init__(self, agents: Sequence[str] | None = None, max_nodes: int = 8, expansions_per_round: int = 2,
-                 prior: str = "uniform", prior_strength: float = 1.0, depth_gamma: Any = None,
-                 use_feedback: bool = True, stop_on_solve: bool = True, select: str = "public_score",
-                 eval_search: bool = False, eval_max_nodes: int | None = None,
-                 reward_model: RewardModel | None = None, reward: str = "fraction", normalization: str = "tree"):
-        if normalization not in ("tree", "agent"):
-            raise ValueError(f"normalization must be 'tree' or 'agent', got {normalization!r}")
-        if prior not in ("uniform", "reward_average"):
-            raise ValueError(f"prior must be 'uniform' or 'reward_average', got {prior!r}")
-        if select not in ("public_score", "reward_model"):
-            raise ValueError(f"select must be 'public_score' or 'reward_model', got {select!r}")
-        self.team = list(agents) if agents is not None else None
-        self.opts = SearchOptions(max_nodes, expansions_per_round, depth_gamma, use_feedback, stop_on_solve,
-                                  check_reward_kind(reward))
-        if max_nodes < 2 or expansions_per_round < 1:
-            raise ValueError(f"need max_nodes >= 2 and expansions_per_round >= 1, got {max_nodes}, "
-                             f"{expansions_per_round}")
-        make_gamma(depth_gamma)  # a bad gamma spec fails here, not mid-rollout
-        self.prior, self.prior_strength, self.select, self.normalization = prior, prior_strength, select, normalization
-        self.eval_search, self.eval_max_nodes = eval_search, eval_max_nodes or max_nodes
-        self.reward_model = reward_model
-        self.averages = RewardAverage()
+    reward_model: RewardModel | None = None  # set on an instance to use select: reward_model
 
-    @classmethod
-    def from_config(cls, cfg: Mars2Config) -> "Mars2Workflow":
-        gamma = cfg.depth_gamma.model_dump() if isinstance(cfg.depth_gamma, DepthGamma) else cfg.depth_gamma
-        return cls(cfg.agents, cfg.max_nodes, cfg.expansions_per_round, cfg.prior, cfg.prior_strength, gamma,
-                   cfg.use_feedback, cfg.stop_on_solve, cfg.select, cfg.eval_search, cfg.eval_max_nodes,
-                   reward=cfg.reward, normalization=cfg.normalization)
+    @functools.cached_property
+    def averages(self) -> RewardAverage:
+        """Each agent's running average reward across steps (the reward_average prior's mean)."""
+        return RewardAverage()
 
     def _team(self, agents: Mapping[str, Agent]) -> list[Agent]:
-        names = self.team if self.team is not None else sorted(agents)
+        names = self.cfg.agents if self.cfg.agents is not None else sorted(agents)
         missing = [n for n in names if n not in agents]
         if missing:
             raise ValueError(f"unknown agents {missing}; known: {sorted(agents)}")
         return [agents[n] for n in names]
 
     def priors(self, team: Sequence[Agent]) -> dict[str, tuple[float, float]] | None:
-        if self.prior == "uniform":
+        if self.cfg.prior == "uniform":
             return None
-        return {a.name: self.averages.prior(a.name, self.prior_strength) for a in team}
+        return {a.name: self.averages.prior(a.name, self.cfg.prior_strength) for a in team}
 
-    def rollout(self, problems: Sequence[Any], agents: Mapping[str, Agent], generator: Generator, pool: Any,
-                seed: int) -> Rollout:
+    def rollout(self, problems: Sequence[Problem], agents: Mapping[str, Agent], generator: Generator,
+                verifier: Verifier, seed: int) -> Rollout:
         team = self._team(agents)
-        trees, rounds = run_search(problems, team, generator, pool, seed, self.opts, self.priors(team))
+        trees, rounds = run_search(problems, team, generator, verifier, seed, self.cfg, self.priors(team))
         flat = [(i, n) for i, t in enumerate(trees) for n in t.nodes]
         rewards = np.array([n.reward for _, n in flat], np.float32)
-        tree_ids = np.array([i for i, _ in flat], np.int32)
-        by_name = {a.name: a for a in team}
-        if self.normalization == "agent":
-            index = {name: k for k, name in enumerate(by_name)}
+        tree_ids = jnp.asarray([i for i, _ in flat], jnp.int32)
+        if self.cfg.normalization == "agent":
+            index = {a.name: k for k, a in enumerate(team)}
             agent_ids = jnp.asarray([index[n.agent] for _, n in flat], jnp.int32)
-            adv, _ = K.dr_mas_advantages(jnp.asarray(rewards), agent_ids, len(team), group_ids=jnp.asarray(tree_ids),
-                                         num_groups=len(trees))
+            advantages, _ = kernels.dr_mas_advantages(jnp.asarray(rewards), agent_ids, len(team),
+                                                      group_ids=tree_ids, num_groups=len(trees))
         else:
-            adv = K.mars2_advantages(jnp.asarray(rewards), jnp.asarray(tree_ids), num_trees=len(trees))
-        adv = np.asarray(adv)
-        samples = []
-        for (i, n), r, a in zip(flat, rewards, adv):
-            agent = by_name[n.agent]
-            samples.append(n.data["gen"].sample(agent, float(r), float(a), generator.versions.get(agent.policy, 0),
-                                                problem=problems[i].id, episode=i, node=n.index, parent=n.parent,
-                                                depth=n.depth, turn=n.index))
+            advantages = kernels.mars2_advantages(jnp.asarray(rewards), tree_ids, num_trees=len(trees))
+        for (_, n), r in zip(flat, rewards):
             self.averages.add(n.agent, float(r))
-        metrics = {"mars2/nodes_per_tree": float(np.mean([len(t.nodes) for t in trees])),
-                   "mars2/solved": float(np.mean([t.solved for t in trees])),
-                   "mars2/max_depth": float(np.mean([max(n.depth for n in t.nodes) for t in trees])),
-                   "mars2/rounds": float(rounds)}
+        ids = [dict(problem=problems[i].id, episode=i, node=n.index, parent=n.parent, depth=n.depth, turn=n.index)
+               for i, n in flat]
+        extras = {"mars2/nodes_per_tree": float(np.mean([len(t.nodes) for t in trees])),
+                  "mars2/solved": float(np.mean([t.solved for t in trees])),
+                  "mars2/max_depth": float(np.mean([max(n.depth for n in t.nodes) for t in trees])),
+                  "mars2/rounds": float(rounds)}
         for a in team:
-            mine = np.array([n.agent == a.name for _, n in flat])
             nodes = [n for _, n in flat if n.agent == a.name]
-            prefix = f"agent/{a.name}"
-            metrics[f"{prefix}/nodes"] = len(nodes) / len(trees)
+            extras[f"agent/{a.name}/nodes"] = len(nodes) / len(trees)
             if nodes:
-                metrics.update({f"{prefix}/reward": float(rewards[mine].mean()),
-                                f"{prefix}/pass_rate": float(np.mean([n.solved for n in nodes])),
-                                f"{prefix}/adv_mean": float(adv[mine].mean()),
-                                f"{prefix}/adv_std": float(adv[mine].std()),
-                                f"{prefix}/refine_frac": float(np.mean([n.kind == CONT for n in nodes])),
-                                f"{prefix}/prior_mean": self.averages.mean(a.name)})
-        return Rollout(samples, metrics)
+                extras[f"agent/{a.name}/refine_frac"] = float(np.mean([n.kind == CONT for n in nodes]))
+                extras[f"agent/{a.name}/prior_mean"] = self.averages.mean(a.name)
+        return Rollout([n.data["gen"] for _, n in flat], ids, rewards, np.asarray(advantages),
+                       [n.solved for _, n in flat], extras)
 
-    def evaluate(self, problems: Sequence[Any], agents: Mapping[str, Agent], generator: Generator,
-                 pool: Any) -> dict[str, float]:
+    def evaluate(self, problems: Sequence[Problem], agents: Mapping[str, Agent], generator: Generator,
+                 verifier: Verifier) -> dict[str, float]:
         """Greedy single-shot pass@1 per agent on all tests; with `eval_search`, MARS2-T+ as well."""
-        team = self._team(agents)
-        P = len(problems)
+        c, team, P = self.cfg, self._team(agents), len(problems)
         gens = generator.generate([(a, a.render(p.prompt)) for a in team for p in problems], 1, 0)
-        scores = score_texts([p for _ in team for p in problems], [g[0].text for g in gens], pool)
+        scores = verifier.score([p for _ in team for p in problems], [g[0].text for g in gens])
         out = {}
         for j, a in enumerate(team):
             mine = scores[j * P:(j + 1) * P]
             out[f"eval/{a.name}/pass_at_1"] = float(np.mean([s.passed for s in mine]))
             out[f"eval/{a.name}/reward"] = float(np.mean([s.reward for s in mine]))
-        if self.eval_search:
-            if self.select == "reward_model" and self.reward_model is None:
+        if c.eval_search:
+            if c.select == "reward_model" and self.reward_model is None:
                 raise ValueError("select='reward_model' needs the workflow's reward_model hook to be set")
-            out.update(search_eval(problems, team, generator, pool, max_nodes=self.eval_max_nodes,
-                                   expansions_per_round=self.opts.expansions_per_round,
-                                   depth_gamma=self.opts.depth_gamma, stop_on_solve=self.opts.stop_on_solve,
-                                   priors=self.priors(team), seed=0,
-                                   reward_model=self.reward_model if self.select == "reward_model" else None))
+            out.update(search_eval(problems, team, generator, verifier, max_nodes=c.eval_max_nodes or c.max_nodes,
+                                   expansions_per_round=c.expansions_per_round, depth_gamma=c.depth_gamma,
+                                   stop_on_solve=c.stop_on_solve, priors=self.priors(team), seed=0,
+                                   reward_model=self.reward_model if c.select == "reward_model" else None))
         return out
 
     def state_dict(self) -> dict[str, Any]:
@@ -293,4 +261,3 @@ class Mars2Workflow:
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self.averages.load_state_dict(state.get("reward_average", {}))
-

@@ -22,7 +22,7 @@ Reward of agent k (`marljax.kernels.sharp_rewards`):
 outcome. Process reward (ours; the paper's is tool-call success): the planner
 gets 1 when its plan lists exactly sub-tasks 1..W; a worker gets 1 when its
 code parses and defines what its part needs: the last worker the entry point
-(the problem's function name; any code for a stdin program), the others at
+(`Problem.entry_point`; any code for a stdin program), the others at
 least one top-level function or class. Advantages: each agent's rewards
 normalised among its own G episodes of the problem (`sharp_advantages`).
 """
@@ -32,17 +32,19 @@ from __future__ import annotations
 import ast
 import dataclasses
 import re
-from typing import Any, Literal, Sequence
+from typing import Literal, Mapping, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from pydantic import Field, model_validator
 
-from marljax import kernels as K
-from marljax.rewards import extract_code
-from marljax.workflows.base import Agent, Generation, Generator, Rollout, WorkflowSettings
+from marljax import kernels
+from marljax.rewards import Problem, Verifier, extract_code
+from marljax.seeds import derive_seed
+from marljax.workflows.base import Agent, Generator, Workflow, WorkflowSettings, register_workflow
 from marljax.workflows.diversity import grouped_diversity
+from marljax.workflows.types import Generation, Rollout
 
 MAX_EXACT_WORKERS = 8  # 2^8 programs per episode; beyond, use shapley: sampled
 _ITEM = re.compile(r"^\s*(?:step\s*)?(\d+)\s*[.):]\s*(.+?)\s*$", re.I | re.M)
@@ -54,11 +56,6 @@ def parse_plan(text: str) -> dict[int, str]:
     for m in _ITEM.finditer(text):
         items.setdefault(int(m.group(1)), m.group(2))
     return items
-
-
-def entry_point(problem: Any) -> str | None:
-    """The function the tests call (None for a stdin program)."""
-    return problem.fields.get("fn_name") or problem.fields.get("entry_point")
 
 
 def coalition_code(codes: Sequence[str], members: int) -> str:
@@ -88,7 +85,7 @@ def sampled_coalitions(num_players: int, keys: jax.Array, num_permutations: int)
     def probe(c):  # the kernel vmaps it; the callback sees all coalitions at once
         return jax.pure_callback(record, jax.ShapeDtypeStruct((), jnp.float32), c, vmap_method="expand_dims")
 
-    run = jax.vmap(lambda key: K.sampled_shapley_values(probe, num_players, key, num_permutations)[0])
+    run = jax.vmap(lambda key: kernels.sampled_shapley_values(probe, num_players, key, num_permutations)[0])
     jax.block_until_ready(run(keys))
     return [sorted(s) for s in seen]
 
@@ -99,11 +96,11 @@ def shapley_credit(tables: np.ndarray, method: str = "exact", keys: jax.Array | 
     PRNG key per table `[N, 2]` (entries its permutations never visit may be NaN)."""
     tables = jnp.asarray(tables, jnp.float32)
     if method == "exact":
-        return np.asarray(K.shapley_values(tables))
+        return np.asarray(kernels.shapley_values(tables))
     num_players = int(tables.shape[-1]).bit_length() - 1
 
     def one(table, key):
-        return K.sampled_shapley_values(lambda c: table[K.coalition_index(c)], num_players, key,
+        return kernels.sampled_shapley_values(lambda c: table[kernels.coalition_index(c)], num_players, key,
                                         num_permutations)[0]
 
     return np.asarray(jax.vmap(one)(tables, keys))
@@ -129,7 +126,7 @@ def process_rewards(plan: str, texts: Sequence[str], entry: str | None) -> np.nd
 
 @dataclasses.dataclass
 class Trajectory:
-    problem: Any
+    problem: Problem
     group: int
     plan: Generation
     work: list[Generation] = dataclasses.field(default_factory=list)
@@ -168,25 +165,16 @@ class SharpConfig(WorkflowSettings):
         return [(key, f"unknown agent; known: {', '.join(agents)}", name) for key, name in bad]
 
 
-class SharpWorkflow:
-    def __init__(self, planner: str = "planner", workers: Sequence[str] = ("worker",), group_size: int = 4,
-                 shapley: str = "exact", num_permutations: int = 8, global_weight: float = 1.0,
-                 shapley_weight: float = 1.0, process_weight: float = 0.1):
-        self.cfg = SharpConfig(planner=planner, workers=list(workers), group_size=group_size, shapley=shapley,
-                               num_permutations=num_permutations, global_weight=global_weight,
-                               shapley_weight=shapley_weight, process_weight=process_weight)
-
-    @classmethod
-    def from_config(cls, cfg: Any) -> "SharpWorkflow":
-        return cls(**cfg.model_dump(exclude={"kind"}))
-
-    def _plan_prompt(self, planner: Agent, problem: Any) -> str:
-        W, fn = len(self.cfg.workers), entry_point(problem)
+@register_workflow("sharp")
+class SharpWorkflow(Workflow[SharpConfig]):
+    def _plan_prompt(self, planner: Agent, problem: Problem) -> str:
+        W, fn = len(self.cfg.workers), problem.entry_point
         last = f"sub-task {W} writes the entry point `{fn}`" if fn else f"sub-task {W} writes the main program"
-        return planner.render_in_context(problem.prompt, feedback=f"Split the task into {W} sub-tasks, one per worker, "
-                                                        f"as a numbered list 1..{W}; {last}.")
+        return planner.render_in_context(problem.prompt, feedback=f"Split the task into {W} sub-tasks, one per "
+                                                                  f"worker, as a numbered list 1..{W}; {last}.")
 
-    def _team(self, problems, agents, generator: Generator, seed: int, G: int) -> list[Trajectory]:
+    def _team(self, problems: Sequence[Problem], agents: Mapping[str, Agent], generator: Generator, seed: int,
+              G: int) -> list[Trajectory]:
         """Two generate calls: all plans, then every worker of every episode."""
         c = self.cfg
         planner, workers, W = agents[c.planner], [agents[w] for w in c.workers], len(c.workers)
@@ -197,39 +185,39 @@ class SharpWorkflow:
             items = parse_plan(t.plan.text)
             for i, w in enumerate(workers):
                 task = items.get(i + 1, "(the plan lists no such sub-task: follow the plan as a whole)")
-                requests.append((w, w.render_in_context(t.problem.prompt, history=f"Plan:\n{t.plan.text}",
-                                           feedback=f"You are worker {i + 1} of {W}. Write only sub-task "
-                                                    f"{i + 1}: {task}\nReply with Python code in a ```python block.")))
-        gens = generator.generate(requests, 1, seed + 7919)
+                requests.append((w, w.render_in_context(
+                    t.problem.prompt, history=f"Plan:\n{t.plan.text}",
+                    feedback=f"You are worker {i + 1} of {W}. Write only sub-task {i + 1}: {task}\n"
+                             "Reply with Python code in a ```python block.")))
+        gens = generator.generate(requests, 1, derive_seed(seed, 1, "stage"))
         for k, t in enumerate(trajs):
             t.work = [g for (g,) in gens[k * W:(k + 1) * W]]
         return trajs
 
-    def _values(self, trajs: list[Trajectory], pool: Any, needed: list[list[int]]) -> tuple[np.ndarray, int]:
+    def _values(self, trajs: list[Trajectory], verifier: Verifier, needed: list[list[int]]) -> tuple[np.ndarray, int]:
         """`[N, 2^W]` worker-coalition values (NaN where not needed) and the number of programs run:
         one sandbox batch, each distinct program of a problem run once."""
         for t in trajs:
-            if t.problem.schema == "math":
+            if t.problem.is_math:
                 raise ValueError(f"SHARP runs code problems; {t.problem.id!r} is a math problem")
         tables = np.full((len(trajs), 1 << len(self.cfg.workers)), np.nan, np.float32)
-        jobs: dict[tuple[int, str], list[tuple[int, int]]] = {}
+        cells, programs, keys = [], [], []
         for n, (t, masks) in enumerate(zip(trajs, needed)):
             codes = t.codes
             for m in masks:
                 code = coalition_code(codes, m)
                 if code.strip():
-                    jobs.setdefault((t.group, code), []).append((n, m))
+                    cells.append((n, m))
+                    programs.append(t.problem.program(code))
+                    keys.append((t.group, code))
                 else:
                     tables[n, m] = 0.0  # nothing to run: no test passes
-        keys = list(jobs)
-        results = pool.map([trajs[jobs[k][0][0]].problem.program(k[1]) for k in keys]) if keys else []
-        for k, res in zip(keys, results):
-            for n, m in jobs[k]:
-                tables[n, m] = res.pass_fraction()
-        return tables, len(keys)
+        for (n, m), res in zip(cells, verifier.run(programs, keys)):
+            tables[n, m] = res.pass_fraction()
+        return tables, len(set(keys))
 
-    def rollout(self, problems: Sequence[Any], agents: dict[str, Agent], generator: Generator,
-                pool: Any, seed: int) -> Rollout:
+    def rollout(self, problems: Sequence[Problem], agents: Mapping[str, Agent], generator: Generator,
+                verifier: Verifier, seed: int) -> Rollout:
         c, G = self.cfg, self.cfg.group_size
         W, P = len(c.workers), len(problems)
         trajs = self._team(problems, agents, generator, seed, G)
@@ -240,40 +228,36 @@ class SharpWorkflow:
             keys = jax.vmap(lambda n: jax.random.fold_in(jax.random.PRNGKey(seed % 2**31), n))(jnp.arange(len(trajs)))
             needed = [sorted({s >> 1 for s in seen if s & 1} | {0, full})
                       for seen in sampled_coalitions(W + 1, keys, c.num_permutations)]
-        worker_tables, programs_run = self._values(trajs, pool, needed)
+        worker_tables, programs_run = self._values(trajs, verifier, needed)
         credit = shapley_credit(np.stack([team_value_table(w) for w in worker_tables]), c.shapley, keys,
                                 c.num_permutations)
         outcome = worker_tables[:, full]
-        process = np.stack([process_rewards(t.plan.text, [g.text for g in t.work], entry_point(t.problem))
+        process = np.stack([process_rewards(t.plan.text, [g.text for g in t.work], t.problem.entry_point)
                             for t in trajs])
-        rewards = np.asarray(K.sharp_rewards(jnp.asarray(outcome), jnp.asarray(credit), jnp.asarray(process),
-                                             global_weight=c.global_weight, shapley_weight=c.shapley_weight,
-                                             process_weight=c.process_weight))
+        rewards = np.asarray(kernels.sharp_rewards(jnp.asarray(outcome), jnp.asarray(credit), jnp.asarray(process),
+                                                   global_weight=c.global_weight, shapley_weight=c.shapley_weight,
+                                                   process_weight=c.process_weight))
         groups = jnp.asarray([t.group for t in trajs], jnp.int32)
-        adv = np.asarray(K.sharp_advantages(jnp.asarray(rewards), groups, P))
+        advantages = np.asarray(kernels.sharp_advantages(jnp.asarray(rewards), groups, P))
         team = [agents[c.planner]] + [agents[w] for w in c.workers]
-        samples = []
-        for n, t in enumerate(trajs):
-            for k, (a, g) in enumerate(zip(team, [t.plan, *t.work])):
-                samples.append(g.sample(a, float(rewards[n, k]), float(adv[n, k]), generator.versions.get(a.policy, 0),
-                                        problem=t.problem.id, episode=n, node=k, parent=-1 if k == 0 else 0,
-                                        depth=min(k, 1), turn=min(k, 1)))
-        metrics = {"team/reward": float(outcome.mean()), "team/pass_rate": float((outcome == 1.0).mean()),
-                   "team/programs_run": float(programs_run)}
+        ids = [dict(problem=t.problem.id, episode=n, node=k, parent=-1 if k == 0 else 0, depth=min(k, 1),
+                    turn=min(k, 1)) for n, t in enumerate(trajs) for k in range(len(team))]
+        extras = {"team/reward": float(outcome.mean()), "team/pass_rate": float((outcome == 1.0).mean()),
+                  "team/programs_run": float(programs_run)}
         for k, a in enumerate(team):
-            metrics.update({f"agent/{a.name}/reward": float(rewards[:, k].mean()),
-                            f"agent/{a.name}/shapley": float(credit[:, k].mean()),
-                            f"agent/{a.name}/process": float(process[:, k].mean()),
-                            f"agent/{a.name}/adv_mean": float(adv[:, k].mean()),
-                            f"agent/{a.name}/adv_std": float(adv[:, k].std())})
+            extras[f"agent/{a.name}/shapley"] = float(credit[:, k].mean())
+            extras[f"agent/{a.name}/process"] = float(process[:, k].mean())
         programs = [[coalition_code(t.codes, full) for t in trajs if t.group == i] for i in range(P)]
-        metrics.update(grouped_diversity(programs, "team"))
-        return Rollout(samples, metrics)
+        extras.update(grouped_diversity(programs, "team"))
+        # every agent of a trajectory is credited with its team's program: it passes when that program does
+        passed = np.repeat(outcome == 1.0, len(team))
+        return Rollout([g for t in trajs for g in (t.plan, *t.work)], ids, rewards.reshape(-1),
+                       advantages.reshape(-1), passed, extras)
 
-    def evaluate(self, problems: Sequence[Any], agents: dict[str, Agent], generator: Generator,
-                 pool: Any) -> dict[str, float]:
+    def evaluate(self, problems: Sequence[Problem], agents: Mapping[str, Agent], generator: Generator,
+                 verifier: Verifier) -> dict[str, float]:
         """One (greedy, with a greedy generator) team program per held-out problem: pass@1."""
         trajs = self._team(problems, agents, generator, 0, 1)
         full = (1 << len(self.cfg.workers)) - 1
-        outcome = self._values(trajs, pool, [[full]] * len(trajs))[0][:, full]
+        outcome = self._values(trajs, verifier, [[full]] * len(trajs))[0][:, full]
         return {"eval/team/pass_at_1": float((outcome == 1.0).mean()), "eval/team/reward": float(outcome.mean())}

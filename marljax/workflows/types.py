@@ -1,19 +1,40 @@
-"""What workflows hand to the trainer: flat samples with their tree/turn ids.
+"""What workflows hand to the trainer: a `Rollout` of arrays over completions, and its `Sample`s.
 
-A `Sample` is one agent's completion at one node of one episode (or search
-tree). Workflows fill in everything but `advantage`'s final value is theirs
-too: credit assignment (the kernels) runs inside the workflow, because only
-it knows the group structure. The trainer routes samples by `policy`.
+Entry i of every array of a `Rollout` belongs to completion i: one agent's
+completion at one node of one episode (or search tree), with its reward,
+advantage and pass flag. Credit assignment (the kernels) runs inside the
+workflow, because only it knows the group structure; the statistics every
+workflow reports per agent are computed here, once, from the arrays.
+The trainer routes the samples to their policy's buffer.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+import functools
+from typing import Any, Mapping, Sequence
 
+import jax.numpy as jnp
 import numpy as np
 
+from marljax import kernels
+
 ID_FIELDS = ("problem", "episode", "node", "parent", "depth", "turn")
+
+
+@dataclasses.dataclass(frozen=True)
+class Generation:
+    """One sampled completion: its text, token ids and the sampler's log-probs, stamped by the
+    generator with the agent that asked for it, that agent's policy and the policy's version."""
+
+    text: str
+    prompt_ids: np.ndarray
+    completion_ids: np.ndarray
+    logprobs: np.ndarray
+    finish_reason: str = "stop"
+    agent: str = ""
+    policy: str = ""
+    version: int = 0
 
 
 @dataclasses.dataclass
@@ -23,8 +44,11 @@ class Sample:
     prompt_ids `[P]`, completion_ids `[C]`, sampling_logprobs `[C]` (the
     sampler's log-probs of the completion tokens, for truncated importance
     sampling). `version` is the policy version that generated it (for
-    staleness). `ids` holds the integer or string ids in `ID_FIELDS`
-    (problem, episode/tree, node, parent (-1 at a root), depth, turn).
+    staleness). `passed` is 1 when the outcome it was credited with passed
+    every test, 0 when not, and the fraction of passing outcomes when it took
+    part in several (MAGRPO's cross product). `ids` holds the integer or
+    string ids in `ID_FIELDS` (problem, episode/tree, node, parent (-1 at a
+    root), depth, turn).
     """
 
     prompt_ids: np.ndarray
@@ -36,6 +60,7 @@ class Sample:
     policy: str = ""
     version: int = 0
     ids: dict[str, Any] = dataclasses.field(default_factory=dict)
+    passed: float = 0.0
 
     def __post_init__(self) -> None:
         self.prompt_ids = np.asarray(self.prompt_ids, np.int32).reshape(-1)
@@ -54,8 +79,101 @@ class Sample:
                 # float32 -> float64 -> JSON text -> float64 -> float32 is exact
                 "sampling_logprobs": [float(x) for x in self.sampling_logprobs],
                 "reward": float(self.reward), "advantage": float(self.advantage), "agent": self.agent,
-                "policy": self.policy, "version": int(self.version), "ids": dict(self.ids)}
+                "policy": self.policy, "version": int(self.version), "ids": dict(self.ids),
+                "passed": float(self.passed)}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> "Sample":
         return cls(**data)
+
+
+@dataclasses.dataclass(frozen=True)
+class Rollout:
+    """A workflow's output for one batch of problems: one entry per completion.
+
+    generations: the completions (tokens, log-probs, agent, policy, version);
+    ids: each completion's `ID_FIELDS`; rewards `[N]`, advantages `[N]` and
+    passed `[N]` (in [0, 1], see `Sample.passed`); extras: the workflow's own
+    metrics (`mars2/...`, `team/...`, per-agent ones beyond `agent_metrics`).
+    """
+
+    generations: Sequence[Generation]
+    ids: Sequence[Mapping[str, Any]]
+    rewards: np.ndarray
+    advantages: np.ndarray
+    passed: np.ndarray
+    extras: Mapping[str, float] = dataclasses.field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        # float64 keeps rewards computed in Python exact in the samples; the kernels take float32
+        object.__setattr__(self, "rewards", np.asarray(self.rewards, np.float64).reshape(-1))
+        object.__setattr__(self, "advantages", np.asarray(self.advantages, np.float32).reshape(-1))
+        object.__setattr__(self, "passed", np.asarray(self.passed, np.float32).reshape(-1))
+        sizes = {"generations": len(self.generations), "ids": len(self.ids), "rewards": len(self.rewards),
+                 "advantages": len(self.advantages), "passed": len(self.passed)}
+        if len(set(sizes.values())) > 1:
+            raise ValueError(f"a rollout needs one entry per completion in each field, got sizes {sizes}")
+
+    def __len__(self) -> int:
+        return len(self.generations)
+
+    @functools.cached_property
+    def agent_names(self) -> tuple[str, ...]:
+        return tuple(sorted({g.agent for g in self.generations}))
+
+    @functools.cached_property
+    def agent_ids(self) -> np.ndarray:
+        """`[N]` int32 index of each completion's agent in `agent_names`."""
+        return np.searchsorted(self.agent_names, [g.agent for g in self.generations]).astype(np.int32)
+
+    @functools.cached_property
+    def policy_names(self) -> tuple[str, ...]:
+        return tuple(sorted({g.policy for g in self.generations}))
+
+    @functools.cached_property
+    def policy_ids(self) -> np.ndarray:
+        """`[N]` int32 index of each completion's policy in `policy_names`."""
+        return np.searchsorted(self.policy_names, [g.policy for g in self.generations]).astype(np.int32)
+
+    @functools.cached_property
+    def samples(self) -> list[Sample]:
+        return [Sample(g.prompt_ids, g.completion_ids, g.logprobs, reward=float(self.rewards[i]),
+                       advantage=float(self.advantages[i]), agent=g.agent, policy=g.policy, version=g.version,
+                       ids=dict(self.ids[i]), passed=float(self.passed[i]))
+                for i, g in enumerate(self.generations)]
+
+    @property
+    def metrics(self) -> dict[str, float]:
+        """`agent_metrics`, `amplification_metrics` and the workflow's extras: the rollout's part of a
+        training step's record."""
+        common = {**agent_metrics(self), **amplification_metrics(self)}
+        clash = sorted(set(common) & set(self.extras))
+        if clash:
+            raise ValueError(f"workflow metrics {clash} are computed from the rollout; leave them out of extras")
+        return {**common, **self.extras}
+
+
+def agent_metrics(rollout: Rollout) -> dict[str, float]:
+    """`agent/<name>/{reward, pass_rate, adv_mean, adv_std}` of each agent with completions in the
+    rollout: means and population std over its completions."""
+    out: dict[str, float] = {}
+    advantages = rollout.advantages.astype(np.float64)
+    for k, name in enumerate(rollout.agent_names):
+        mine = rollout.agent_ids == k
+        out.update({f"agent/{name}/reward": float(rollout.rewards[mine].mean()),
+                    f"agent/{name}/pass_rate": float(rollout.passed[mine].astype(np.float64).mean()),
+                    f"agent/{name}/adv_mean": float(advantages[mine].mean()),
+                    f"agent/{name}/adv_std": float(advantages[mine].std())})
+    return out
+
+
+def amplification_metrics(rollout: Rollout) -> dict[str, float]:
+    """`agent/<name>/amplification` with two or more agents: Dr. MAS's factor by which one global
+    reward normalisation scales each agent's gradient second moment (1 for every agent when
+    agent-wise and global normalisation agree)."""
+    names = rollout.agent_names
+    if len(names) < 2:
+        return {}
+    factor = kernels.amplification_factor(jnp.asarray(rollout.rewards, jnp.float32), jnp.asarray(rollout.agent_ids),
+                                          len(names))
+    return {f"agent/{name}/amplification": float(f) for name, f in zip(names, np.asarray(factor))}

@@ -56,7 +56,7 @@ def test_teacher_slips_at_its_rate_and_every_slipped_program_fails():
     from marljax.demo.teacher import slip, teacher_completion
     from marljax.rewards import SandboxPool
     from marljax.train.sft import reference_completion
-    from marljax.workflows.scoring import score_texts
+    from marljax.rewards import score_texts
 
     by_hand = {"x = x // 3": "x = x / 3", "x = x - 4": "x = 4 - x", "x = max(x, 5)": "x = min(x, 5)",
                "x = min(x, 5)": "x = max(x, 5)", "x = x * 3": "x = x ** 3", "x = x % 7": "x = x // 7",

@@ -8,12 +8,14 @@ import json
 import numpy as np
 import pytest
 
-from marljax.rewards import SandboxPool
+from marljax.envs.base import best_branch
+from marljax.envs.code import parse_asserts
+from marljax.envs.grid import (GridProblem, bfs_distances, grid_prompt, make_grid_problems, parse_plan, plan_reward,
+                               run_plan, shortest_plan)
+from marljax.rewards import SandboxPool, SandboxVerifier
 from marljax.train.data import parse_row
-from marljax.workflows.at_grpo import AtGrpoConfig, AtGrpoWorkflow, parse_asserts
+from marljax.workflows.at_grpo import AtGrpoConfig, AtGrpoWorkflow
 from marljax.workflows.base import Agent, ScriptedGenerator
-from marljax.workflows.games import (GridProblem, best_branch, bfs_distances, grid_prompt, make_grid_problems,
-                                     parse_plan, plan_reward, run_plan, shortest_plan)
 
 # ------------------------------------------------------------------ helpers
 ROWS = [  # f(x) = x + 1 and f(x) = 2 x on inputs 1..4; the first 3 cases are public
@@ -70,7 +72,7 @@ def agents(shared: bool):
 @pytest.fixture(scope="module")
 def pool():
     with SandboxPool(max_workers=2) as p:
-        yield p
+        yield SandboxVerifier(p)
 
 
 @pytest.fixture(scope="module")
@@ -183,7 +185,8 @@ def test_config_checks_agent_names():
     with pytest.raises(ValueError):
         AtGrpoConfig(num_candidates=1)
     wf = AtGrpoWorkflow.from_config(AtGrpoConfig(num_candidates=3, num_turns=4, estimator="dr_grpo"))
-    assert (wf.K, wf.T, wf.estimator, wf.env.roles) == (3, 4, "dr_grpo", ("coder", "tester"))
+    assert (wf.cfg.num_candidates, wf.cfg.num_turns, wf.cfg.estimator, wf.env.roles) == \
+        (3, 4, "dr_grpo", ("coder", "tester"))
 
 
 # ------------------------------------------------------------------ grid game
@@ -310,7 +313,7 @@ def test_tiny_real_policy_trains_two_steps(pool):
     from marljax.train.buffer import ExperienceBuffer
     from marljax.train.config import PolicyConfig, SamplerConfig
     from marljax.train.policy import Policy
-    from marljax.workflows.base import PolicyGenerator
+    from marljax.train.generation import PolicyGenerator
 
     cfg = PolicyConfig(model={"preset": "tiny-qwen3"}, optimizer={"lr": 1e-3}, buffer={"threshold": 8},
                        micro_batch_size=8)

@@ -8,7 +8,7 @@ import pytest
 from pydantic import ValidationError
 
 from marljax import kernels as K
-from marljax.rewards import SandboxPool
+from marljax.rewards import SandboxPool, SandboxVerifier
 from marljax.train.data import parse_row, synthetic_rows
 from marljax.workflows.base import Agent, ScriptedGenerator
 from marljax.workflows.dr_mas import DrMasConfig, DrMasWorkflow, parse_route, parse_verdict
@@ -25,7 +25,7 @@ AGENTS = {"solver": Agent("solver", "pol_s"), "verifier": Agent("verifier", "pol
 @pytest.fixture(scope="module")
 def pool():
     with SandboxPool(max_workers=2) as p:
-        yield p
+        yield SandboxVerifier(p)
 
 
 def fence(code: str) -> str:
@@ -171,7 +171,7 @@ def test_evaluate_one_greedy_episode_per_problem(pool):
 def test_config():
     cfg = DrMasConfig(solver="s", verifier="v", router="r", max_loops=3, group_size=2, normalization="global")
     wf = DrMasWorkflow.from_config(cfg)
-    assert wf.names == {"solver": "s", "verifier": "v", "router": "r"} and wf.max_loops == 3
+    assert wf.names == {"solver": "s", "verifier": "v", "router": "r"} and wf.cfg.max_loops == 3
     assert cfg.check_agents({"s": 0, "v": 0}) == [(("router",), "unknown agent; known: s, v", "r")]
     for bad in ({"verifier": "solver"}, {"max_loops": 0}, {"group_size": 1}, {"normalization": "batch"},
                 {"unknown": 1}):
@@ -186,7 +186,7 @@ def test_tiny_real_models_through_buffers_and_updates(pool):
     from marljax.train.buffer import ExperienceBuffer
     from marljax.train.config import PolicyConfig, SamplerConfig
     from marljax.train.policy import Policy
-    from marljax.workflows.base import PolicyGenerator
+    from marljax.train.generation import PolicyGenerator
 
     cfg = PolicyConfig(model={"preset": "tiny-qwen3"}, optimizer={"lr": 1e-3}, buffer={"threshold": 8},
                        micro_batch_size=8)

@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
-from marljax.rewards import SandboxPool
+from marljax.envs import coop_code
+from marljax.rewards import SandboxPool, SandboxVerifier
 from marljax.train.data import parse_row
-from marljax.workflows import coop_code
 from marljax.workflows.base import Agent, ScriptedGenerator
 from marljax.workflows.magrpo import MagrpoConfig, MagrpoWorkflow
 
@@ -57,7 +57,7 @@ def parent_main_code(prompt: str) -> str | None:
 @pytest.fixture(scope="module")
 def pool():
     with SandboxPool(max_workers=2) as p:
-        yield p
+        yield SandboxVerifier(p)
 
 
 def by_node(samples):
@@ -148,13 +148,13 @@ def test_tree_shape_and_ids(joint, nodes_per_turn, joints_per_turn):
     wf = MagrpoWorkflow(group_size=2, joint=joint, num_turns=2, task="score")
     problems = [math_problem("m0"), math_problem("m1")]
     gen = ScriptedGenerator(constant_script, versions={"pm": 3})
-    tree = wf.grow(problems, list(team().values()), gen, None, seed=0, n=2)
+    tree = wf.grow(problems, list(team().values()), gen, SandboxVerifier(), seed=0, n=2)
     for e in range(2):
         nodes = [s for s in tree.nodes if s.episode == e]
         assert [sum(s.turn == t for s in nodes) for t in range(2)] == nodes_per_turn
         assert [sum(tree.joints[j].node.turn == t for s in nodes for j in s.joints) for t in range(2)] == \
             joints_per_turn
-    samples = wf.rollout(problems, team(), gen, None, seed=0).samples
+    samples = wf.rollout(problems, team(), gen, SandboxVerifier(), seed=0).samples
     assert len(samples) == 2 * sum(nodes_per_turn) * 2 * 2  # episodes x nodes x agents x G
     for e, prob in enumerate(problems):
         mine = [s for s in samples if s.ids["episode"] == e]
@@ -320,7 +320,7 @@ def test_tiny_real_policy_trains_on_magrpo_samples(pool):
     from marljax.train.buffer import ExperienceBuffer
     from marljax.train.config import PolicyConfig, SamplerConfig
     from marljax.train.policy import Policy
-    from marljax.workflows.base import PolicyGenerator
+    from marljax.train.generation import PolicyGenerator
 
     cfg = PolicyConfig(model={"preset": "tiny-qwen3"}, optimizer={"lr": 1e-3}, buffer={"threshold": 8},
                        micro_batch_size=8)

@@ -10,7 +10,7 @@ import statistics
 import numpy as np
 import pytest
 
-from marljax.rewards import SandboxPool
+from marljax.rewards import SandboxPool, SandboxVerifier
 from marljax.train.data import parse_row, synthetic_rows
 from marljax.workflows.base import Agent, ScriptedGenerator
 from marljax.workflows.mars2 import Mars2Config, Mars2Workflow, refine_prompt, search_eval
@@ -23,7 +23,7 @@ REFINE_MARK = "Previous attempt:"
 @pytest.fixture(scope="module")
 def pool():
     with SandboxPool(max_workers=2) as p:
-        yield p
+        yield SandboxVerifier(p)
 
 
 def make_problems(n, seed=0):
@@ -350,8 +350,9 @@ def test_evaluate_greedy_per_agent_and_search(pool):
 def test_config_options_and_agent_checks():
     cfg = Mars2Config(agents=["alpha", "beta"], max_nodes=5, depth_gamma=[0.9, 0.8], prior="reward_average")
     wf = Mars2Workflow.from_config(cfg)
-    assert wf.opts.max_nodes == 5 and wf.opts.depth_gamma == [0.9, 0.8] and wf.prior == "reward_average"
-    assert Mars2Workflow.from_config(Mars2Config()).opts.depth_gamma == {"start": 0.98, "step": 0.05, "floor": 0.5}
+    assert wf.cfg.max_nodes == 5 and wf.cfg.depth_gamma == [0.9, 0.8] and wf.cfg.prior == "reward_average"
+    assert Mars2Workflow.from_config(Mars2Config()).cfg.depth_gamma.model_dump() == {"start": 0.98, "step": 0.05,
+                                                                                 "floor": 0.5}
     for bad in ({"max_nodes": 1}, {"expansions_per_round": 0}, {"prior": "flat"}, {"depth_gamma": {"start": 2}},
                 {"unknown": 1}, {"max_nodes": True}):
         with pytest.raises(ValueError):
@@ -371,7 +372,7 @@ def test_two_steps_with_tiny_real_policy(pool):
     from marljax.train.buffer import ExperienceBuffer
     from marljax.train.config import PolicyConfig, SamplerConfig
     from marljax.train.policy import Policy
-    from marljax.workflows.base import PolicyGenerator
+    from marljax.train.generation import PolicyGenerator
 
     # math rows whose answer is 7 (a random tiny model sometimes ends with a 7); the entropy
     # bonus makes every update move the weights even when a tree's rewards are all equal.

@@ -4,10 +4,11 @@ its verdict (also in AT-GRPO's tester scoring and coop_code's pairs)."""
 import pytest
 
 from marljax.demo.models import steps_problems
-from marljax.rewards import AssertTest, ExecutionResult, Program, SandboxPool
+from marljax.envs import coop_code
+from marljax.envs.code import CodeEnv, CodeState
+from marljax.rewards import AssertTest, ExecutionResult, Program, SandboxPool, SandboxVerifier
+from marljax.rewards.verifier import map_once, score_texts
 from marljax.train.data import parse_row
-from marljax.workflows import at_grpo, coop_code
-from marljax.workflows.scoring import map_once, score_texts
 
 
 class CountingPool(SandboxPool):
@@ -45,6 +46,11 @@ def pool():
 def plain_map(pool, programs, keys=None):
     """The path before map_once: every program to the pool."""
     return pool.map(programs) if programs else []
+
+
+def plain_run(verifier, programs, keys=None):
+    """`SandboxVerifier.run` before map_once."""
+    return plain_map(verifier.pool, programs, keys)
 
 
 def verdict(result):
@@ -94,14 +100,14 @@ def test_at_grpo_tester_runs_each_program_once(pool, monkeypatch):
     tests = ["assert f(1) == 2\nassert f(2) == 3", "assert f(3) == 4\nassert f(1) == 5"]
     tester = [fence(tests[0]), fence(tests[1]), "see above:\n" + fence(tests[0]), "no asserts"]
     texts = [{"coder": coder, "tester": tester}] * 2
-    env = at_grpo.CodeEnv("coder", "tester", 0.5, 8)
+    env = CodeEnv("coder", "tester", 0.5, 8)
 
     def run():
         pool.submitted = []
-        return env.step(problems, [at_grpo.CodeState()] * 2, texts, pool), len(pool.submitted)
+        return env.step(problems, [CodeState()] * 2, texts, SandboxVerifier(pool)), len(pool.submitted)
 
     turns, n = run()
-    monkeypatch.setattr(at_grpo, "map_once", plain_map)
+    monkeypatch.setattr(SandboxVerifier, "run", plain_run)
     before, n_before = run()
     # coder: 2 distinct programs per problem.  Tester: 3 texts with asserts, 2 distinct, each run on
     # the problem's reference and on its best code, which is the same code for both problems here
@@ -125,10 +131,10 @@ def test_coop_pairs_run_each_program_once(pool, monkeypatch):
 
     def run():
         pool.submitted = []
-        return coop_code.score_pairs(problems, helpers, mains, pool), len(pool.submitted)
+        return coop_code.score_pairs(problems, helpers, mains, SandboxVerifier(pool)), len(pool.submitted)
 
     scores, n = run()
-    monkeypatch.setattr(coop_code, "map_once", plain_map)
+    monkeypatch.setattr(SandboxVerifier, "run", plain_run)
     before, n_before = run()
     assert (n, n_before) == (3, 6)  # (p, good), (p, bad), (q, good); one pair does not compile
     for s, b in zip(scores, before):

@@ -9,7 +9,7 @@ import pytest
 from pydantic import ValidationError
 
 from marljax import kernels as K
-from marljax.rewards import SandboxPool
+from marljax.rewards import SandboxPool, SandboxVerifier
 from marljax.train.data import parse_row, synthetic_rows
 from marljax.workflows.base import Agent, ScriptedGenerator
 from marljax.workflows.sharp import (SharpConfig, SharpWorkflow, coalition_code, parse_plan, process_rewards,
@@ -53,7 +53,7 @@ class RecordingPool:
 @pytest.fixture(scope="module")
 def pool():
     with SandboxPool(max_workers=2) as p:
-        yield p
+        yield SandboxVerifier(p)
 
 
 def hand_advantages(rewards):
@@ -104,10 +104,10 @@ def test_plan_and_process_rewards():
 
 
 def test_rollout_credit_rewards_advantages_and_batching(pool):
-    gen, rec = ScriptedGenerator(script, versions={"pol_1": 2}), RecordingPool(pool)
+    gen, rec = ScriptedGenerator(script, versions={"pol_1": 2}), RecordingPool(pool.pool)
     wf = SharpWorkflow("planner", ["w1", "w2"], group_size=2, global_weight=1.0, shapley_weight=1.0,
                        process_weight=0.5)
-    out = wf.rollout([PROBLEM], AGENTS, gen, rec, seed=0)
+    out = wf.rollout([PROBLEM], AGENTS, gen, SandboxVerifier(rec), seed=0)
     assert gen.calls == [("pol_p", 1), ("pol_1", 2), ("pol_2", 2)]  # one call per stage, grouped by policy
     # each distinct non-empty coalition program runs once: {w1}, {w2}, {w1, w2} per trajectory
     assert rec.codes == [HELPER, ENTRY, HELPER + "\n\n" + ENTRY, BROKEN, "def f(x):\n    return 4",

@@ -24,7 +24,8 @@ import re
 from collections import deque
 from typing import Any, Mapping, Sequence
 
-import numpy as np
+from marljax.envs.base import TurnResult, best_branch
+from marljax.rewards import Problem, Verifier
 
 MOVES = {"U": (-1, 0), "D": (1, 0), "L": (0, -1), "R": (0, 1)}
 # A run of move letters (spaces or commas between them allowed) that is not part of a word.
@@ -32,15 +33,14 @@ _PLAN = re.compile(r"(?<![A-Za-z])[UDLR](?:[ ,]*[UDLR])*(?![A-Za-z])")
 _MARK = re.compile(r"moves\s*:", re.IGNORECASE)
 
 
-@dataclasses.dataclass(frozen=True)
-class GridProblem:
-    """Problem-like: ``fields`` holds size, walls [[r, c], ...], start, goal, distance, solution."""
+@dataclasses.dataclass(frozen=True, init=False)
+class GridProblem(Problem):
+    """A `Problem` of schema ``plan``: ``fields`` holds size, walls [[r, c], ...], start, goal,
+    distance, solution."""
 
-    id: str
-    prompt: str
-    fields: Mapping[str, Any]
-    schema: str = "plan"
-    source: str = "<grid>"
+    def __init__(self, id: str, prompt: str, fields: Mapping[str, Any], schema: str = "plan",
+                 source: str = "<grid>"):
+        super().__init__(id, prompt, schema, source, fields)
 
 
 def bfs_distances(fields: Mapping[str, Any]) -> dict[tuple[int, int], int]:
@@ -152,35 +152,19 @@ class PlanState:
     last: PlanResult | None = None
 
 
-@dataclasses.dataclass(frozen=True)
-class TurnResult:
-    """One problem's turn: per role, the K candidates' rewards and pass flags and the best index."""
-
-    rewards: dict[str, list[float]]
-    passed: dict[str, list[bool]]
-    best: dict[str, int]
-    state: Any
-    solved: bool
-
-
-def best_branch(rewards: Sequence[float]) -> int:
-    """The branch that continues: highest reward, ties to the lowest index (AT-GRPO's greedy selection)."""
-    return int(np.argmax(np.asarray(rewards, np.float64)))
-
-
 class PlanEnv:
     """Planner-only environment: each turn the planner plans from where the last best plan ended."""
 
     def __init__(self, planner: str):
         self.roles = (planner,)
 
-    def start(self, problem: Any) -> PlanState:
-        if getattr(problem, "schema", None) != "plan":
+    def start(self, problem: Problem) -> PlanState:
+        if problem.schema != "plan":
             raise ValueError(f"task 'plan' needs grid problems (schema 'plan', from make_grid_problems); "
-                             f"problem {problem.id!r} has schema {getattr(problem, 'schema', None)!r}")
+                             f"problem {problem.id!r} has schema {problem.schema!r}")
         return PlanState(tuple(problem.fields["start"]))
 
-    def request(self, problem: Any, state: PlanState, role: str, turn: int) -> tuple[str, str, str]:
+    def request(self, problem: Problem, state: PlanState, role: str, turn: int) -> tuple[str, str, str]:
         """(problem text, feedback, history) for the planner at ``state``."""
         text = grid_prompt(problem.fields, state.pos)
         if turn == 0 or state.last is None:
@@ -190,8 +174,9 @@ class PlanEnv:
         return text, f"Your last plan {how} at row {state.pos[0]}, column {state.pos[1]}: {d} moves from G.", \
             f"Moves so far: {state.moves or '(none)'}"
 
-    def step(self, problems: Sequence[Any], states: Sequence[PlanState], texts: Sequence[dict[str, list[str]]],
-             pool: Any) -> list[TurnResult]:
+    def step(self, problems: Sequence[Problem], states: Sequence[PlanState], texts: Sequence[dict[str, list[str]]],
+             verifier: Verifier) -> list[TurnResult]:
+        del verifier  # plans are checked by running them on the grid
         out = []
         (role,) = self.roles
         for problem, state, cand in zip(problems, states, texts):

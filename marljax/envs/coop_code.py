@@ -26,40 +26,25 @@ import ast
 import dataclasses
 import re
 from collections.abc import Sequence
-from typing import Any
 
-from marljax.rewards import ExecutionResult, SandboxPool, error_feedback, extract_code
-from marljax.workflows.scoring import map_once
+from marljax.rewards import ExecutionResult, Problem, Verifier, error_feedback, extract_code
 
 AUX = "aux"
 WEIGHTS = {"structure": 0.1, "syntax": 0.1, "tests": 0.6, "cooperation": 0.2}
 
 
-def entry_point(problem: Any) -> str | None:
-    """The function the tests call (None for stdin/stdout programs or when it cannot be told)."""
-    f = problem.fields
-    if problem.schema == "humaneval":
-        return f["entry_point"]
-    if problem.schema == "stdio":
-        return f.get("fn_name")
-    if problem.schema == "mbpp":
-        m = re.match(r"\s*assert\s+(?:not\s+)?\(?\s*([A-Za-z_]\w*)\s*\(", f["test_list"][0])
-        return m.group(1) if m else None
-    return None
-
-
-def helper_prompt(problem: Any) -> str:
+def helper_prompt(problem: Problem) -> str:
     """The helper's {problem} text: the task plus its part of the work."""
-    entry = entry_point(problem)
+    entry = problem.entry_point
     target = f"the main function `{entry}`" if entry else "the main program"
     own = f" Do not write `{entry}`." if entry else ""
     return (f"{problem.prompt}\n\nYou are the helper. Write a helper function `{AUX}(...)` that {target} "
             f"can use; choose its arguments.{own} Reply with `{AUX}` in a ```python block.")
 
 
-def main_prompt(problem: Any) -> str:
+def main_prompt(problem: Problem) -> str:
     """The main agent's {problem} text: the task plus the promise of a helper."""
-    entry = entry_point(problem)
+    entry = problem.entry_point
     what = f"Write the function `{entry}`" if entry else "Write the program"
     return (f"{problem.prompt}\n\nYou are the main agent. {what}. A teammate writes a helper function "
             f"`{AUX}(...)` that is defined before your code: call it and use its result. Do not define "
@@ -125,13 +110,13 @@ def _feedback(entry: str | None, has_aux: bool, has_entry: bool, error: str | No
     return "\n".join(lines)
 
 
-def score_pairs(problems: Sequence[Any], helper_texts: Sequence[str], main_texts: Sequence[str],
-                pool: SandboxPool | None) -> list[CoopScore]:
+def score_pairs(problems: Sequence[Problem], helper_texts: Sequence[str], main_texts: Sequence[str],
+                verifier: Verifier) -> list[CoopScore]:
     """Level rewards of `(helper_texts[i], main_texts[i])` on `problems[i]`; all programs that
-    compile run in `pool` in one batch."""
+    compile run in one batch."""
     if not len(problems) == len(helper_texts) == len(main_texts):
         raise ValueError(f"{len(problems)} problems, {len(helper_texts)} helper and {len(main_texts)} main texts")
-    if any(p.schema == "math" for p in problems):
+    if any(p.is_math for p in problems):
         raise ValueError("the coop_code task needs code problems, got a math problem")
     parts = []
     for p, h, m in zip(problems, helper_texts, main_texts):
@@ -140,17 +125,15 @@ def score_pairs(problems: Sequence[Any], helper_texts: Sequence[str], main_texts
         error = _compile_error(combined) if combined.strip() else "no code"
         parts.append((p, hc, mc, combined, error))
     runnable = [k for k, part in enumerate(parts) if part[4] is None]
-    if runnable and pool is None:
-        raise ValueError("the coop_code task needs a SandboxPool")
     results: dict[int, ExecutionResult] = {}
     if runnable:
         # samples often repeat a (helper, main) pair: run each (problem, combined code) once
-        ran = map_once(pool, [parts[k][0].program(parts[k][3]) for k in runnable],
-                       [(id(parts[k][0]), parts[k][3]) for k in runnable])
+        ran = verifier.run([parts[k][0].program(parts[k][3]) for k in runnable],
+                           [(id(parts[k][0]), parts[k][3]) for k in runnable])
         results = dict(zip(runnable, ran))
     scores = []
     for k, (p, hc, mc, combined, error) in enumerate(parts):
-        entry = entry_point(p)
+        entry = p.entry_point
         has_aux = defines(hc, AUX)
         has_entry = defines(mc, entry, top_level=False) if entry else bool(mc.strip())
         result = results.get(k)

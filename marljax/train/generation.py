@@ -1,0 +1,84 @@
+"""The trainer's `Generator`: workflows' requests sampled with the real policies.
+
+All requests of one policy go to the sampler as one batch (across problems,
+trees and agents sharing the policy); policies on disjoint devices sample at
+the same time. Each generation is stamped with its agent, policy and the
+policy's version, which the buffers use for staleness.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from typing import Mapping, Sequence
+
+import numpy as np
+
+from marljax.seeds import derive_seed
+from marljax.train.config import SamplerConfig
+from marljax.train.policy import Policy
+from marljax.workflows.base import Agent
+from marljax.workflows.types import Generation
+
+
+class PolicyGenerator:
+    """Generates with real policies: one sampler call per policy per `generate`."""
+
+    def __init__(self, policies: Mapping[str, Policy], sampler: SamplerConfig, max_prompt_len: int | None = None):
+        self.policies, self.sampler, self.max_prompt_len = policies, sampler, max_prompt_len
+
+    @property
+    def versions(self) -> dict[str, int]:
+        return {name: p.version for name, p in self.policies.items()}
+
+    def generate(self, requests: Sequence[tuple[Agent, str]], n: int, seed: int) -> list[list[Generation]]:
+        out: list[list[Generation] | None] = [None] * len(requests)
+        by_policy: dict[str, list[int]] = {}
+        for i, (agent, _) in enumerate(requests):
+            by_policy.setdefault(agent.policy, []).append(i)
+        jobs = [(k, name, idx) for k, (name, idx) in enumerate(sorted(by_policy.items()))]
+        if len(jobs) > 1 and disjoint_devices([self.policies[name] for _, name, _ in jobs]):
+            # policies on separate devices sample at the same time (JAX releases the GIL while they run)
+            with ThreadPoolExecutor(len(jobs)) as pool:
+                results = list(pool.map(lambda job: self._generate_one(requests, n, seed, *job), jobs))
+        else:
+            results = [self._generate_one(requests, n, seed, *job) for job in jobs]
+        for (_, _, idx), gens in zip(jobs, results):
+            for i, g in zip(idx, gens):
+                out[i] = g
+        return out
+
+    def _generate_one(self, requests: Sequence[tuple[Agent, str]], n: int, seed: int, k: int, name: str,
+                      idx: list[int]) -> list[list[Generation]]:
+        policy = self.policies[name]
+        tok = policy.tokenizer
+        prompts = [tok(requests[i][1])["input_ids"] for i in idx]
+        if self.max_prompt_len:  # keep the end of an over-long prompt (the question is last)
+            prompts = [p[-self.max_prompt_len:] for p in prompts]
+        version = policy.version
+        res = policy.generate(prompts, n=n, seed=derive_seed(seed, k, "policy"), sampler=self.sampler)
+        out = []
+        for j, i in enumerate(idx):
+            agent = requests[i][0]
+            gens = []
+            for r in range(j * n, (j + 1) * n):
+                L = int(res.lengths[r])
+                ids = res.tokens[r, :L]
+                gens.append(Generation(tok.decode(ids, skip_special_tokens=True), np.asarray(prompts[j]), ids,
+                                       res.sampling_logprobs[r, :L], str(res.finish_reason[r]),
+                                       agent=agent.name, policy=name, version=version))
+            out.append(gens)
+        return out
+
+
+def disjoint_devices(policies: Sequence[Policy]) -> bool:
+    """True when every policy samples on its own mesh and no two meshes share a device."""
+    seen: set = set()
+    for p in policies:
+        mesh = p.sampler_mesh
+        if mesh is None:
+            return False
+        devices = set(mesh.devices.flat)
+        if devices & seen:
+            return False
+        seen |= devices
+    return True

@@ -1,0 +1,128 @@
+"""The workflow contract: typed config, abstract methods, the registry, and the Rollout's common metrics."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from pydantic import Field, ValidationError
+
+from marljax import kernels
+from marljax.train.config import config_from_dict
+from marljax.workflows import REGISTRY, build_workflow
+from marljax.workflows.base import Workflow, WorkflowSettings, register_workflow
+from marljax.workflows.types import Generation, Rollout, agent_metrics
+
+
+class EchoConfig(WorkflowSettings):
+    kind: Literal["echo"] = "echo"
+    group_size: int = Field(4, ge=2)
+    note: str = "hi"
+
+
+class Echo(Workflow[EchoConfig]):
+    def rollout(self, problems, agents, generator, verifier, seed):
+        raise NotImplementedError
+
+    def evaluate(self, problems, agents, generator, verifier):
+        return {}
+
+
+@pytest.fixture
+def registry():
+    """The registry, restored after a test that registers a workflow of its own."""
+    saved = dict(REGISTRY)
+    yield REGISTRY
+    REGISTRY.clear()
+    REGISTRY.update(saved)
+
+
+def test_a_workflow_without_rollout_cannot_be_registered_or_built(registry):
+    class NoRollout(Workflow[EchoConfig]):
+        def evaluate(self, problems, agents, generator, verifier):
+            return {}
+
+    with pytest.raises(TypeError, match="does not implement rollout"):
+        register_workflow("echo")(NoRollout)
+    with pytest.raises(TypeError, match="abstract"):
+        NoRollout()
+    assert "echo" not in registry
+
+
+def test_registration_checks_the_config_kind_and_clashes(registry):
+    with pytest.raises(TypeError, match="must default to 'other'"):
+        register_workflow("other")(Echo)
+    assert register_workflow("echo")(Echo) is Echo and registry["echo"] == (EchoConfig, Echo)
+    assert isinstance(build_workflow(EchoConfig(group_size=3)), Echo)
+
+    class Impostor(Echo):
+        pass
+
+    with pytest.raises(ValueError, match="already registered"):
+        register_workflow("echo")(Impostor)
+    with pytest.raises(TypeError, match="Workflow subclass"):
+        register_workflow("echo")(EchoConfig)
+
+
+def test_the_workflow_owns_its_typed_config():
+    assert Echo.config_type is EchoConfig
+    cfg = EchoConfig(group_size=3)
+    assert Echo(cfg).cfg is cfg and Echo.from_config(cfg).cfg is cfg
+    assert Echo(group_size=5).cfg == EchoConfig(group_size=5)
+    assert Echo(6, "there").cfg == EchoConfig(group_size=6, note="there")  # by position: field order
+    for bad in ({"group_size": 1}, {"unknown": 1}):
+        with pytest.raises(ValidationError):
+            Echo(**bad)
+    with pytest.raises(TypeError, match="at most 2"):
+        Echo(3, "a", "b")
+    with pytest.raises(TypeError, match="configured by EchoConfig, not GrpoConfig"):
+        Echo(REGISTRY["grpo"][0]())
+    wf = Echo()
+    assert wf.state_dict() == {} and wf.load_state_dict({}) is None
+
+
+def test_every_registered_kind_is_a_valid_workflow_section():
+    base = {"policies": {"p": {"model": {"preset": "tiny-qwen3"}}},
+            "agents": {name: {"policy": "p"} for name in ("alice", "bob")},
+            "data": {"synthetic": {"n_train": 2}}}
+    assert list(REGISTRY)[0] == "grpo"  # the default kind
+    assert {"grpo", "magrpo", "mars2", "at_grpo", "dr_mas", "sharp"} <= set(REGISTRY)
+    cfg = config_from_dict({**base, "workflow": {"kind": "magrpo", "agents": ["alice", "bob"], "group_size": 3}})
+    assert type(cfg.workflow) is REGISTRY["magrpo"][0] and cfg.workflow.group_size == 3
+
+
+def gen(agent: str, policy: str = "p", version: int = 0) -> Generation:
+    return Generation("x", np.array([1, 2]), np.array([3]), np.zeros(1, np.float32), agent=agent, policy=policy,
+                      version=version)
+
+
+def test_rollout_arrays_samples_and_common_metrics():
+    gens = [gen("b", "q", 2), gen("a"), gen("b", "q", 2), gen("a"), gen("a")]
+    ids = [dict(problem="x", episode=i, node=0, parent=-1, depth=0, turn=0) for i in range(5)]
+    rewards, adv, passed = [1.0, 0.5, 0.0, 1 / 3, 1.0], [1.0, 0.0, -1.0, -0.5, 0.5], [1, 0, 0, 0, 1]
+    out = Rollout(gens, ids, rewards, adv, passed, extras={"team/x": 2.0})
+    assert out.agent_names == ("a", "b") and out.agent_ids.tolist() == [1, 0, 1, 0, 0]
+    assert out.policy_names == ("p", "q") and out.policy_ids.tolist() == [1, 0, 1, 0, 0]
+    s = out.samples[3]
+    assert (s.agent, s.policy, s.version, s.reward, s.advantage, s.passed) == ("a", "p", 0, 1 / 3, -0.5, 0.0)
+    assert out.samples[0].version == 2 and out.samples[0].to_json()["passed"] == 1.0
+    m = out.metrics
+    assert m["agent/a/reward"] == pytest.approx((0.5 + 1 / 3 + 1.0) / 3) and m["agent/b/reward"] == 0.5
+    assert m["agent/a/pass_rate"] == pytest.approx(1 / 3) and m["agent/b/pass_rate"] == 0.5
+    assert m["agent/a/adv_mean"] == 0.0 and m["agent/a/adv_std"] == pytest.approx(np.std([0.0, -0.5, 0.5]))
+    assert m["agent/b/adv_std"] == 1.0 and m["team/x"] == 2.0
+    factor = kernels.amplification_factor(jnp.asarray(rewards, jnp.float32), jnp.asarray([1, 0, 1, 0, 0]), 2)
+    assert [m["agent/a/amplification"], m["agent/b/amplification"]] == pytest.approx(np.asarray(factor))
+    assert set(agent_metrics(Rollout(gens[1:2], ids[1:2], [1.0], [0.0], [1]))) == {
+        "agent/a/reward", "agent/a/pass_rate", "agent/a/adv_mean", "agent/a/adv_std"}  # one agent: no amplification
+
+
+def test_rollout_refuses_ragged_arrays_and_extras_that_shadow_common_metrics():
+    ids = [dict(problem="x", episode=0, node=0, parent=-1, depth=0, turn=0)]
+    with pytest.raises(ValueError, match="one entry per completion"):
+        Rollout([gen("a")], ids, [1.0, 0.0], [0.0], [1])
+    clash = Rollout([gen("a")], ids, [1.0], [0.0], [1], extras={"agent/a/reward": 0.3})
+    with pytest.raises(ValueError, match="agent/a/reward"):
+        clash.metrics
