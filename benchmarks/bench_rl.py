@@ -102,6 +102,7 @@ def instrumented(clock: Clock):
     from marljax.train.metrics import MetricsWriter
     from marljax.train.policy import Policy
     from marljax.workflows import grpo
+    from marljax.workflows import types as workflow_types
 
     sandbox_map = SandboxPool.map
 
@@ -115,7 +116,8 @@ def instrumented(clock: Clock):
 
     patches = [(Policy, "generate", "sampling"), (SandboxPool, "map", "sandbox"),
                (loop.Trainer, "update_ready_policies", "update"),
-               (loop, "amplification_metrics", "metrics"), (loop, "diversity_of", "metrics"),
+               (workflow_types, "agent_metrics", "metrics"), (workflow_types, "amplification_metrics", "metrics"),
+               (loop, "diversity_of", "metrics"),
                (MetricsWriter, "write", "logging"), (loop.Trainer, "save", "checkpoint")]
     patches += [(K, name, "advantages") for name in ADVANTAGE_KERNELS]
     saved = [(obj, name, getattr(obj, name)) for obj, name, _ in patches]

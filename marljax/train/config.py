@@ -221,7 +221,7 @@ class SyntheticData(_Model):
 
 
 class GridData(_Model):
-    """Procedural grid path-planning problems (AT-GRPO's planning game, marljax.workflows.games)."""
+    """Procedural grid path-planning problems (AT-GRPO's planning game, marljax.envs.grid)."""
 
     n_train: int = Field(64, ge=1)
     n_eval: int = Field(32, ge=0)

@@ -40,7 +40,6 @@ from marljax.workflows import build_workflow
 from marljax.workflows.base import Agent
 from marljax.workflows.diversity import per_agent_diversity
 from marljax.workflows.types import Rollout
-from marljax.workflows.types import amplification_metrics  # noqa: F401  benchmarks/bench_rl.py patches it here
 
 log = logging.getLogger(__name__)
 
