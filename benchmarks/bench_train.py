@@ -105,10 +105,11 @@ def setup_marljax(path: Path, batch: dict, dtype: str, scan_layers: bool = False
     import optax
 
     from marljax.models import from_pretrained, get_params
-    from marljax.train.update import LossSettings, make_update_fn, rl_loss
+    from marljax.train.config import LossConfig
+    from marljax.train.update import make_update_fn, rl_loss
 
     model, config = from_pretrained(path, dtype=dtype, param_dtype="float32", scan_layers=scan_layers)
-    loss = LossSettings(loss_type="ppo", clip_low=CLIP, clip_high=CLIP, agg_mode="token-mean")
+    loss = LossConfig(type="ppo", clip_low=CLIP, clip_high=CLIP, agg_mode="token-mean")
     update = make_update_fn(functools.partial(rl_loss, config=config, loss=loss, use_old_logp=False),
                             optax.adamw(LR, weight_decay=WD), loss.agg_mode)
     state = {"params": get_params(model)}

@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 
 from marljax.kernels import _checks
-from marljax.kernels import losses_util as _u
+from marljax.kernels import losses_util
 
 KL_KINDS = ("k1", "k2", "k3")
 
@@ -52,11 +52,11 @@ def logprobs_from_logits(logits: chex.Array, labels: chex.Array, temperature: fl
             f"argument `labels` has shape {jnp.shape(labels)} but must equal the leading shape "
             f"{jnp.shape(logits)[:-1]} of `logits` {jnp.shape(logits)}"
         )
-    temperature = _u.static_positive_float(temperature, "temperature")
+    temperature = losses_util.static_positive_float(temperature, "temperature")
     vocab = jnp.shape(logits)[-1]
     _checks.ids_in_range(labels, vocab, "labels")
 
-    z = jnp.asarray(logits).astype(_u.compute_dtype(logits))
+    z = jnp.asarray(logits).astype(losses_util.compute_dtype(logits))
     if temperature != 1.0:
         z = z / temperature
     shifted = _shift_by_max(z)
@@ -77,7 +77,7 @@ def entropy_from_logits(logits: chex.Array) -> jax.Array:
     _checks.floating(logits, "logits")
     if jnp.ndim(logits) < 1:
         raise ValueError("argument `logits` must have a vocabulary axis (rank >= 1), got a scalar")
-    shifted = _shift_by_max(jnp.asarray(logits).astype(_u.compute_dtype(logits)))
+    shifted = _shift_by_max(jnp.asarray(logits).astype(losses_util.compute_dtype(logits)))
     exp = jnp.exp(shifted)
     total = jnp.sum(exp, axis=-1, keepdims=True)
     # Replace -inf by 0 so that 0 * (-inf) never appears, in value or gradient.
@@ -108,9 +108,9 @@ def kl_penalty(logp: chex.Array, ref_logp: chex.Array, kind: str = "k1", clamp: 
     _checks.same_shape(logp, ref_logp, "logp", "ref_logp")
     kind = _checks.choice(kind, "kind", KL_KINDS)
     if clamp is not None:
-        clamp = _u.static_positive_float(clamp, "clamp")
+        clamp = losses_util.static_positive_float(clamp, "clamp")
 
-    dtype = _u.compute_dtype(logp, ref_logp)
+    dtype = losses_util.compute_dtype(logp, ref_logp)
     d = jnp.asarray(ref_logp).astype(dtype) - jnp.asarray(logp).astype(dtype)
     if kind == "k1":
         kl = -d
@@ -150,6 +150,6 @@ def overlong_penalty(lengths: chex.Array, max_len: int, buffer_len: int, factor:
         raise ValueError(f"argument `buffer_len` ({buffer_len}) must be <= `max_len` ({max_len})")
     factor = _checks.static_float(factor, "factor", minimum=0.0)
 
-    x = jnp.asarray(lengths).astype(_u.compute_dtype(lengths))
+    x = jnp.asarray(lengths).astype(losses_util.compute_dtype(lengths))
     excess = (x - (max_len - buffer_len)) / buffer_len
     return 0.0 - factor * jnp.clip(excess, 0.0, 1.0)  # 0.0 - x: +0.0, not -0.0, below the ramp

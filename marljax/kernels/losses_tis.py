@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 
 from marljax.kernels import _checks
-from marljax.kernels import losses_util as _u
+from marljax.kernels import losses_util
 
 TIS_LEVELS = ("token", "sequence")
 TIS_MODES = ("truncate", "mask")
@@ -64,21 +64,21 @@ def tis_weights(
     _checks.floating(logp_sampler, "logp_sampler")
     _checks.rank(logp_trainer, 2, "logp_trainer")
     _checks.same_shape(logp_trainer, logp_sampler, "logp_trainer", "logp_sampler")
-    mask = _u.token_mask(mask, logp_trainer, "mask", "logp_trainer")
+    mask = losses_util.token_mask(mask, logp_trainer, "mask", "logp_trainer")
     level = _checks.choice(level, "level", TIS_LEVELS)
     mode = _checks.choice(mode, "mode", TIS_MODES)
-    cap = _u.static_positive_float(cap, "cap")
+    cap = losses_util.static_positive_float(cap, "cap")
     if mode == "truncate":
         for name, value in (("lo", lo), ("hi", hi)):
             if value is not None:
                 raise ValueError(f"argument `{name}` is only used with mode='mask'; truncation uses `cap`")
     else:
-        hi = cap if hi is None else _u.static_positive_float(hi, "hi")
+        hi = cap if hi is None else losses_util.static_positive_float(hi, "hi")
         lo = 1.0 / hi if lo is None else _checks.static_float(lo, "lo", minimum=0.0)
         if lo >= hi:
             raise ValueError(f"argument `lo` ({lo}) must be < `hi` ({hi})")
 
-    dtype = _u.compute_dtype(logp_trainer, logp_sampler)
+    dtype = losses_util.compute_dtype(logp_trainer, logp_sampler)
     zero = jnp.zeros((), dtype)
     trainer = jnp.where(mask, jnp.asarray(logp_trainer).astype(dtype), zero)
     sampler = jnp.where(mask, jnp.asarray(logp_sampler).astype(dtype), zero)
@@ -93,7 +93,7 @@ def tis_weights(
         log_hi = math.log(cap)
         over = log_ratio > log_hi
         weights = jnp.exp(jnp.minimum(log_ratio, log_hi))
-        frac_truncated = _u.masked_mean(over.astype(dtype), mask)
+        frac_truncated = losses_util.masked_mean(over.astype(dtype), mask)
         frac_masked = jnp.zeros((), dtype)
     else:
         log_hi = math.log(hi)
@@ -101,13 +101,13 @@ def tis_weights(
         keep = (log_ratio >= log_lo) & (log_ratio <= log_hi)
         weights = jnp.where(keep, jnp.exp(jnp.minimum(log_ratio, log_hi)), zero)
         frac_truncated = jnp.zeros((), dtype)
-        frac_masked = _u.masked_mean((~keep).astype(dtype), mask)
+        frac_masked = losses_util.masked_mean((~keep).astype(dtype), mask)
 
     weights = jax.lax.stop_gradient(jnp.where(mask, weights, zero))
     metrics = {
-        "weight_mean": _u.masked_mean(weights, mask),
+        "weight_mean": losses_util.masked_mean(weights, mask),
         "frac_truncated": jax.lax.stop_gradient(frac_truncated),
         "frac_masked": jax.lax.stop_gradient(frac_masked),
-        "mismatch_kl": jax.lax.stop_gradient(_u.masked_mean(-token_log_ratio, mask)),
+        "mismatch_kl": jax.lax.stop_gradient(losses_util.masked_mean(-token_log_ratio, mask)),
     }
     return weights, metrics

@@ -34,9 +34,9 @@ from marljax.models.sharding import make_mesh, param_dict_shardings, process_loc
 from marljax.sampler import generate
 from marljax.sampler.engine import Buckets
 from marljax.train.batch import collate
-from marljax.train.config import OptimizerConfig
-from marljax.train.optim import make_optimizer
-from marljax.train.update import LossSettings, make_logprob_fn, make_update_fn, rl_loss, sft_loss
+from marljax.train.config import LossConfig, OptimizerConfig
+from marljax.train.optim import applied_steps, make_optimizer
+from marljax.train.update import make_logprob_fn, make_update_fn, rl_loss, sft_loss
 from marljax.workflows.types import Sample
 
 
@@ -93,9 +93,10 @@ def _pad_batch(batch: dict, M: int, T: int, pad_id: int) -> dict:
 
 
 def _counters_on(opt_state: Any, mesh) -> Any:
-    """optax makes its step counters uncommitted on the default device; commit them where the
-    parameters are (replicated on the policy's mesh), as the update returns them: else its second
-    call sees other input shardings and compiles again (the moments already follow the parameters)."""
+    """optax makes its scalars (step counters, learning rate, skip flags) uncommitted on the default
+    device; commit them where the parameters are (replicated on the policy's mesh), as the update
+    returns them: else its second call sees other input shardings and compiles again (the moments
+    already follow the parameters)."""
     if mesh is None:
         return jax.device_put(opt_state, jax.devices()[0])
     replicated = NamedSharding(mesh, PartitionSpec())
@@ -108,14 +109,17 @@ def _to_float(metrics: dict) -> dict[str, float]:
 
 
 @functools.lru_cache(maxsize=32)
-def _step_functions(config: ModelConfig, optimizer_json: str, loss: LossSettings, use_old_logp: bool):
-    """(rl update, sft update, log-probs), jitted; shared by policies with equal settings, so
-    a team of agents of one architecture compiles each shape once, not once per agent."""
-    optimizer, _ = make_optimizer(OptimizerConfig.model_validate_json(optimizer_json))
+def _step_functions(config: ModelConfig, optimizer_cfg: OptimizerConfig, loss: LossConfig,
+                    use_old_logp: bool):
+    """(optimizer, rl update, sft update, log-probs), the updates jitted; shared by policies with equal
+    settings (the frozen configs are the cache key), so a team of agents of one architecture compiles
+    each shape once, not once per agent. optax optimisers keep no state of their own, so sharing one
+    is safe."""
+    optimizer = make_optimizer(optimizer_cfg)
     rl = make_update_fn(functools.partial(rl_loss, config=config, loss=loss, use_old_logp=use_old_logp),
                         optimizer, loss.agg_mode)
     sft = make_update_fn(functools.partial(sft_loss, config=config), optimizer, "token-mean")
-    return rl, sft, make_logprob_fn(config)
+    return optimizer, rl, sft, make_logprob_fn(config)
 
 
 class Policy:
@@ -136,16 +140,16 @@ class Policy:
         if self.mesh is None:  # committed, as loaded checkpoints and the update's outputs are
             self.params = jax.device_put(self.params, jax.devices()[0])
         self._sampler_setup(getattr(cfg, "sampler_mesh", None))
-        self.optimizer, self.schedule = make_optimizer(cfg.optimizer)
-        self.opt_state = _counters_on(self.optimizer.init(self.params), self.mesh)
         # a copy, because the update donates (frees) the buffers of `params`
         self.ref_params = jax.tree.map(jnp.copy, self.params) if cfg.reference else None
-        self.loss = LossSettings.from_config(cfg.loss, norm_constant)
+        self.loss = cfg.loss
+        if self.loss.norm_constant is None:  # Dr.GRPO's constant defaults to the given generation budget
+            self.loss = self.loss.model_copy(update={"norm_constant": norm_constant})
         self.seed = seed
         self.version = 0  # completed RL updates
-        self.step = 0  # optimiser steps (RL and SFT)
-        self._rl_update, self._sft_update, self._logprobs = _step_functions(
-            self.config, cfg.optimizer.model_dump_json(), self.loss, cfg.mini_batches > 1)
+        self.optimizer, self._rl_update, self._sft_update, self._logprobs = _step_functions(
+            self.config, cfg.optimizer, self.loss, cfg.mini_batches > 1)
+        self.reset_optimizer()
 
     # ------------------------------------------------------------ sampling
     @property
@@ -226,27 +230,32 @@ class Policy:
                 b["ref_logp"] = self._logprobs(self.ref_params, b)
         history = []
         for b in batches:  # metrics are read after the last step, so steps queue up on the devices
-            lr = float(self.schedule(self.step))
             self.params, self.opt_state, metrics = self._rl_update(self.params, self.opt_state, b)
-            self.step += 1
-            history.append((metrics, lr))
+            history.append(metrics)
         self.version += 1
         return history
 
     @staticmethod
     def finish_update(pending: list) -> dict[str, float]:
-        history = [{**_to_float(m), "lr": lr} for m, lr in pending]
+        history = [_to_float(m) for m in pending]
         out = {k: float(np.mean([h[k] for h in history])) for k in history[0]}
         out["skipped"] = float(sum(h["skipped"] for h in history))
         return out
 
     def sft_update(self, samples: Sequence[Sample]) -> dict[str, float]:
         """One supervised step: maximise the likelihood of the completions."""
-        lr = float(self.schedule(self.step))
         self.params, self.opt_state, metrics = self._sft_update(self.params, self.opt_state,
                                                                 self._collate(samples))
-        self.step += 1
-        return {**_to_float(metrics), "lr": lr}
+        return _to_float(metrics)
+
+    @property
+    def step(self) -> int:
+        """Optimiser steps applied (RL and SFT) since the last `reset_optimizer`; skipped ones do not count."""
+        return int(applied_steps(self.opt_state))
+
+    def reset_optimizer(self) -> None:
+        """A fresh optimiser state: moments at zero and the learning-rate schedule at its first step."""
+        self.opt_state = _counters_on(self.optimizer.init(self.params), self.mesh)
 
     def reset_reference(self) -> None:
         """Make the current parameters the KL reference (e.g. after an SFT warm start)."""
@@ -255,6 +264,7 @@ class Policy:
 
     # -------------------------------------------------------- checkpoints
     def state(self) -> dict:
+        """The checkpointed state; `step` is a copy of the optimiser state's count, for readers."""
         state = {"params": self.params, "opt_state": self.opt_state,
                  "step": np.asarray(self.step, np.int64), "version": np.asarray(self.version, np.int64)}
         if self.ref_params is not None:
@@ -263,7 +273,7 @@ class Policy:
 
     def load_state(self, state: dict) -> None:
         self.params, self.opt_state = state["params"], state["opt_state"]
-        self.step, self.version = int(state["step"]), int(state["version"])
+        self.version = int(state["version"])
         if self.ref_params is not None:
             self.ref_params = state["ref_params"]
 

@@ -85,6 +85,5 @@ def run_sft(trainer: Any, steps: int, writer: Any, desc: str = "sft",
         bar.update(1, **{key.split("/")[1]: v for key, v in metrics.items() if key.endswith("/loss")})
     bar.close()
     for policy in trainer.policies.values():
-        policy.opt_state = policy.optimizer.init(policy.params)
-        policy.step = 0
+        policy.reset_optimizer()
         policy.reset_reference()

@@ -5,15 +5,15 @@ opt_state, metrics)` for one policy: a `lax.scan` over the micro-batches of
 `batch` (arrays `[M, mb, T]` from `collate`) sums gradients, each
 micro-batch weighted by its share of the aggregation's denominator (valid
 tokens for "token-mean", valid sequences otherwise), so the result equals the
-gradient of the loss over the whole batch at once. A non-finite loss or
-gradient skips the optimiser step (parameters and optimiser state are kept)
-and reports `skipped = 1`, so one bad batch never ends a run.
+gradient of the loss over the whole batch at once. The optimiser of
+`marljax.train.optim.make_optimizer` skips a step whose loss or gradient is
+not finite (parameters and its inner state are kept) and the step reports
+`skipped = 1`, so one bad batch never ends a run.
 """
 
 from __future__ import annotations
 
-import dataclasses
-from typing import Any, Callable
+from typing import Callable
 
 import jax
 import jax.numpy as jnp
@@ -22,33 +22,8 @@ import optax
 from marljax import kernels as K
 from marljax.models.config import ModelConfig
 from marljax.models.decoder import hidden_states, logprobs_from_hidden
-
-
-@dataclasses.dataclass(frozen=True)
-class LossSettings:
-    """Static loss options of one policy (hashable, so they can be jit constants)."""
-
-    loss_type: str = "ppo"
-    clip_low: float = 0.2
-    clip_high: float = 0.2
-    dual_clip: float | None = None
-    agg_mode: str = "token-mean"
-    norm_constant: float | None = None
-    entropy_coef: float = 0.0
-    kl_coef: float = 0.0
-    kl_estimator: str = "k3"
-    tis_cap: float | None = None
-    tis_level: str = "token"
-
-    @classmethod
-    def from_config(cls, cfg: Any, norm_constant: float | None = None) -> "LossSettings":
-        """From a `LossConfig` (its `type` is our `loss_type`); `norm_constant` defaults to
-        the given generation budget."""
-        fields = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cls) if f.name != "loss_type"}
-        fields["loss_type"] = cfg.type
-        if fields["norm_constant"] is None:
-            fields["norm_constant"] = norm_constant
-        return cls(**fields)
+from marljax.train.config import LossConfig
+from marljax.train.optim import step_metrics
 
 
 def _logp_entropy(params, mb, config: ModelConfig, with_entropy: bool):
@@ -57,21 +32,19 @@ def _logp_entropy(params, mb, config: ModelConfig, with_entropy: bool):
     return logprobs_from_hidden(params, h, mb["labels"], config=config, return_entropy=with_entropy)
 
 
-def rl_loss(params, mb, *, config: ModelConfig, loss: LossSettings, use_old_logp: bool):
+def rl_loss(params, mb, *, config: ModelConfig, loss: LossConfig, use_old_logp: bool):
     """Policy-gradient loss of one micro-batch `[mb, T]` and its metrics."""
     logp, entropy = _logp_entropy(params, mb, config, True)
     mask = mb["loss_mask"]
     old = mb["old_logp"] if use_old_logp else jax.lax.stop_gradient(logp)
     metrics = {}
     weights = None
-    norm = loss.norm_constant if loss.agg_mode == "seq-mean-token-sum-norm" else None
+    norm = loss.agg_norm_constant
     if loss.tis_cap is not None:
         weights, tis = K.tis_weights(old, mb["sampling_logp"], mask, level=loss.tis_level, cap=loss.tis_cap)
         metrics.update({f"tis_{k}": v for k, v in tis.items()})
-    pg, pg_metrics = K.policy_loss(logp, old, mb["advantages"], mask, loss_type=loss.loss_type,
-                                   clip_low=loss.clip_low, clip_high=loss.clip_high,
-                                   dual_clip=loss.dual_clip, importance_weights=weights,
-                                   agg_mode=loss.agg_mode, norm_constant=norm)
+    pg, pg_metrics = K.policy_loss(logp, old, mb["advantages"], mask, importance_weights=weights,
+                                   **loss.policy_loss_options())
     metrics.update(pg_metrics)
     total = pg
     ent = K.aggregate_loss(entropy, mask, loss.agg_mode, norm_constant=norm)
@@ -91,6 +64,12 @@ def sft_loss(params, mb, *, config: ModelConfig):
     logp = _logp_entropy(params, mb, config, False)
     nll = K.aggregate_loss(-logp, mb["loss_mask"], "token-mean")
     return nll, {"nll": nll}
+
+
+def _unless_padding(mb: dict, compute: Callable, padding_value: Callable):
+    """`compute()` for a micro-batch with loss tokens, else `padding_value()`: micro-batches added to
+    reach a shape bucket have none, and skipping them saves their forward and backward passes."""
+    return jax.lax.cond(jnp.any(mb["loss_mask"]), compute, padding_value)
 
 
 def micro_weights(loss_mask: jax.Array, agg_mode: str) -> tuple[jax.Array, jax.Array]:
@@ -114,9 +93,9 @@ def accumulate(loss_fn: Callable, params, batch: dict, agg_mode: str):
         m_acc = {k: m_acc[k] + tw * v for k, v in metrics.items()}
         return g_acc, l_acc + lw * loss, m_acc
 
-    def body(acc, xs):  # micro-batches without loss tokens (shape-bucket padding) are skipped
+    def body(acc, xs):
         mb, lw, tw = xs
-        return jax.lax.cond(jnp.any(mb["loss_mask"]), lambda a: add(a, mb, lw, tw), lambda a: a, acc), None
+        return _unless_padding(mb, lambda: add(acc, mb, lw, tw), lambda: acc), None
 
     _, metrics_shape = jax.eval_shape(loss_fn, params, jax.tree.map(lambda x: x[0], batch))
     zeros = (jax.tree.map(jnp.zeros_like, params), jnp.zeros((), jnp.float32),
@@ -125,25 +104,21 @@ def accumulate(loss_fn: Callable, params, batch: dict, agg_mode: str):
     return loss, grads, metrics
 
 
-def guarded_step(optimizer: optax.GradientTransformation, params, opt_state, grads, loss):
-    """An optax step that leaves params and state untouched if loss or gradients are not finite."""
-    grad_norm = optax.tree.norm(grads)
-    finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
-    updates, new_state = optimizer.update(grads, opt_state, params)
-    new_params = optax.apply_updates(params, updates)
-    keep = lambda new, old: jnp.where(finite, new, old)  # noqa: E731
-    return (jax.tree.map(keep, new_params, params), jax.tree.map(keep, new_state, opt_state),
-            grad_norm, 1.0 - finite.astype(jnp.float32))
-
-
 def make_update_fn(loss_fn: Callable, optimizer: optax.GradientTransformation, agg_mode: str):
     """Jitted `update(params, opt_state, batch) -> (params, opt_state, metrics)`;
-    params and optimiser state buffers are donated."""
+    params and optimiser state buffers are donated. With `make_optimizer`'s optimiser the
+    metrics include its `skipped` and `lr` (`marljax.train.optim.step_metrics`)."""
 
     def update(params, opt_state, batch):
         loss, grads, metrics = accumulate(loss_fn, params, batch, agg_mode)
-        params, opt_state, grad_norm, skipped = guarded_step(optimizer, params, opt_state, grads, loss)
-        return params, opt_state, {**metrics, "loss": loss, "grad_norm": grad_norm, "skipped": skipped}
+        grad_norm = optax.tree.norm(grads)
+        # apply_if_finite checks each gradient entry; a non-finite loss, or a norm that overflows
+        # although every entry is finite, must skip the step too, so such gradients become NaN.
+        finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+        grads = jax.tree.map(lambda g: jnp.where(finite, g, jnp.nan), grads)
+        updates, opt_state = optimizer.update(grads, opt_state, params)
+        params = optax.apply_updates(params, updates)
+        return params, opt_state, {**metrics, "loss": loss, "grad_norm": grad_norm, **step_metrics(opt_state)}
 
     return jax.jit(update, donate_argnums=(0, 1))
 
@@ -152,9 +127,9 @@ def make_logprob_fn(config: ModelConfig):
     """Jitted `logprobs(params, batch) -> [M, mb, T]`: log-probs of `labels`, no gradient."""
 
     def logprobs(params, batch):
-        def one(mb):  # micro-batches without loss tokens (shape-bucket padding) are skipped
-            return jax.lax.cond(jnp.any(mb["loss_mask"]), lambda: _logp_entropy(params, mb, config, False),
-                                lambda: jnp.zeros(mb["labels"].shape, jnp.float32))
+        def one(mb):
+            return _unless_padding(mb, lambda: _logp_entropy(params, mb, config, False),
+                                   lambda: jnp.zeros(mb["labels"].shape, jnp.float32))
         return jax.lax.map(one, batch)
 
     return jax.jit(logprobs)

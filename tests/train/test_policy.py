@@ -67,3 +67,19 @@ def test_the_first_shape_compiles_once(source, checkpoint):
         policy.update(samples())
         lowered.append(len(LOWERINGS) - n)
     assert lowered[0] > 0 and lowered[1:] == [0, 0]
+
+
+def test_a_non_finite_update_is_skipped_reported_and_not_counted():
+    policy = Policy("p", config(seed=1))
+    before = jax.tree.map(np.array, policy.params)
+    bad = samples()
+    bad[1].advantage = float("nan")
+    metrics = policy.update(bad)
+    assert metrics["skipped"] == 1.0 and metrics["lr"] == pytest.approx(1e-3)
+    assert moved(policy, before) == 0.0 and policy.step == 0 and policy.version == 1
+    assert int(policy.opt_state.total_notfinite) == 1
+    metrics = policy.update(samples())
+    assert metrics["skipped"] == 0.0 and moved(policy, before) > 0 and policy.step == 1
+    assert int(policy.state()["step"]) == 1
+    policy.reset_optimizer()  # e.g. after SFT: RL starts its schedule afresh
+    assert policy.step == 0 and int(policy.opt_state.total_notfinite) == 0

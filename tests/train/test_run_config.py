@@ -7,10 +7,12 @@ from pathlib import Path
 
 import pytest
 import yaml
+from pydantic import ValidationError
 
 from marljax.train.config import (
     ConfigError,
     GrpoConfig,
+    LossConfig,
     OptimizerConfig,
     RunConfig,
     apply_overrides,
@@ -397,3 +399,30 @@ def test_run_dir_format(tmp_path):
     assert cfg.resolved_run_dir() == Path("out/exp1/x")
     msg = only_problem(tmp_path, with_(**{"run_dir": "out/{user}"}))
     assert ": run_dir: unknown placeholder {user}" in msg
+
+
+# ------------------------------------------------------------------ frozen settings
+
+
+def test_settings_are_frozen_and_equal_settings_are_equal_keys():
+    a, b = config_from_dict(MINIMAL), config_from_dict(copy.deepcopy(MINIMAL))
+    loss, optimizer = a.policies["main"].loss, a.policies["main"].optimizer
+    assert loss == b.policies["main"].loss and hash(loss) == hash(b.policies["main"].loss)
+    assert optimizer == b.policies["main"].optimizer and hash(optimizer) == hash(b.policies["main"].optimizer)
+    assert OptimizerConfig(lr=1e-3) != OptimizerConfig(lr=2e-3)
+    cache = {(optimizer, loss): "compiled step"}
+    assert cache[b.policies["main"].optimizer, b.policies["main"].loss] == "compiled step"
+    with pytest.raises(ValidationError, match="frozen"):
+        loss.clip_high = 0.3
+    with pytest.raises(ValidationError, match="frozen"):
+        a.train = b.train
+
+
+def test_loss_config_gives_the_policy_loss_options():
+    cfg = LossConfig(type="gspo", clip_low=3e-4, clip_high=4e-4, agg_mode="seq-mean-token-sum-norm",
+                     norm_constant=64.0, kl_coef=0.1)
+    assert cfg.policy_loss_options() == {"loss_type": "gspo", "clip_low": 3e-4, "clip_high": 4e-4,
+                                         "dual_clip": None, "agg_mode": "seq-mean-token-sum-norm",
+                                         "norm_constant": 64.0}
+    # the norm constant goes only where the aggregation divides by it
+    assert LossConfig(norm_constant=64.0).policy_loss_options()["norm_constant"] is None

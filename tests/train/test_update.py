@@ -14,7 +14,9 @@ from marljax.models.config import ModelConfig
 from marljax.models.decoder import get_params, init_model, token_logprobs
 from marljax.train.batch import collate, geometric_bucket
 from marljax.train.buffer import ExperienceBuffer
-from marljax.train.update import LossSettings, accumulate, make_logprob_fn, make_update_fn, rl_loss, sft_loss
+from marljax.train.config import LossConfig, OptimizerConfig
+from marljax.train.optim import applied_steps, make_optimizer
+from marljax.train.update import accumulate, make_logprob_fn, make_update_fn, rl_loss, sft_loss
 from marljax.workflows.types import Sample
 
 CONFIG = ModelConfig.preset("tiny-qwen2", vocab_size=64)
@@ -66,8 +68,8 @@ def test_collate_loss_positions_pick_completion_logprobs():
 def test_micro_batches_accumulate_to_the_full_batch_gradient(agg_mode, loss_type):
     params = get_params(init_model(CONFIG, seed=0))
     s = random_samples(6, seed=3)
-    loss = LossSettings(loss_type=loss_type, agg_mode=agg_mode, norm_constant=16.0, entropy_coef=0.01,
-                        kl_coef=0.1, tis_cap=2.0)
+    loss = LossConfig(type=loss_type, agg_mode=agg_mode, norm_constant=16.0, entropy_coef=0.01, kl_coef=0.1,
+                      tis_cap=2.0)
     fn = functools.partial(rl_loss, config=CONFIG, loss=loss, use_old_logp=True)
     out = {}
     for mb in (6, 2):  # one micro-batch of 6, or three of 2 with different token counts
@@ -95,7 +97,7 @@ def test_geometric_buckets_pad_whole_micro_batches_that_change_nothing():
     assert plain["tokens"].shape[:2] == (5, 2) and geo["tokens"].shape[:2] == (6, 2)
     assert geo["tokens"].shape[2] == geometric_bucket(plain["tokens"].shape[2], 4)
     assert not geo["loss_mask"][5].any()
-    fn = functools.partial(rl_loss, config=CONFIG, loss=LossSettings(), use_old_logp=False)
+    fn = functools.partial(rl_loss, config=CONFIG, loss=LossConfig(), use_old_logp=False)
     (lp, gp, mp), (lg, gg, mg) = (accumulate(fn, params, b, "token-mean") for b in (plain, geo))
     np.testing.assert_allclose(lg, lp, rtol=1e-5, atol=1e-7)
     for a, c in zip(jax.tree.leaves(gg), jax.tree.leaves(gp)):
@@ -108,28 +110,70 @@ def test_geometric_buckets_pad_whole_micro_batches_that_change_nothing():
 
 
 def _opt():
-    return optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(1e-2))
+    # clipping then AdamW (optax's default weight decay), inside apply_if_finite and inject_hyperparams
+    return make_optimizer(OptimizerConfig(lr=1e-2, weight_decay=1e-4, max_grad_norm=1.0))
 
 
 def test_nan_guard_skips_exactly_the_bad_update():
     params = get_params(init_model(CONFIG, seed=0))
     opt = _opt()
-    update = make_update_fn(functools.partial(rl_loss, config=CONFIG, loss=LossSettings(), use_old_logp=False),
+    update = make_update_fn(functools.partial(rl_loss, config=CONFIG, loss=LossConfig(), use_old_logp=False),
                             opt, "token-mean")
     good = random_samples(4, seed=5)
     bad = random_samples(4, seed=5)
     bad[2].advantage = float("nan")
     state = opt.init(params)
-    before = jax.tree.map(np.asarray, (params, state))
+    before = jax.tree.map(np.asarray, (params, state.inner_state))
     p1, s1, m1 = update(params, state, jax.tree.map(jnp.asarray, collate(bad, micro_batch_size=2)))
     assert float(m1["skipped"]) == 1.0
-    for a, b in zip(jax.tree.leaves(before), jax.tree.leaves((p1, s1))):
-        np.testing.assert_array_equal(a, b)  # parameters and optimiser state untouched
+    for a, b in zip(jax.tree.leaves(before), jax.tree.leaves((p1, s1.inner_state))):
+        np.testing.assert_array_equal(a, b)  # parameters and the optimiser's own state untouched
+    assert (int(s1.notfinite_count), int(s1.total_notfinite)) == (1, 1)  # the skip is counted
     p2, s2, m2 = update(p1, s1, jax.tree.map(jnp.asarray, collate(good, micro_batch_size=2)))
     assert float(m2["skipped"]) == 0.0 and np.isfinite(float(m2["loss"]))
     changed = [not np.array_equal(a, b) for a, b in zip(jax.tree.leaves(before[0]), jax.tree.leaves(p2))]
     assert all(changed)
-    assert int(s2[1][0].count) == 1  # adam counted only the good step
+    assert int(applied_steps(s2)) == 1  # the schedule and adam counted only the good step
+    assert (int(s2.notfinite_count), int(s2.total_notfinite)) == (0, 1)
+
+
+def test_a_nan_gradient_with_a_finite_loss_is_skipped_and_counted():
+    params = get_params(init_model(CONFIG, seed=0))
+    opt = _opt()
+
+    def nan_gradient(p, mb):  # value 0; d sqrt(x) / dx at 0 is inf, times 0 is NaN
+        return jnp.sqrt(jnp.sum(p["embed"] * 0.0)), {}
+
+    update = make_update_fn(nan_gradient, opt, "token-mean")
+    batch = jax.tree.map(jnp.asarray, collate(random_samples(2, seed=6), micro_batch_size=2))
+    before = jax.tree.map(np.array, params)
+    new, state, m = update(params, opt.init(params), batch)
+    assert float(m["loss"]) == 0.0 and not np.isfinite(float(m["grad_norm"]))
+    assert float(m["skipped"]) == 1.0 and int(state.total_notfinite) == 1 and int(applied_steps(state)) == 0
+    for a, b in zip(jax.tree.leaves(before), jax.tree.leaves(new)):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_the_lr_metric_is_the_rate_each_step_used():
+    params = get_params(init_model(CONFIG, seed=0))
+    opt = make_optimizer(OptimizerConfig(lr=1e-2, warmup_steps=4))  # 0, 2.5e-3, 5e-3, ... then 1e-2
+    update = make_update_fn(functools.partial(sft_loss, config=CONFIG), opt, "token-mean")
+    b = jax.tree.map(jnp.asarray, collate(random_samples(2, seed=8), micro_batch_size=2))
+    state, lrs = opt.init(params), []
+    for _ in range(3):
+        params, state, m = update(params, state, b)
+        lrs.append(float(m["lr"]))
+    np.testing.assert_allclose(lrs, [0.0, 2.5e-3, 5e-3], rtol=1e-6)
+
+
+@pytest.mark.parametrize("schedule", [{}, {"warmup_steps": 2}, {"schedule": "cosine", "decay_steps": 4}])
+def test_bfloat16_parameters_get_bfloat16_updates_and_skips(schedule):
+    opt = make_optimizer(OptimizerConfig(lr=1e-2, **schedule))
+    params = {"w": jnp.ones(4, jnp.bfloat16)}
+    updates, state = opt.update({"w": jnp.full(4, 0.5, jnp.bfloat16)}, opt.init(params), params)
+    assert updates["w"].dtype == jnp.bfloat16 and state.inner_state.hyperparams["learning_rate"].dtype == jnp.float32
+    updates, state = opt.update({"w": jnp.full(4, jnp.nan, jnp.bfloat16)}, state, params)
+    assert updates["w"].dtype == jnp.bfloat16 and not updates["w"].any() and int(state.total_notfinite) == 1
 
 
 def test_sft_lowers_the_nll_of_its_targets():
@@ -147,7 +191,7 @@ def test_sft_lowers_the_nll_of_its_targets():
 def test_ppo_step_raises_logprob_of_positive_advantage_tokens():
     params = get_params(init_model(CONFIG, seed=0))
     opt = optax.sgd(0.5)
-    fn = functools.partial(rl_loss, config=CONFIG, loss=LossSettings(), use_old_logp=False)
+    fn = functools.partial(rl_loss, config=CONFIG, loss=LossConfig(), use_old_logp=False)
     update = make_update_fn(fn, opt, "token-mean")
     s = random_samples(2, seed=9)
     s[0].advantage, s[1].advantage = 1.0, -1.0

@@ -1,55 +1,42 @@
-"""Typed run configuration: one YAML file (plus `dotted.key=value` overrides) -> `RunConfig`.
+"""The run configuration's schema: `RunConfig` and the models it is built from.
 
 Every model forbids unknown keys, so a typo is an error rather than a silently
-ignored setting. Numbers are coerced laxly because YAML 1.1 reads `1e-6` as a
-string; a string that is not a number is still an error. All problems are
-reported together in one `ConfigError`, one per line, each naming the file
-and the full dotted key.
+ignored setting, and is frozen once validated, so equal settings are equal
+(hashable) values that can key a cache of compiled steps. Numbers are coerced
+laxly because YAML 1.1 reads `1e-6` as a string; a string that is not a
+number is still an error. Checks that involve several fields raise through
+`_problems`, which keeps each problem's own key for the loader's messages.
 """
 
 from __future__ import annotations
 
-import copy
-import difflib
 import re
 import string
 import warnings
 from pathlib import Path
-from typing import Annotated, Any, Literal, Mapping, Sequence, Union, get_args, get_origin
+from typing import Annotated, Any, Literal, Sequence, Union
 
-import yaml
-from pydantic import BaseModel, Discriminator, Field, Tag, ValidationError, field_validator, model_validator
+from pydantic import ConfigDict, Discriminator, Field, Tag, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
 from marljax.kernels.losses import AGG_MODES, LOSS_TYPES
 from marljax.kernels.losses_terms import KL_KINDS
 from marljax.kernels.losses_tis import TIS_LEVELS
 from marljax.models.config import PRESETS
-from marljax.settings import StrictModel, resolve_annotation
+from marljax.settings import StrictModel
 from marljax.train.distributed import DistributedConfig
 from marljax.workflows import REGISTRY
 from marljax.workflows.grpo import GrpoConfig
 
 __all__ = [
-    "AgentConfig", "BufferConfig", "ConfigError", "DataConfig", "GrpoConfig", "LossConfig", "MeshConfig",
-    "ModelSpec", "OptimizerConfig", "PolicyConfig", "RunConfig", "SamplerConfig", "SandboxSettings",
-    "SyntheticData", "TrainSettings", "WorkflowConfig", "apply_overrides", "config_from_dict", "dump_config",
-    "load_config",
+    "AgentConfig", "BufferConfig", "DataConfig", "FrozenModel", "GridData", "GrpoConfig", "LossConfig",
+    "MeshConfig", "ModelSpec", "OptimizerConfig", "PolicyConfig", "RunConfig", "SamplerConfig",
+    "SandboxSettings", "SyntheticData", "TrainSettings", "WorkflowConfig",
 ]
 
 # Policy and agent names become directory names, so keep them path-safe.
 NAME_RE = re.compile(r"[A-Za-z0-9_.-]+")
 TEMPLATE_FIELDS = ("role", "problem", "feedback", "history")
-OVERRIDES = "<overrides>"
-
-
-class ConfigError(ValueError):
-    """Invalid configuration; `problems` holds one `<file>: <key>: <what is wrong>` line per problem."""
-
-    def __init__(self, problems: Sequence[str]):
-        self.problems = list(problems)
-        n = len(self.problems)
-        super().__init__(f"{n} problem{'s' if n != 1 else ''} in config:\n" + "\n".join(self.problems))
 
 
 def _problems(found: list[tuple[tuple, str, Any]]) -> None:
@@ -86,10 +73,13 @@ def _check_format(template: str, allowed: Sequence[str]) -> str | None:
     return None
 
 
-_Model = StrictModel
+class FrozenModel(StrictModel):
+    """A strict model whose fields cannot be reassigned after validation; hashable when its fields are."""
+
+    model_config = ConfigDict(frozen=True)
 
 
-class ModelSpec(_Model):
+class ModelSpec(FrozenModel):
     path: str | None = Field(None, description="local Hugging Face checkpoint directory")
     preset: str | None = Field(None, description="random-init architecture from marljax.models.config.PRESETS")
     dtype: Literal["float32", "bfloat16"] = Field("float32", description="compute dtype")
@@ -118,7 +108,7 @@ class ModelSpec(_Model):
         return self.tokenizer if self.tokenizer is not None else self.path
 
 
-class OptimizerConfig(_Model):
+class OptimizerConfig(FrozenModel):
     name: Literal["adamw", "adam", "sgd"] = "adamw"
     lr: float = Field(1e-6, gt=0, description="peak learning rate")
     b1: float = 0.9
@@ -138,7 +128,7 @@ class OptimizerConfig(_Model):
         return self
 
 
-class LossConfig(_Model):
+class LossConfig(FrozenModel):
     type: Literal[LOSS_TYPES] = Field("ppo", description="policy-loss surrogate")
     clip_low: float = Field(0.2, gt=0, description="ratio clip below 1 - clip_low")
     clip_high: float = Field(0.2, gt=0, description="ratio clip above 1 + clip_high (DAPO clip-higher)")
@@ -151,13 +141,23 @@ class LossConfig(_Model):
     tis_cap: float | None = Field(None, gt=0, description="truncated importance sampling cap; None disables TIS")
     tis_level: Literal[TIS_LEVELS] = "token"
 
+    @property
+    def agg_norm_constant(self) -> float | None:
+        """`norm_constant` where `agg_mode` divides by it, else None (the kernels refuse it elsewhere)."""
+        return self.norm_constant if self.agg_mode == "seq-mean-token-sum-norm" else None
 
-class BufferConfig(_Model):
+    def policy_loss_options(self) -> dict[str, Any]:
+        """The static options of `marljax.kernels.policy_loss` that this config sets."""
+        return {"loss_type": self.type, "clip_low": self.clip_low, "clip_high": self.clip_high,
+                "dual_clip": self.dual_clip, "agg_mode": self.agg_mode, "norm_constant": self.agg_norm_constant}
+
+
+class BufferConfig(FrozenModel):
     threshold: int = Field(8, ge=1, description="samples that trigger an update")
     max_staleness: int | None = Field(None, ge=0, description="drop samples older than this many updates; None keeps all")
 
 
-class MeshConfig(_Model):
+class MeshConfig(FrozenModel):
     data: int = Field(1, ge=1)
     fsdp: int = Field(1, ge=1)
     tensor: int = Field(1, ge=1)
@@ -177,7 +177,7 @@ class MeshConfig(_Model):
         return self
 
 
-class PolicyConfig(_Model):
+class PolicyConfig(FrozenModel):
     model: ModelSpec
     optimizer: OptimizerConfig = Field(default_factory=OptimizerConfig)
     loss: LossConfig = Field(default_factory=LossConfig)
@@ -197,7 +197,7 @@ class PolicyConfig(_Model):
         return self
 
 
-class AgentConfig(_Model):
+class AgentConfig(FrozenModel):
     policy: str = Field(description="name of the policy in `policies` this agent samples from and trains")
     role: str = Field("", description="role text substituted for {role}")
     template: str = Field("{role}{problem}", description="prompt; placeholders " + ", ".join(TEMPLATE_FIELDS))
@@ -210,7 +210,7 @@ class AgentConfig(_Model):
         return v
 
 
-class SyntheticData(_Model):
+class SyntheticData(FrozenModel):
     n_train: int = Field(64, ge=1)
     n_eval: int = Field(32, ge=0)
     difficulty: int = Field(1, ge=1, description="primitive operations per task (marljax.rewards.synthetic)")
@@ -220,7 +220,7 @@ class SyntheticData(_Model):
     seed: int = 0
 
 
-class GridData(_Model):
+class GridData(FrozenModel):
     """Procedural grid path-planning problems (AT-GRPO's planning game, marljax.envs.grid)."""
 
     n_train: int = Field(64, ge=1)
@@ -233,7 +233,7 @@ class GridData(_Model):
 with warnings.catch_warnings():
     warnings.filterwarnings("ignore", message=".*shadows an attribute in parent.*")
 
-    class DataConfig(_Model):
+    class DataConfig(FrozenModel):
         train: str | None = Field(None, description="training problems (JSONL)")
         eval: str | None = Field(None, description="evaluation problems (JSONL)")
         schema: Literal["auto", "humaneval", "mbpp", "stdio", "math"] = "auto"
@@ -253,7 +253,7 @@ with warnings.catch_warnings():
             return self
 
 
-class SamplerConfig(_Model):
+class SamplerConfig(FrozenModel):
     max_new_tokens: int = Field(128, ge=1)
     temperature: float = Field(1.0, ge=0, description="0 = greedy")
     top_p: float = Field(1.0, gt=0, le=1)
@@ -277,13 +277,13 @@ WorkflowConfig = Annotated[Union[tuple(Annotated[m, Tag(k)] for m, k in zip(WORK
                            Discriminator(_workflow_kind)]
 
 
-class SandboxSettings(_Model):
+class SandboxSettings(FrozenModel):
     workers: int | None = Field(None, ge=1, description="parallel test processes; None = CPU count + 1")
     timeout_s: float = Field(5.0, gt=0)
     memory_mb: int = Field(512, ge=1)
 
 
-class TrainSettings(_Model):
+class TrainSettings(FrozenModel):
     steps: int = Field(100, ge=1)
     save_every: int = Field(10, ge=1)
     keep_checkpoints: int = Field(3, ge=1)
@@ -295,7 +295,7 @@ class TrainSettings(_Model):
     sft_steps: int = Field(0, ge=0, description="supervised warm-up steps before RL")
 
 
-class RunConfig(_Model):
+class RunConfig(FrozenModel):
     name: str = "run"
     run_dir: str = Field("runs/{name}", description="output directory; {name} is replaced by name")
     seed: int = 0
@@ -342,166 +342,3 @@ class RunConfig(_Model):
 
     def resolved_run_dir(self) -> Path:
         return Path(self.run_dir.format(name=self.name))
-
-
-# ---------------------------------------------------------------- loading
-
-
-def _split_override(item: str) -> tuple[tuple[str, ...], Any]:
-    key, eq, raw = item.partition("=")
-    parts = tuple(p.strip() for p in key.split("."))
-    if not eq:
-        raise ValueError("expected dotted.key=value")
-    if not all(parts):
-        raise ValueError("empty key")
-    try:
-        value = yaml.safe_load(raw)
-    except yaml.YAMLError:
-        value = raw  # e.g. a template `{role}: {problem}` is not valid YAML; take it verbatim
-    return parts, value
-
-
-def apply_overrides(data: Mapping[str, Any], overrides: Sequence[str]) -> dict:
-    """A copy of `data` with each `dotted.key=value` set in order (value parsed as YAML)."""
-    out = copy.deepcopy(dict(data))
-    errors = []
-    for item in overrides:
-        try:
-            parts, value = _split_override(item)
-        except ValueError as e:
-            errors.append(f"{OVERRIDES}: {item.partition('=')[0] or '<empty>'}: {e} (got {item!r})")
-            continue
-        node = out
-        for i, part in enumerate(parts[:-1]):
-            child = node.get(part)
-            if child is None:  # absent or explicit null: create the mapping
-                child = node[part] = {}
-            if not isinstance(child, dict):
-                errors.append(f"{OVERRIDES}: {'.'.join(parts[:i + 1])}: cannot set {'.'.join(parts[i + 1:])!r} "
-                              f"inside a non-mapping value (got {child!r})")
-                break
-            node = child
-        else:
-            node[parts[-1]] = value
-    if errors:
-        raise ConfigError(errors)
-    return out
-
-
-_resolve = resolve_annotation
-
-
-def _model_at(loc: Sequence[Any]) -> type[BaseModel] | None:
-    """The model class that validates the mapping at `loc`, if it can be told from the schema."""
-    tp: Any = RunConfig
-    for part in loc:
-        tp = _resolve(tp)
-        if isinstance(tp, type) and issubclass(tp, BaseModel):
-            field = tp.model_fields.get(part)
-            if field is None:
-                return None
-            tp = field.annotation
-        elif get_origin(tp) is dict:
-            tp = get_args(tp)[1]
-        elif get_origin(tp) is list:
-            tp = get_args(tp)[0]
-        else:
-            return None
-    tp = _resolve(tp)
-    return tp if isinstance(tp, type) and issubclass(tp, BaseModel) else None
-
-
-def _short(value: Any, limit: int = 120) -> str:
-    text = repr(value)
-    return text if len(text) <= limit else text[:limit - 3] + "..."
-
-
-def _exists(data: Any, loc: Sequence[Any]) -> int:
-    """How many leading parts of `loc` exist in `data`."""
-    for n, part in enumerate(loc):
-        if not isinstance(data, dict) or part not in data:
-            return n
-        data = data[part]
-    return len(loc)
-
-
-def _lines(err: ValidationError, source: str, original: Any, touched: Sequence[tuple]) -> list[str]:
-    lines = []
-    for e in err.errors():
-        loc = list(e["loc"])
-        if len(loc) >= 2 and loc[0] == "workflow" and loc[1] in WORKFLOW_KINDS:
-            del loc[1]  # pydantic puts the union tag in the path; the YAML has no such level
-        if e["type"] == "config":  # our cross-field checks: expand each with its own key
-            found = [(loc + list(sub), msg, value, True) for sub, msg, value in e["ctx"]["problems"]]
-        elif e["type"] in ("union_tag_invalid", "union_tag_not_found"):
-            if isinstance(e["input"], dict):
-                found = [(loc + ["kind"], f"unknown workflow kind; known: {', '.join(WORKFLOW_KINDS)}",
-                          e["input"].get("kind"), True)]
-            else:
-                found = [(loc, "expected a mapping", e["input"], True)]
-        elif e["type"] == "missing":
-            found = [(loc, "missing required key", None, False)]
-        elif e["type"] == "extra_forbidden":
-            model = _model_at(loc[:-1])
-            msg = "unknown key"
-            if model is not None:
-                fields = list(model.model_fields)
-                close = difflib.get_close_matches(str(loc[-1]), fields, n=1)
-                msg += f" (did you mean {close[0]!r}?)" if close else f"; known: {', '.join(fields)}"
-            found = [(loc, msg, e["input"], True)]
-        else:
-            msg = e["msg"].removeprefix("Value error, ")
-            found = [(loc, msg, e["input"], True)]
-        for key, msg, value, show in found:
-            # Blame the overrides when the key, or the new subtree holding it, came from one.
-            n = _exists(original, key)
-            from_override = any(tuple(key[:len(t)]) == t or (n < len(key) and tuple(key[:n + 1]) == t[:n + 1])
-                                for t in touched)
-            where = OVERRIDES if from_override else source
-            dotted = ".".join(map(str, key)) or "<root>"
-            lines.append(f"{where}: {dotted}: {msg}" + (f" (got {_short(value)})" if show else ""))
-    return lines
-
-
-def _validate(data: Any, source: str, original: Any = None, touched: Sequence[tuple] = ()) -> RunConfig:
-    if not isinstance(data, dict):
-        raise ConfigError([f"{source}: <root>: expected a mapping of settings (got {_short(data)})"])
-    try:
-        return RunConfig.model_validate(data)
-    except ValidationError as err:
-        raise ConfigError(_lines(err, source, data if original is None else original, touched)) from None
-
-
-def config_from_dict(data: Mapping[str, Any], source: str = "<dict>") -> RunConfig:
-    """Validate a plain mapping (as read from YAML) into a `RunConfig`; errors name `source`."""
-    return _validate(dict(data) if isinstance(data, Mapping) else data, source)
-
-
-def load_config(path: str | Path, overrides: Sequence[str] = ()) -> RunConfig:
-    """Read a YAML run config, apply `dotted.key=value` overrides in order, and validate."""
-    source = str(path)
-    try:
-        text = Path(path).read_text()
-    except OSError as e:
-        raise ConfigError([f"{source}: <root>: cannot read file: {e.strerror or e}"]) from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark is not None else "<root>"
-        what = getattr(e, "problem", None) or str(e)
-        raise ConfigError([f"{source}: {where}: YAML syntax error: {what}"]) from None
-    if data is None:
-        data = {}  # an empty file: report the missing keys rather than "not a mapping"
-    if not isinstance(data, dict):
-        raise ConfigError([f"{source}: <root>: expected a mapping of settings (got {_short(data)})"])
-    merged = apply_overrides(data, overrides)
-    touched = [_split_override(o)[0] for o in overrides]
-    return _validate(merged, source, data, touched)
-
-
-def dump_config(cfg: RunConfig, path: str | Path) -> None:
-    """Write `cfg` as YAML that `load_config` reads back into an equal config."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False, default_flow_style=False))

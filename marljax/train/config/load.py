@@ -1,0 +1,190 @@
+"""Loading a run configuration: one YAML file plus `dotted.key=value` overrides -> `RunConfig`.
+
+All problems are reported together in one `ConfigError`, one per line, each
+naming the file (or `<overrides>` when an override set the key) and the full
+dotted key, with "did you mean" for a misspelt key. The schema itself is in
+`schema.py`.
+"""
+
+from __future__ import annotations
+
+import copy
+import difflib
+from pathlib import Path
+from typing import Any, Mapping, Sequence, get_args, get_origin
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from marljax.settings import resolve_annotation
+from marljax.train.config.schema import WORKFLOW_KINDS, RunConfig
+
+__all__ = ["ConfigError", "apply_overrides", "config_from_dict", "dump_config", "load_config"]
+
+OVERRIDES = "<overrides>"
+
+
+class ConfigError(ValueError):
+    """Invalid configuration; `problems` holds one `<file>: <key>: <what is wrong>` line per problem."""
+
+    def __init__(self, problems: Sequence[str]):
+        self.problems = list(problems)
+        n = len(self.problems)
+        super().__init__(f"{n} problem{'s' if n != 1 else ''} in config:\n" + "\n".join(self.problems))
+
+
+def _split_override(item: str) -> tuple[tuple[str, ...], Any]:
+    key, eq, raw = item.partition("=")
+    parts = tuple(p.strip() for p in key.split("."))
+    if not eq:
+        raise ValueError("expected dotted.key=value")
+    if not all(parts):
+        raise ValueError("empty key")
+    try:
+        value = yaml.safe_load(raw)
+    except yaml.YAMLError:
+        value = raw  # e.g. a template `{role}: {problem}` is not valid YAML; take it verbatim
+    return parts, value
+
+
+def apply_overrides(data: Mapping[str, Any], overrides: Sequence[str]) -> dict:
+    """A copy of `data` with each `dotted.key=value` set in order (value parsed as YAML)."""
+    out = copy.deepcopy(dict(data))
+    errors = []
+    for item in overrides:
+        try:
+            parts, value = _split_override(item)
+        except ValueError as e:
+            errors.append(f"{OVERRIDES}: {item.partition('=')[0] or '<empty>'}: {e} (got {item!r})")
+            continue
+        node = out
+        for i, part in enumerate(parts[:-1]):
+            child = node.get(part)
+            if child is None:  # absent or explicit null: create the mapping
+                child = node[part] = {}
+            if not isinstance(child, dict):
+                errors.append(f"{OVERRIDES}: {'.'.join(parts[:i + 1])}: cannot set {'.'.join(parts[i + 1:])!r} "
+                              f"inside a non-mapping value (got {child!r})")
+                break
+            node = child
+        else:
+            node[parts[-1]] = value
+    if errors:
+        raise ConfigError(errors)
+    return out
+
+
+def _model_at(loc: Sequence[Any]) -> type[BaseModel] | None:
+    """The model class that validates the mapping at `loc`, if it can be told from the schema."""
+    tp: Any = RunConfig
+    for part in loc:
+        tp = resolve_annotation(tp)
+        if isinstance(tp, type) and issubclass(tp, BaseModel):
+            field = tp.model_fields.get(part)
+            if field is None:
+                return None
+            tp = field.annotation
+        elif get_origin(tp) is dict:
+            tp = get_args(tp)[1]
+        elif get_origin(tp) is list:
+            tp = get_args(tp)[0]
+        else:
+            return None
+    tp = resolve_annotation(tp)
+    return tp if isinstance(tp, type) and issubclass(tp, BaseModel) else None
+
+
+def _short(value: Any, limit: int = 120) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def _exists(data: Any, loc: Sequence[Any]) -> int:
+    """How many leading parts of `loc` exist in `data`."""
+    for n, part in enumerate(loc):
+        if not isinstance(data, dict) or part not in data:
+            return n
+        data = data[part]
+    return len(loc)
+
+
+def _lines(err: ValidationError, source: str, original: Any, touched: Sequence[tuple]) -> list[str]:
+    lines = []
+    for e in err.errors():
+        loc = list(e["loc"])
+        if len(loc) >= 2 and loc[0] == "workflow" and loc[1] in WORKFLOW_KINDS:
+            del loc[1]  # pydantic puts the union tag in the path; the YAML has no such level
+        if e["type"] == "config":  # our cross-field checks: expand each with its own key
+            found = [(loc + list(sub), msg, value, True) for sub, msg, value in e["ctx"]["problems"]]
+        elif e["type"] in ("union_tag_invalid", "union_tag_not_found"):
+            if isinstance(e["input"], dict):
+                found = [(loc + ["kind"], f"unknown workflow kind; known: {', '.join(WORKFLOW_KINDS)}",
+                          e["input"].get("kind"), True)]
+            else:
+                found = [(loc, "expected a mapping", e["input"], True)]
+        elif e["type"] == "missing":
+            found = [(loc, "missing required key", None, False)]
+        elif e["type"] == "extra_forbidden":
+            model = _model_at(loc[:-1])
+            msg = "unknown key"
+            if model is not None:
+                fields = list(model.model_fields)
+                close = difflib.get_close_matches(str(loc[-1]), fields, n=1)
+                msg += f" (did you mean {close[0]!r}?)" if close else f"; known: {', '.join(fields)}"
+            found = [(loc, msg, e["input"], True)]
+        else:
+            msg = e["msg"].removeprefix("Value error, ")
+            found = [(loc, msg, e["input"], True)]
+        for key, msg, value, show in found:
+            # Blame the overrides when the key, or the new subtree holding it, came from one.
+            n = _exists(original, key)
+            from_override = any(tuple(key[:len(t)]) == t or (n < len(key) and tuple(key[:n + 1]) == t[:n + 1])
+                                for t in touched)
+            where = OVERRIDES if from_override else source
+            dotted = ".".join(map(str, key)) or "<root>"
+            lines.append(f"{where}: {dotted}: {msg}" + (f" (got {_short(value)})" if show else ""))
+    return lines
+
+
+def _validate(data: Any, source: str, original: Any = None, touched: Sequence[tuple] = ()) -> RunConfig:
+    if not isinstance(data, dict):
+        raise ConfigError([f"{source}: <root>: expected a mapping of settings (got {_short(data)})"])
+    try:
+        return RunConfig.model_validate(data)
+    except ValidationError as err:
+        raise ConfigError(_lines(err, source, data if original is None else original, touched)) from None
+
+
+def config_from_dict(data: Mapping[str, Any], source: str = "<dict>") -> RunConfig:
+    """Validate a plain mapping (as read from YAML) into a `RunConfig`; errors name `source`."""
+    return _validate(dict(data) if isinstance(data, Mapping) else data, source)
+
+
+def load_config(path: str | Path, overrides: Sequence[str] = ()) -> RunConfig:
+    """Read a YAML run config, apply `dotted.key=value` overrides in order, and validate."""
+    source = str(path)
+    try:
+        text = Path(path).read_text()
+    except OSError as e:
+        raise ConfigError([f"{source}: <root>: cannot read file: {e.strerror or e}"]) from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark is not None else "<root>"
+        what = getattr(e, "problem", None) or str(e)
+        raise ConfigError([f"{source}: {where}: YAML syntax error: {what}"]) from None
+    if data is None:
+        data = {}  # an empty file: report the missing keys rather than "not a mapping"
+    if not isinstance(data, dict):
+        raise ConfigError([f"{source}: <root>: expected a mapping of settings (got {_short(data)})"])
+    merged = apply_overrides(data, overrides)
+    touched = [_split_override(o)[0] for o in overrides]
+    return _validate(merged, source, data, touched)
+
+
+def dump_config(cfg: RunConfig, path: str | Path) -> None:
+    """Write `cfg` as YAML that `load_config` reads back into an equal config."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False, default_flow_style=False))
