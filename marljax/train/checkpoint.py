@@ -368,13 +368,16 @@ class RunCheckpointer:
             raise ValueError(
                 f"abstract_policy_states keys {sorted(abstract_policy_states)} != policies {sorted(self.policy_names)}")
         self.wait()
+        unreadable = []  # complete, verified steps that still do not restore into this run's states
         for step in self._all_steps():
             where = self.directory
+            complete = False
             try:
                 problem = self._step_problem(step, hashes=True)
                 if problem:
                     where, reason = problem
                     raise RuntimeError(reason)
+                complete = True
                 states = {}
                 for name in self.policy_names:
                     where = self.step_dir(name, step)
@@ -388,4 +391,12 @@ class RunCheckpointer:
                        f"falling back to an older step")
                 logger.warning(msg)
                 warnings.warn(msg, RuntimeWarning, stacklevel=2)
+                if complete:
+                    unreadable.append(f"step {step}: {type(e).__name__}: {e}")
+        if unreadable:
+            # Starting afresh would only fail at the first save (a complete step is never overwritten).
+            raise RuntimeError(
+                f"{self.directory} holds complete checkpoints that do not fit this run's policies "
+                f"(another configuration, or another marljax version's optimiser state); use a new run "
+                f"directory or the configuration that wrote them. Newest: {unreadable[0][:2000]}")
         return None

@@ -152,6 +152,16 @@ def test_only_step_corrupted_gives_none(tmp_path, corrupt):
         assert restore(tmp_path) is None
 
 
+def test_complete_steps_that_do_not_fit_this_run_are_an_error_not_a_fresh_start(tmp_path):
+    # E.g. an optimiser state of another layout: starting afresh would only fail at the first save.
+    save_steps(tmp_path, [1, 2])
+    wider = {p: abstract({**policy_state(0), "params": {"embed": jnp.zeros((16, 9))}}) for p in POLICIES}
+    with RunCheckpointer(tmp_path, POLICIES) as ckpt:
+        with pytest.warns(RuntimeWarning, match="step 2"), pytest.raises(RuntimeError, match="do not fit") as err:
+            ckpt.restore(wider)
+    assert str(tmp_path) in str(err.value) and "step 2" in str(err.value)
+
+
 def test_orbax_read_error_with_matching_manifest_falls_back(tmp_path):
     # Storage that lies: the manifest matches the truncated file, so only orbax's own read can fail.
     from marljax.train.checkpoint import write_manifest
