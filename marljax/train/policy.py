@@ -35,7 +35,7 @@ from marljax.sampler import generate
 from marljax.sampler.engine import Buckets
 from marljax.train.batch import collate
 from marljax.train.config import LossConfig, OptimizerConfig
-from marljax.train.optim import applied_steps, make_optimizer
+from marljax.train.optim import applied_steps, make_optimizer, make_schedule
 from marljax.train.update import make_logprob_fn, make_update_fn, rl_loss, sft_loss
 from marljax.workflows.types import Sample
 
@@ -115,10 +115,10 @@ def _step_functions(config: ModelConfig, optimizer_cfg: OptimizerConfig, loss: L
     settings (the frozen configs are the cache key), so a team of agents of one architecture compiles
     each shape once, not once per agent. optax optimisers keep no state of their own, so sharing one
     is safe."""
-    optimizer = make_optimizer(optimizer_cfg)
+    optimizer, schedule = make_optimizer(optimizer_cfg), make_schedule(optimizer_cfg)
     rl = make_update_fn(functools.partial(rl_loss, config=config, loss=loss, use_old_logp=use_old_logp),
-                        optimizer, loss.agg_mode)
-    sft = make_update_fn(functools.partial(sft_loss, config=config), optimizer, "token-mean")
+                        optimizer, loss.agg_mode, schedule)
+    sft = make_update_fn(functools.partial(sft_loss, config=config), optimizer, "token-mean", schedule)
     return optimizer, rl, sft, make_logprob_fn(config)
 
 

@@ -5,10 +5,9 @@ opt_state, metrics)` for one policy: a `lax.scan` over the micro-batches of
 `batch` (arrays `[M, mb, T]` from `collate`) sums gradients, each
 micro-batch weighted by its share of the aggregation's denominator (valid
 tokens for "token-mean", valid sequences otherwise), so the result equals the
-gradient of the loss over the whole batch at once. The optimiser of
-`marljax.train.optim.make_optimizer` skips a step whose loss or gradient is
-not finite (parameters and its inner state are kept) and the step reports
-`skipped = 1`, so one bad batch never ends a run.
+gradient of the loss over the whole batch at once. A step whose loss or
+gradient is not finite is skipped (`guarded_step`: parameters and optimiser
+state are kept) and reports `skipped = 1`, so one bad batch never ends a run.
 """
 
 from __future__ import annotations
@@ -104,21 +103,34 @@ def accumulate(loss_fn: Callable, params, batch: dict, agg_mode: str):
     return loss, grads, metrics
 
 
-def make_update_fn(loss_fn: Callable, optimizer: optax.GradientTransformation, agg_mode: str):
-    """Jitted `update(params, opt_state, batch) -> (params, opt_state, metrics)`;
-    params and optimiser state buffers are donated. With `make_optimizer`'s optimiser the
-    metrics include its `skipped` and `lr` (`marljax.train.optim.step_metrics`)."""
+def guarded_step(optimizer: optax.GradientTransformation, params, opt_state, grads, loss):
+    """An optax step that leaves params and state as they were if the loss or the gradients are not
+    finite: `(params, opt_state, grad_norm, skipped)`. Selecting after the step (rather than inside
+    the optimiser, as `optax.apply_if_finite` does with a `lax.cond`) leaves a finite step bit for bit
+    what the plain optimiser computes."""
+    grad_norm = optax.tree.norm(grads)
+    finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+    updates, new_state = optimizer.update(grads, opt_state, params)
+    new_params = optax.apply_updates(params, updates)
+
+    def keep_if_finite(new, old):
+        return jnp.where(finite, new, old)
+
+    return (jax.tree.map(keep_if_finite, new_params, params), jax.tree.map(keep_if_finite, new_state, opt_state),
+            grad_norm, 1.0 - finite.astype(jnp.float32))
+
+
+def make_update_fn(loss_fn: Callable, optimizer: optax.GradientTransformation, agg_mode: str,
+                   schedule: optax.Schedule | None = None):
+    """Jitted `update(params, opt_state, batch) -> (params, opt_state, metrics)`; params and
+    optimiser state buffers are donated. The metrics include `skipped`, and `lr` given the
+    optimiser's `schedule` (`marljax.train.optim.step_metrics`)."""
 
     def update(params, opt_state, batch):
         loss, grads, metrics = accumulate(loss_fn, params, batch, agg_mode)
-        grad_norm = optax.tree.norm(grads)
-        # apply_if_finite checks each gradient entry; a non-finite loss, or a norm that overflows
-        # although every entry is finite, must skip the step too, so such gradients become NaN.
-        finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
-        grads = jax.tree.map(lambda g: jnp.where(finite, g, jnp.nan), grads)
-        updates, opt_state = optimizer.update(grads, opt_state, params)
-        params = optax.apply_updates(params, updates)
-        return params, opt_state, {**metrics, "loss": loss, "grad_norm": grad_norm, **step_metrics(opt_state)}
+        params, opt_state, grad_norm, skipped = guarded_step(optimizer, params, opt_state, grads, loss)
+        return params, opt_state, {**metrics, "loss": loss, "grad_norm": grad_norm,
+                                   **step_metrics(opt_state, skipped, schedule)}
 
     return jax.jit(update, donate_argnums=(0, 1))
 

@@ -77,9 +77,8 @@ def test_a_non_finite_update_is_skipped_reported_and_not_counted():
     metrics = policy.update(bad)
     assert metrics["skipped"] == 1.0 and metrics["lr"] == pytest.approx(1e-3)
     assert moved(policy, before) == 0.0 and policy.step == 0 and policy.version == 1
-    assert int(policy.opt_state.total_notfinite) == 1
     metrics = policy.update(samples())
     assert metrics["skipped"] == 0.0 and moved(policy, before) > 0 and policy.step == 1
     assert int(policy.state()["step"]) == 1
     policy.reset_optimizer()  # e.g. after SFT: RL starts its schedule afresh
-    assert policy.step == 0 and int(policy.opt_state.total_notfinite) == 0
+    assert policy.step == 0
