@@ -7,6 +7,7 @@
 
 Hot paths use the pure functions over plain parameter dicts:
 `forward`, `hidden_states`, `token_logprobs` with `params = get_params(model)`.
+`abstract_model(config)` gives shapes, dtypes and sharding metadata without allocating.
 `marljax.models.tiny` builds tiny random models, checkpoints and tokenizers
 (`marljax.models.testing` adds checkpoints written by transformers, for parity tests; needs torch).
 """
@@ -15,12 +16,15 @@ from marljax.models.config import PRESETS, SUPPORTED_ARCHITECTURES, ModelConfig
 from marljax.models.decoder import (
     Decoder,
     KVCache,
+    abstract_model,
+    cache_sharding,
     forward,
     get_params,
     hidden_states,
     init_cache,
     init_model,
     logprobs_from_hidden,
+    param_dict_shardings,
     positions_from_mask,
     rms_norm,
     set_params,
@@ -32,7 +36,6 @@ from marljax.models.sharding import (
     LOGICAL_AXIS_RULES,
     MESH_AXES,
     batch_sharding,
-    cache_sharding,
     logical_to_spec,
     make_mesh,
     param_shardings,
@@ -42,10 +45,11 @@ from marljax.models.sharding import (
 
 __all__ = [
     "PRESETS", "SUPPORTED_ARCHITECTURES", "ModelConfig",
-    "Decoder", "KVCache", "forward", "get_params", "hidden_states", "init_cache", "init_model",
-    "logprobs_from_hidden", "positions_from_mask", "rms_norm", "set_params", "token_logprobs",
+    "Decoder", "KVCache", "abstract_model", "cache_sharding", "forward", "get_params", "hidden_states",
+    "init_cache", "init_model", "logprobs_from_hidden", "param_dict_shardings", "positions_from_mask",
+    "rms_norm", "set_params", "token_logprobs",
     "CheckpointError", "from_pretrained", "load_tokenizer", "save_pretrained", "tensor_map",
     "apply_rope", "inverse_frequencies",
-    "LOGICAL_AXIS_RULES", "MESH_AXES", "batch_sharding", "cache_sharding", "logical_to_spec",
+    "LOGICAL_AXIS_RULES", "MESH_AXES", "batch_sharding", "logical_to_spec",
     "make_mesh", "param_shardings", "param_specs", "shard_model",
 ]

@@ -42,9 +42,11 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 from flax import nnx
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from marljax.models.config import ModelConfig
 from marljax.models.rope import apply_rope, inverse_frequencies
+from marljax.models.sharding import LogicalRules, batch_sharding, logical_to_spec, param_shardings
 
 Params = dict[str, Any]
 
@@ -129,6 +131,16 @@ class Decoder(nnx.Module):
         return init_cache(self.config, batch_size, max_len)
 
 
+def abstract_model(config: ModelConfig) -> Decoder:
+    """A `Decoder` whose parameters are `jax.ShapeDtypeStruct`s (with their `logical_axes`):
+    the model's structure, shapes, dtypes and sharding metadata, without allocating anything.
+
+    The starting point for loading (`from_pretrained`), shardings (`param_dict_shardings`) and
+    memory estimates; `set_params` fills it with real arrays.
+    """
+    return nnx.eval_shape(lambda: Decoder(config, rngs=nnx.Rngs(0)))
+
+
 def init_model(config: ModelConfig, *, seed: int = 0, mesh=None, rules=None) -> Decoder:
     """A randomly initialised `Decoder`, built in one compiled step.
 
@@ -136,12 +148,8 @@ def init_model(config: ModelConfig, *, seed: int = 0, mesh=None, rules=None) -> 
     from the rule table (never whole on one device) -- for benchmarks and
     training from scratch.
     """
-    graphdef, abstract = nnx.split(nnx.eval_shape(lambda: Decoder(config, rngs=nnx.Rngs(seed))))
-    out_shardings = None
-    if mesh is not None:
-        from marljax.models.sharding import param_shardings
-
-        out_shardings = param_shardings(abstract, mesh, rules)
+    graphdef, abstract = nnx.split(abstract_model(config))
+    out_shardings = None if mesh is None else param_shardings(abstract, mesh, rules)
 
     @functools.partial(jax.jit, out_shardings=out_shardings)
     def make():
@@ -188,6 +196,29 @@ def init_cache(config: ModelConfig, batch_size: int, max_len: int, dtype=None) -
     shape = (config.num_layers, batch_size, max_len, config.num_kv_heads, config.head_dim)
     return KVCache(k=jnp.zeros(shape, dtype), v=jnp.zeros(shape, dtype),
                    mask=jnp.zeros((batch_size, max_len), bool), index=jnp.zeros((), jnp.int32))
+
+
+def param_dict_shardings(config: ModelConfig, mesh: Mesh, rules: LogicalRules | None = None) -> dict:
+    """`NamedSharding`s for the plain parameter dict of `get_params(model)` (same keys), by the rules.
+
+    Built from the abstract model, so it allocates nothing.
+    """
+    abstract = nnx.state(abstract_model(config), nnx.Param)
+    return nnx.to_pure_dict(param_shardings(abstract, mesh, rules))
+
+
+def cache_sharding(mesh: Mesh, cache: KVCache | None = None,
+                   rules: LogicalRules | None = None) -> KVCache:
+    """Shardings for a `KVCache`: k/v `[L, B, S, K, H]`, mask `[B, S]`, index `[]`.
+
+    Pass the (possibly abstract) `cache` so that dimensions the mesh does not
+    divide (e.g. fewer kv heads than `tensor`) are replicated.
+    """
+    shape = None if cache is None else cache.k.shape
+    kv = NamedSharding(mesh, logical_to_spec(("layers", "batch", "cache_seq", "kv_heads", "head_dim"),
+                                             shape, mesh, rules))
+    return KVCache(k=kv, v=kv, mask=batch_sharding(mesh, 2, rules),
+                   index=NamedSharding(mesh, PartitionSpec()))
 
 
 def positions_from_mask(attention_mask: jax.Array) -> jax.Array:
