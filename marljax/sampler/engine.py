@@ -5,8 +5,9 @@ slot `P - 1` of one preallocated `KVCache` of `P + M` slots (`M` the
 new-token bucket); every row then decodes in lockstep, writing slot `P + t`
 at step `t`, while its rotary position is its own `prompt_len + t`. Padded
 slots are masked out, so each row sees exactly its own prompt. The prefill is
-`marljax.models.hidden_states`; the decode loop uses the decode-specialised
-step of `marljax.sampler.decode` (per-layer caches, unrolled layers).
+`marljax.models.hidden_states`; the decode loop runs `marljax.models.decode`'s
+one-token step (the same layer maths over per-layer caches, unrolled layers).
+This module holds no model maths: it chooses tokens, records them and stops rows.
 
 Two jitted functions, both taking the parameters as a pytree argument (new
 parameters of the same shapes and shardings reuse the compiled code):
@@ -18,8 +19,9 @@ parameters of the same shapes and shardings reuse the compiled code):
   its `n` samples (a gather along the batch axis: `n` samples share one
   prefill), then runs a `lax.while_loop` that stops when every row is done or
   `max_new_tokens` (a traced value, at most `M`) is reached. The loop is split
-  into phases over growing cache windows (`Buckets.kv_phases`): on CPU a decode
-  step reads the whole cache it is given, so early steps get only its used part.
+  into phases over growing cache windows (`Buckets.kv_phases`, `kv_windows`): on
+  CPU a decode step reads the whole cache it is given, so early steps get only
+  its used part.
 
 Static (recompiling) choices: the model config, the prompt bucket `P`, the
 prompt-batch bucket `Bp`, the sample-batch bucket `Bd`, the new-token bucket
@@ -42,9 +44,12 @@ import numpy as np
 from jax import lax
 from jax.sharding import Mesh, NamedSharding
 
-from marljax.models import ModelConfig, batch_sharding, cache_sharding, hidden_states, init_cache
-from marljax.sampler.decode import decode_step, decode_weights, grow_cache, kv_windows, output_head, split_cache
-from marljax.sampler.sampling import DEFAULT_BOUND, raw_logprobs, sample_tokens
+from marljax.kernels.losses_terms import logprobs_from_logits
+from marljax.models import (
+    ModelConfig, batch_sharding, cache_sharding, hidden_states, init_cache, positions_from_mask, unembed,
+)
+from marljax.models.decode import decode_step, decode_weights, grow_cache, split_cache
+from marljax.sampler.sampling import DEFAULT_BOUND, sample_tokens
 
 # finish reasons
 UNFINISHED, EOS, STOP, LENGTH = 0, 1, 2, 3
@@ -65,6 +70,13 @@ def next_bucket(n: int, minimum: int = 1, sizes: tuple[int, ...] | None = None,
     return -(-b // multiple) * multiple
 
 
+def kv_windows(prompt_slots: int, new_slots: int, phases: int) -> list[int]:
+    """Cache widths of the decode phases: phase j attends over the first `P + (j + 1) M / n` slots
+    (the last phase over all `P + M`), so early steps do not read the empty tail of the cache."""
+    phases = max(1, min(int(phases), new_slots))
+    return [prompt_slots + (new_slots * (j + 1)) // phases for j in range(phases)]
+
+
 @dataclasses.dataclass(frozen=True)
 class Buckets:
     """Shape buckets. `None` sizes mean powers of two from the minimum.
@@ -73,7 +85,7 @@ class Buckets:
     (rounded up to a multiple of the mesh's data-parallel size); new_tokens: the
     token buffer and cache tail; stop: (number of stop sequences, their length).
     kv_phases: the decode loop runs in this many phases over growing cache windows
-    (`decode.kv_windows`), so early steps skip the cache's empty tail; each phase is
+    (`kv_windows`), so early steps skip the cache's empty tail; each phase is
     compiled separately. None: 4 phases from 128 new-token slots on, else 1 (short
     generations save little and would pay the extra compilation).
     """
@@ -91,7 +103,7 @@ class Buckets:
 
     def phases(self, new_tokens_bucket: int) -> int:
         if self.kv_phases is not None:
-            return self.kv_phases  # `decode.kv_windows` clamps it to 1..new_tokens_bucket
+            return self.kv_phases  # `kv_windows` clamps it to 1..new_tokens_bucket
         return 1 if new_tokens_bucket < 128 else 4
 
 
@@ -110,15 +122,6 @@ class EngineStats:
     @property
     def compiles(self) -> int:
         return self.prefill_compiles + self.decode_compiles
-
-
-def _unembed(params, h: jax.Array, config: ModelConfig) -> jax.Array:
-    """float32 logits `[..., V]` from final hidden states `[..., D]` (tied or untied head)."""
-    if config.tie_word_embeddings:
-        return jnp.einsum("...d,vd->...v", h, params["embed"].astype(h.dtype),
-                          preferred_element_type=jnp.float32)
-    return jnp.einsum("...d,dv->...v", h, params["lm_head"].astype(h.dtype),
-                      preferred_element_type=jnp.float32)
 
 
 class Engine:
@@ -188,10 +191,9 @@ class Engine:
         c = self.config
         B, _ = ids.shape
         cache = self._constrain_cache(init_cache(c, B, cache_len))
-        positions = jnp.maximum(jnp.cumsum(mask.astype(jnp.int32), axis=1) - 1, 0)
-        h, cache = hidden_states(params, ids, config=c, positions=positions, attention_mask=mask,
-                                 cache=cache)
-        logits = _unembed(params, h[:, -1], c)
+        h, cache = hidden_states(params, ids, config=c, positions=positions_from_mask(mask),
+                                 attention_mask=mask, cache=cache)
+        logits = unembed(params, h[:, -1])
         return self._constrain_cache(cache), self._constrain_batch(logits)
 
     def prefill(self, params, ids: np.ndarray, mask: np.ndarray, cache_len: int):
@@ -218,13 +220,12 @@ class Engine:
         base = jax.random.key(seed)
         row_keys = jax.vmap(lambda r: jax.random.fold_in(base, r))(jnp.arange(Bd, dtype=jnp.uint32))
         Ls = stop_seqs.shape[1]
-        # decode layout (see marljax.sampler.decode): per-layer key [B, K, H, W] and value
+        # decode layout (see marljax.models.decode): per-layer key [B, K, H, W] and value
         # [B, K, W, H] caches in the loop carry, layers unrolled, optionally fused projections
         S = cache.k.shape[2]
         P = S - M  # the prompt bucket: first decode slot; every slot from here on holds a real token
         windows = kv_windows(P, M, self.buckets.phases(M))
         weights = decode_weights(params, c, self.fuse_projections)
-        head = output_head(params, c, self.fuse_projections)
         valid = cache.mask | (jnp.arange(S) >= P)[None, :]
 
         def record(state, logits):
@@ -232,7 +233,7 @@ class Engine:
             step_keys = jax.vmap(lambda k: jax.random.fold_in(k, t))(row_keys)
             tok, slp = sample_tokens(logits, step_keys, temperature=temperature, top_k=top_k,
                                      top_p=top_p, greedy=greedy, bound=self.topk_bound)
-            lp = raw_logprobs(logits, tok)
+            lp = logprobs_from_logits(logits, tok)  # the raw model's: temperature 1, no truncation
             tok = jnp.where(done, pad_id, tok)
             toks = lax.dynamic_update_slice(toks, tok[:, None], (0, t))
             lps = lax.dynamic_update_slice(lps, jnp.where(done, 0.0, lp)[:, None], (0, t))
@@ -257,8 +258,8 @@ class Engine:
             def body(state):
                 t, kv, tok, *rest = state
                 # token t-1 sits at rotary position prompt_len + t - 1 and in slot P + t - 1
-                logits, kv = decode_step(params, weights, head, tok, prompt_len + t - 1, kv, valid[:, :W],
-                                         P + t - 1, config=c, fuse=self.fuse_projections)
+                logits, kv = decode_step(weights, tok, prompt_len + t - 1, kv, valid[:, :W], P + t - 1,
+                                         config=c)
                 return record((t, kv, tok, *rest), logits)
             return cond, body
 
