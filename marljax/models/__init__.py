@@ -6,7 +6,9 @@
     logits, _ = model(input_ids, positions, attention_mask)         # [B, T, V] float32
 
 Hot paths use the pure functions over plain parameter dicts:
-`forward`, `hidden_states`, `token_logprobs` with `params = get_params(model)`.
+`forward`, `hidden_states`, `token_logprobs` with `params = get_params(model)`;
+`marljax.models.decode` is the sampler's one-token step over the same layer maths.
+`abstract_model(config)` gives shapes, dtypes and sharding metadata without allocating.
 `marljax.models.tiny` builds tiny random models, checkpoints and tokenizers
 (`marljax.models.testing` adds checkpoints written by transformers, for parity tests; needs torch).
 """
@@ -15,16 +17,20 @@ from marljax.models.config import PRESETS, SUPPORTED_ARCHITECTURES, ModelConfig
 from marljax.models.decoder import (
     Decoder,
     KVCache,
+    abstract_model,
+    cache_sharding,
     forward,
     get_params,
     hidden_states,
     init_cache,
     init_model,
     logprobs_from_hidden,
+    param_dict_shardings,
     positions_from_mask,
     rms_norm,
     set_params,
     token_logprobs,
+    unembed,
 )
 from marljax.models.hf_io import CheckpointError, from_pretrained, load_tokenizer, save_pretrained, tensor_map
 from marljax.models.rope import apply_rope, inverse_frequencies
@@ -32,7 +38,6 @@ from marljax.models.sharding import (
     LOGICAL_AXIS_RULES,
     MESH_AXES,
     batch_sharding,
-    cache_sharding,
     logical_to_spec,
     make_mesh,
     param_shardings,
@@ -42,10 +47,11 @@ from marljax.models.sharding import (
 
 __all__ = [
     "PRESETS", "SUPPORTED_ARCHITECTURES", "ModelConfig",
-    "Decoder", "KVCache", "forward", "get_params", "hidden_states", "init_cache", "init_model",
-    "logprobs_from_hidden", "positions_from_mask", "rms_norm", "set_params", "token_logprobs",
+    "Decoder", "KVCache", "abstract_model", "cache_sharding", "forward", "get_params", "hidden_states",
+    "init_cache", "init_model", "logprobs_from_hidden", "param_dict_shardings", "positions_from_mask",
+    "rms_norm", "set_params", "token_logprobs", "unembed",
     "CheckpointError", "from_pretrained", "load_tokenizer", "save_pretrained", "tensor_map",
     "apply_rope", "inverse_frequencies",
-    "LOGICAL_AXIS_RULES", "MESH_AXES", "batch_sharding", "cache_sharding", "logical_to_spec",
+    "LOGICAL_AXIS_RULES", "MESH_AXES", "batch_sharding", "logical_to_spec",
     "make_mesh", "param_shardings", "param_specs", "shard_model",
 ]

@@ -30,6 +30,15 @@ KV cache. `init_cache` preallocates `[L, B, S, K, H]` keys and values; a call
 with `cache=` writes the T new tokens at slots `[index, index + T)` with
 `lax.dynamic_update_slice` (static shapes for every decode step) and the new
 tokens attend to every filled, unmasked slot at or before their own.
+
+One layer is three pure pieces, shared with the sampler's one-token decode
+step (`marljax.models.decode`, which keeps its own cache layout):
+`project_qkv` (RMSNorm, q/k/v projections and biases, Qwen3 q/k norm, RoPE),
+`attend` (attention over keys and values laid out `[B, S, K, H]`) and
+`out_and_mlp` (output projection, residual, SwiGLU MLP). They accept either
+parameter layout: the module's separate projections, or the fused ones of
+`fuse_projections` (q/k/v in one matrix, gate/up in one), a layout choice for
+short steps where fewer, larger matmuls pay off.
 """
 
 from __future__ import annotations
@@ -42,9 +51,12 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 from flax import nnx
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from marljax.kernels.losses_terms import entropy_from_logits, logprobs_from_logits
 from marljax.models.config import ModelConfig
 from marljax.models.rope import apply_rope, inverse_frequencies
+from marljax.models.sharding import LogicalRules, batch_sharding, logical_to_spec, param_shardings
 
 Params = dict[str, Any]
 
@@ -129,6 +141,16 @@ class Decoder(nnx.Module):
         return init_cache(self.config, batch_size, max_len)
 
 
+def abstract_model(config: ModelConfig) -> Decoder:
+    """A `Decoder` whose parameters are `jax.ShapeDtypeStruct`s (with their `logical_axes`):
+    the model's structure, shapes, dtypes and sharding metadata, without allocating anything.
+
+    The starting point for loading (`from_pretrained`), shardings (`param_dict_shardings`) and
+    memory estimates; `set_params` fills it with real arrays.
+    """
+    return nnx.eval_shape(lambda: Decoder(config, rngs=nnx.Rngs(0)))
+
+
 def init_model(config: ModelConfig, *, seed: int = 0, mesh=None, rules=None) -> Decoder:
     """A randomly initialised `Decoder`, built in one compiled step.
 
@@ -136,12 +158,8 @@ def init_model(config: ModelConfig, *, seed: int = 0, mesh=None, rules=None) -> 
     from the rule table (never whole on one device) -- for benchmarks and
     training from scratch.
     """
-    graphdef, abstract = nnx.split(nnx.eval_shape(lambda: Decoder(config, rngs=nnx.Rngs(seed))))
-    out_shardings = None
-    if mesh is not None:
-        from marljax.models.sharding import param_shardings
-
-        out_shardings = param_shardings(abstract, mesh, rules)
+    graphdef, abstract = nnx.split(abstract_model(config))
+    out_shardings = None if mesh is None else param_shardings(abstract, mesh, rules)
 
     @functools.partial(jax.jit, out_shardings=out_shardings)
     def make():
@@ -190,6 +208,29 @@ def init_cache(config: ModelConfig, batch_size: int, max_len: int, dtype=None) -
                    mask=jnp.zeros((batch_size, max_len), bool), index=jnp.zeros((), jnp.int32))
 
 
+def param_dict_shardings(config: ModelConfig, mesh: Mesh, rules: LogicalRules | None = None) -> dict:
+    """`NamedSharding`s for the plain parameter dict of `get_params(model)` (same keys), by the rules.
+
+    Built from the abstract model, so it allocates nothing.
+    """
+    abstract = nnx.state(abstract_model(config), nnx.Param)
+    return nnx.to_pure_dict(param_shardings(abstract, mesh, rules))
+
+
+def cache_sharding(mesh: Mesh, cache: KVCache | None = None,
+                   rules: LogicalRules | None = None) -> KVCache:
+    """Shardings for a `KVCache`: k/v `[L, B, S, K, H]`, mask `[B, S]`, index `[]`.
+
+    Pass the (possibly abstract) `cache` so that dimensions the mesh does not
+    divide (e.g. fewer kv heads than `tensor`) are replicated.
+    """
+    shape = None if cache is None else cache.k.shape
+    kv = NamedSharding(mesh, logical_to_spec(("layers", "batch", "cache_seq", "kv_heads", "head_dim"),
+                                             shape, mesh, rules))
+    return KVCache(k=kv, v=kv, mask=batch_sharding(mesh, 2, rules),
+                   index=NamedSharding(mesh, PartitionSpec()))
+
+
 def positions_from_mask(attention_mask: jax.Array) -> jax.Array:
     """Rotary positions `[B, T]` for a left- or right-padded `attention_mask` `[B, T]`:
     0, 1, 2, ... over real tokens (pads get the neighbouring value; they are masked)."""
@@ -205,47 +246,96 @@ def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
     return weight.astype(x.dtype) * xf.astype(x.dtype)
 
 
-def _matmul(x: jax.Array, w: jax.Array, n_in: int = 1, **kw) -> jax.Array:
-    """`x [..., *in] @ w [*in, *out]` as one 2-D matmul. XLA:CPU runs dots that
+def _matmul(x: jax.Array, w: jax.Array, **kw) -> jax.Array:
+    """`x [..., I] @ w [I, *out]` as one 2-D matmul. XLA:CPU runs dots that
     contract several axes at once (the weight gradients of batched einsums)
     2-3x slower than the same FLOPs as a plain matrix product."""
-    lead, ins, outs = x.shape[:x.ndim - n_in], w.shape[:n_in], w.shape[n_in:]
-    y = jnp.matmul(x.reshape(-1, math.prod(ins)), w.reshape(math.prod(ins), -1), **kw)
-    return y.reshape(*lead, *outs)
+    y = jnp.matmul(x.reshape(-1, x.shape[-1]), w.reshape(w.shape[0], -1), **kw)
+    return y.reshape(*x.shape[:-1], *w.shape[1:])
 
 
-def _layer(p: Params, x: jax.Array, kv, *, config: ModelConfig, positions, mask, inv_freq):
+def fuse_projections(layer: Params) -> Params:
+    """The same layer weights in the fused layout: q/k/v as one `wqkv` `[..., D, (N + 2K) H]`
+    (biases as one `bqkv`) and gate/up as one `w_gate_up` `[..., D, 2F]`; other entries unchanged.
+
+    `layer`: one layer's weights or the stacked `params["layers"]` (leading axes are kept).
+    Fewer, larger matmuls: worth it where a step is short (one decode token on CPU), at the
+    cost of a copy of those weights.
+    """
+    p = dict(layer)
+    *lead, D, _, _ = p["wq"].shape
+    p["wqkv"] = jnp.concatenate([p.pop(n).reshape(*lead, D, -1) for n in ("wq", "wk", "wv")], axis=-1)
+    if "bq" in p:
+        p["bqkv"] = jnp.concatenate([p.pop(n).reshape(*lead, -1) for n in ("bq", "bk", "bv")], axis=-1)
+    p["w_gate_up"] = jnp.concatenate([p.pop("w_gate"), p.pop("w_up")], axis=-1)
+    return p
+
+
+def project_qkv(p: Params, x: jax.Array, positions: jax.Array, *, config: ModelConfig, inv_freq):
+    """A layer's attention inputs from its residual stream `x` `[..., D]` at rotary `positions`
+    `[...]`: queries `[..., N, H]`, keys and values `[..., K, H]`, in `x.dtype`.
+
+    RMSNorm, the q/k/v projections (+ biases), Qwen3's q/k RMSNorm, then RoPE on q and k.
+    `p`: one layer's weights, separate or fused (`fuse_projections`).
+    """
     c = config
-    cd = x.dtype
-    w = lambda name: p[name].astype(cd)  # noqa: E731
-
+    N, K, H = c.num_heads, c.num_kv_heads, c.head_dim
+    w = lambda name: p[name].astype(x.dtype)  # noqa: E731
     h = rms_norm(x, p["attn_norm"], c.rms_norm_eps)
-    q, k, v = _matmul(h, w("wq")), _matmul(h, w("wk")), _matmul(h, w("wv"))
-    if c.qkv_bias:
-        q, k, v = q + w("bq"), k + w("bk"), v + w("bv")
+    if "wqkv" in p:
+        qkv = _matmul(h, w("wqkv"))
+        if c.qkv_bias:
+            qkv = qkv + w("bqkv")
+        lead = qkv.shape[:-1]
+        q = qkv[..., :N * H].reshape(*lead, N, H)
+        k = qkv[..., N * H:(N + K) * H].reshape(*lead, K, H)
+        v = qkv[..., (N + K) * H:].reshape(*lead, K, H)
+    else:
+        q, k, v = _matmul(h, w("wq")), _matmul(h, w("wk")), _matmul(h, w("wv"))
+        if c.qkv_bias:
+            q, k, v = q + w("bq"), k + w("bk"), v + w("bv")
     if c.qk_norm:
         q = rms_norm(q, p["q_norm"], c.rms_norm_eps)
         k = rms_norm(k, p["k_norm"], c.rms_norm_eps)
-    q = apply_rope(q, positions, inv_freq)
-    k = apply_rope(k, positions, inv_freq)
+    return apply_rope(q, positions, inv_freq), apply_rope(k, positions, inv_freq), v
+
+
+def attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, *, config: ModelConfig) -> jax.Array:
+    """Grouped-query attention `[B, T, N, H]` of queries `[B, T, N, H]` over keys and values
+    `[B, S, K, H]`, where `mask` `[B, 1, T, S]` is set (query head n reads kv head n // (N / K))."""
+    return jax.nn.dot_product_attention(q, k, v, mask=mask, scale=1.0 / math.sqrt(config.head_dim),
+                                        implementation=config.attention_impl)
+
+
+def out_and_mlp(p: Params, x: jax.Array, attn: jax.Array, *, config: ModelConfig) -> jax.Array:
+    """The rest of the layer: `x` `[..., D]` plus the output projection of `attn` `[..., N, H]`
+    (+ bias), then plus the SwiGLU MLP of its RMSNorm. `p` as in `project_qkv`."""
+    c = config
+    w = lambda name: p[name].astype(x.dtype)  # noqa: E731
+    out = _matmul(attn.reshape(*attn.shape[:-2], -1), w("wo").reshape(-1, c.hidden_size))
+    if c.o_bias:
+        out = out + w("bo")
+    x = x + out
+
+    h = rms_norm(x, p["mlp_norm"], c.rms_norm_eps)
+    if "w_gate_up" in p:
+        gate, up = jnp.split(_matmul(h, w("w_gate_up")), 2, axis=-1)
+    else:
+        gate, up = _matmul(h, w("w_gate")), _matmul(h, w("w_up"))
+    return x + _matmul(jax.nn.silu(gate) * up, w("w_down"))
+
+
+def _layer(p: Params, x: jax.Array, kv, *, config: ModelConfig, positions, mask, inv_freq):
+    q, k, v = project_qkv(p, x, positions, config=config, inv_freq=inv_freq)
     new_kv = None
     if kv is not None:
         k_cache, v_cache, index = kv
         k_cache = jax.lax.dynamic_update_slice(k_cache, k.astype(k_cache.dtype), (0, index, 0, 0))
         v_cache = jax.lax.dynamic_update_slice(v_cache, v.astype(v_cache.dtype), (0, index, 0, 0))
         new_kv = (k_cache, v_cache)
-        k, v = k_cache.astype(cd), v_cache.astype(cd)
-    attn = jax.nn.dot_product_attention(q, k, v, mask=mask, scale=1.0 / math.sqrt(c.head_dim),
-                                        implementation=c.attention_impl)
-    out = _matmul(attn, w("wo"), n_in=2)
-    if c.o_bias:
-        out = out + w("bo")
-    x = x + out
-
-    h = rms_norm(x, p["mlp_norm"], c.rms_norm_eps)
-    gate, up = _matmul(h, w("w_gate")), _matmul(h, w("w_up"))
-    x = x + _matmul(jax.nn.silu(gate) * up, w("w_down"))
-    return x, new_kv
+        k, v = k_cache.astype(x.dtype), v_cache.astype(x.dtype)
+    attn = attend(q, k, v, mask, config=config)
+    return out_and_mlp(p, x, attn, config=config), new_kv
 
 
 _REMAT_POLICY = {
@@ -329,9 +419,10 @@ def _run_layers(body, x, xs, scan: bool):
     return x, None if ys[0] is None else jax.tree.map(lambda *a: jnp.stack(a), *ys)
 
 
-def _unembed(params: Params, h: jax.Array, config: ModelConfig) -> jax.Array:
-    """float32 logits `[..., V]` from hidden states `[..., D]`."""
-    w = params["embed"].T if config.tie_word_embeddings else params["lm_head"]
+def unembed(params: Params, h: jax.Array) -> jax.Array:
+    """float32 logits `[..., V]` from final hidden states `[..., D]`: through `lm_head` `[D, V]`
+    when `params` has one, else through the tied embedding `[V, D]`."""
+    w = params["lm_head"] if "lm_head" in params else params["embed"].T
     return _matmul(h, w.astype(h.dtype), preferred_element_type=jnp.float32)
 
 
@@ -346,7 +437,7 @@ def forward(params: Params, input_ids: jax.Array, *, config: ModelConfig,
     h, new_cache = hidden_states(params, input_ids, config=config, positions=positions,
                                  attention_mask=attention_mask, segment_ids=segment_ids,
                                  cache=cache)
-    return _unembed(params, h, config), new_cache
+    return unembed(params, h), new_cache
 
 
 def logprobs_from_hidden(params: Params, hidden: jax.Array, labels: jax.Array, *,
@@ -360,7 +451,9 @@ def logprobs_from_hidden(params: Params, hidden: jax.Array, labels: jax.Array, *
     hidden: `[B, T, D]`; labels: `[B, T]` int. The vocabulary projection runs
     over chunks of `chunk_size` positions (a `lax.map`, each chunk
     rematerialised in the backward pass), so at most `[B, chunk_size, V]`
-    float32 logits are live at once, forward or backward.
+    float32 logits are live at once, forward or backward. Log-probs and entropy
+    of each chunk are `marljax.kernels`' `logprobs_from_logits` and
+    `entropy_from_logits` (the sampler's log-probs are too, so both sides agree).
     """
     B, T, D = hidden.shape
     if labels.shape != (B, T):
@@ -374,14 +467,10 @@ def logprobs_from_hidden(params: Params, hidden: jax.Array, labels: jax.Array, *
 
     @jax.checkpoint
     def chunk_logprobs(head, h, lab, temperature):
-        logits = _unembed(head, h, config) / temperature
-        lse = jax.nn.logsumexp(logits, axis=-1)
-        picked = jnp.take_along_axis(logits, lab[..., None], axis=-1)[..., 0] - lse
-        if not return_entropy:
-            return picked
-        # H = logsumexp(z) - sum softmax(z) z
-        entropy = lse - jnp.sum(jax.nn.softmax(logits, axis=-1) * logits, axis=-1)
-        return picked, entropy
+        # the temperature may be traced, so it scales the logits here, not inside the kernels
+        logits = unembed(head, h) / temperature
+        picked = logprobs_from_logits(logits, lab)
+        return (picked, entropy_from_logits(logits)) if return_entropy else picked
 
     temperature = jnp.asarray(temperature, jnp.float32)
     out = jax.lax.map(lambda xs: chunk_logprobs(head, xs[0], xs[1], temperature), (hs, ls))

@@ -1,7 +1,7 @@
 """Hugging Face checkpoints in and out: `from_pretrained`, `save_pretrained`.
 
 Loading never materialises the whole model on one device: the module is built
-abstractly (`nnx.eval_shape`), every parameter gets its `NamedSharding` from
+abstractly (`abstract_model`), every parameter gets its `NamedSharding` from
 the rule table, and `jax.make_array_from_callback` asks each device only for
 its own slice, which is read from memory-mapped safetensors files. All names,
 shapes and dtypes are checked against the headers before any weight is read,
@@ -26,7 +26,7 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, SingleDeviceSharding
 
 from marljax.models.config import SUPPORTED_ARCHITECTURES, ModelConfig
-from marljax.models.decoder import Decoder, get_params
+from marljax.models.decoder import Decoder, abstract_model, get_params
 from marljax.models.sharding import LogicalRules, logical_to_spec
 
 CONFIG_FILE = "config.json"
@@ -251,8 +251,7 @@ def from_pretrained(path: str | os.PathLike, *, dtype: Any = "float32", param_dt
     where = _open_weights(path)
     table = {t.path: t for t in _check_tensors(config, where, path)}
 
-    abstract = nnx.eval_shape(lambda: Decoder(config, rngs=nnx.Rngs(0)))
-    graphdef, state = nnx.split(abstract)
+    graphdef, state = nnx.split(abstract_model(config))
     flat = nnx.to_flat_state(state)
     for key, var in flat:
         t = table[tuple(str(k) for k in key)]

@@ -39,13 +39,14 @@ def inverse_frequencies(config: ModelConfig) -> np.ndarray:
 
 
 def apply_rope(x: jnp.ndarray, positions: jnp.ndarray, inv_freq: np.ndarray) -> jnp.ndarray:
-    """Rotate `x` `[B, T, N, H]` by `positions` `[B, T]` (int); returns `x.dtype`.
+    """Rotate `x` `[..., N, H]` by `positions` `[...]` (int; e.g. `[B, T, N, H]` by `[B, T]`,
+    or one decode step's `[B, N, H]` by `[B]`); returns `x.dtype`.
 
     Angles and the rotation are computed in float32.
     """
-    angles = positions.astype(jnp.float32)[..., None] * jnp.asarray(inv_freq)  # [B, T, H/2]
-    cos = jnp.cos(angles)[:, :, None, :]
-    sin = jnp.sin(angles)[:, :, None, :]
+    angles = positions.astype(jnp.float32)[..., None] * jnp.asarray(inv_freq)  # [..., H/2]
+    cos = jnp.cos(angles)[..., None, :]  # broadcast over the heads
+    sin = jnp.sin(angles)[..., None, :]
     xf = x.astype(jnp.float32)
     x1, x2 = jnp.split(xf, 2, axis=-1)
     out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)

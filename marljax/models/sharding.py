@@ -12,6 +12,10 @@ three-axis mesh `("data", "fsdp", "tensor")`:
 A dimension whose size does not divide the mesh axis (e.g. one kv head on
 `tensor=2`) is replicated instead of failing, so one rule table serves every
 model size.
+
+This module knows no model: specs are computed over any pytree of parameters
+that carry `logical_axes`. The decoder's own helpers (`param_dict_shardings`,
+`cache_sharding`) live in `marljax.models.decoder`, which imports this one.
 """
 
 from __future__ import annotations
@@ -127,17 +131,6 @@ def shard_model(model: nnx.Module, mesh: Mesh, rules: LogicalRules | None = None
     return model
 
 
-def param_dict_shardings(config: Any, mesh: Mesh, rules: LogicalRules | None = None) -> dict:
-    """`NamedSharding`s for the plain parameter dict of `get_params(model)` (same keys), by the rules.
-
-    Built from the abstract model, so it allocates nothing.
-    """
-    from marljax.models.decoder import Decoder
-
-    abstract = nnx.state(nnx.eval_shape(lambda: Decoder(config, rngs=nnx.Rngs(0))), nnx.Param)
-    return nnx.to_pure_dict(param_shardings(abstract, mesh, rules))
-
-
 def _device_order(sharding) -> list:
     if isinstance(sharding, NamedSharding):
         return list(sharding.mesh.devices.flat)
@@ -217,17 +210,3 @@ def to_local(tree: Any, local_specs: Any, staging: Mesh, local: Mesh) -> Any:
 def batch_sharding(mesh: Mesh, ndim: int = 2, rules: LogicalRules | None = None) -> NamedSharding:
     """Sharding of a `[B, ...]` activation / token array: batch over `("data", "fsdp")`."""
     return NamedSharding(mesh, logical_to_spec(("batch",) + (None,) * (ndim - 1), None, mesh, rules))
-
-
-def cache_sharding(mesh: Mesh, cache: Any = None, rules: LogicalRules | None = None) -> Any:
-    """Shardings for a `KVCache`: k/v `[L, B, S, K, H]`, mask `[B, S]`, index `[]`.
-
-    Pass the (possibly abstract) `cache` so that dimensions the mesh does not
-    divide (e.g. fewer kv heads than `tensor`) are replicated.
-    """
-    from marljax.models.decoder import KVCache
-
-    shape = None if cache is None else cache.k.shape
-    kv = NamedSharding(mesh, logical_to_spec(("layers", "batch", "cache_seq", "kv_heads", "head_dim"),
-                                             shape, mesh, rules))
-    return KVCache(k=kv, v=kv, mask=batch_sharding(mesh, 2, rules), index=NamedSharding(mesh, P()))

@@ -79,11 +79,11 @@ def random_model(config, *, seed: int = 0, std: float = 0.15):
     from flax import nnx
 
     from marljax.models.config import ModelConfig
-    from marljax.models.decoder import Decoder
+    from marljax.models.decoder import abstract_model
 
     if isinstance(config, str):
         config = ModelConfig.preset(config)
-    graphdef, state = nnx.split(nnx.eval_shape(lambda: Decoder(config, rngs=nnx.Rngs(0))))
+    graphdef, state = nnx.split(abstract_model(config))
     rng = np.random.default_rng(seed)
     flat = nnx.to_flat_state(state)
     for key, var in flat:

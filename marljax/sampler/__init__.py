@@ -9,14 +9,15 @@ Knows nothing about RL: `logprobs` are the raw model's (temperature 1, no
 truncation), which is what truncated importance sampling compares against.
 `marljax.sampler.sampling` holds the pure per-step token choice;
 `marljax.sampler.engine` the compiled prefill / decode loop, buckets and counters.
+The model maths (prefill, the one-token decode step, log-probs) lives in `marljax.models`.
 """
 
 from marljax.sampler.api import SamplerOutput, TextOutput, generate, generate_text
 from marljax.sampler.engine import REASONS, Buckets, Engine, EngineStats, get_engine, next_bucket
-from marljax.sampler.sampling import argmax_first, raw_logprobs, sample_tokens, truncation_mask
+from marljax.sampler.sampling import argmax_first, sample_tokens, truncation_mask
 
 __all__ = [
     "SamplerOutput", "TextOutput", "generate", "generate_text",
     "REASONS", "Buckets", "Engine", "EngineStats", "get_engine", "next_bucket",
-    "argmax_first", "raw_logprobs", "sample_tokens", "truncation_mask",
+    "argmax_first", "sample_tokens", "truncation_mask",
 ]

@@ -5,8 +5,9 @@ slot `P - 1` of one preallocated `KVCache` of `P + M` slots (`M` the
 new-token bucket); every row then decodes in lockstep, writing slot `P + t`
 at step `t`, while its rotary position is its own `prompt_len + t`. Padded
 slots are masked out, so each row sees exactly its own prompt. The prefill is
-`marljax.models.hidden_states`; the decode loop uses the decode-specialised
-step of `marljax.sampler.decode` (per-layer caches, unrolled layers).
+`marljax.models.hidden_states`; the decode loop runs `marljax.models.decode`'s
+one-token step (the same layer maths over per-layer caches, unrolled layers).
+This module holds no model maths: it chooses tokens, records them and stops rows.
 
 Two jitted functions, both taking the parameters as a pytree argument (new
 parameters of the same shapes and shardings reuse the compiled code):
@@ -17,9 +18,10 @@ parameters of the same shapes and shardings reuse the compiled code):
   lengths, finish reasons, steps. It first copies each prompt's cache rows to
   its `n` samples (a gather along the batch axis: `n` samples share one
   prefill), then runs a `lax.while_loop` that stops when every row is done or
-  `max_new_tokens` (a traced value, at most `M`) is reached. The loop is split
-  into phases over growing cache windows (`Buckets.kv_phases`): on CPU a decode
-  step reads the whole cache it is given, so early steps get only its used part.
+  `max_new_tokens` (a traced value, at most `M`) is reached. Its carry is a
+  `DecodeState`. The loop is split into phases over growing cache windows
+  (`Buckets.kv_phases`, `kv_windows`): on CPU a decode step reads the whole
+  cache it is given, so early steps get only its used part.
 
 Static (recompiling) choices: the model config, the prompt bucket `P`, the
 prompt-batch bucket `Bp`, the sample-batch bucket `Bd`, the new-token bucket
@@ -34,7 +36,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -42,9 +44,12 @@ import numpy as np
 from jax import lax
 from jax.sharding import Mesh, NamedSharding
 
-from marljax.models import ModelConfig, batch_sharding, cache_sharding, hidden_states, init_cache
-from marljax.sampler.decode import decode_step, decode_weights, grow_cache, kv_windows, output_head, split_cache
-from marljax.sampler.sampling import DEFAULT_BOUND, raw_logprobs, sample_tokens
+from marljax.kernels.losses_terms import logprobs_from_logits
+from marljax.models import (
+    ModelConfig, batch_sharding, cache_sharding, hidden_states, init_cache, positions_from_mask, unembed,
+)
+from marljax.models.decode import DecodeCache, decode_step, decode_weights, grow_cache, split_cache
+from marljax.sampler.sampling import DEFAULT_BOUND, sample_tokens
 
 # finish reasons
 UNFINISHED, EOS, STOP, LENGTH = 0, 1, 2, 3
@@ -65,6 +70,13 @@ def next_bucket(n: int, minimum: int = 1, sizes: tuple[int, ...] | None = None,
     return -(-b // multiple) * multiple
 
 
+def kv_windows(prompt_slots: int, new_slots: int, phases: int) -> list[int]:
+    """Cache widths of the decode phases: phase j attends over the first `P + (j + 1) M / n` slots
+    (the last phase over all `P + M`), so early steps do not read the empty tail of the cache."""
+    phases = max(1, min(int(phases), new_slots))
+    return [prompt_slots + (new_slots * (j + 1)) // phases for j in range(phases)]
+
+
 @dataclasses.dataclass(frozen=True)
 class Buckets:
     """Shape buckets. `None` sizes mean powers of two from the minimum.
@@ -73,7 +85,7 @@ class Buckets:
     (rounded up to a multiple of the mesh's data-parallel size); new_tokens: the
     token buffer and cache tail; stop: (number of stop sequences, their length).
     kv_phases: the decode loop runs in this many phases over growing cache windows
-    (`decode.kv_windows`), so early steps skip the cache's empty tail; each phase is
+    (`kv_windows`), so early steps skip the cache's empty tail; each phase is
     compiled separately. None: 4 phases from 128 new-token slots on, else 1 (short
     generations save little and would pay the extra compilation).
     """
@@ -91,7 +103,7 @@ class Buckets:
 
     def phases(self, new_tokens_bucket: int) -> int:
         if self.kv_phases is not None:
-            return self.kv_phases  # `decode.kv_windows` clamps it to 1..new_tokens_bucket
+            return self.kv_phases  # `kv_windows` clamps it to 1..new_tokens_bucket
         return 1 if new_tokens_bucket < 128 else 4
 
 
@@ -112,13 +124,19 @@ class EngineStats:
         return self.prefill_compiles + self.decode_compiles
 
 
-def _unembed(params, h: jax.Array, config: ModelConfig) -> jax.Array:
-    """float32 logits `[..., V]` from final hidden states `[..., D]` (tied or untied head)."""
-    if config.tie_word_embeddings:
-        return jnp.einsum("...d,vd->...v", h, params["embed"].astype(h.dtype),
-                          preferred_element_type=jnp.float32)
-    return jnp.einsum("...d,dv->...v", h, params["lm_head"].astype(h.dtype),
-                      preferred_element_type=jnp.float32)
+class DecodeState(NamedTuple):
+    """The decode loop's carry, `Bd` rows and `M` new-token slots."""
+
+    step: jax.Array  # [] int32: tokens chosen so far (the next is token `step` of every row)
+    kv: DecodeCache  # per-layer caches in the decode layout (`marljax.models.decode`)
+    last_token: jax.Array  # [Bd] int32: token `step - 1`, the next decode step's input
+    tokens: jax.Array  # [Bd, M] int32: chosen tokens, `pad_id` once a row is done
+    logprobs: jax.Array  # [Bd, M] float32: raw log-probs (temperature 1, no truncation), 0 when done
+    sampling_logprobs: jax.Array  # [Bd, M] float32 under the sampled distribution ([Bd, 1] if unused)
+    done: jax.Array  # [Bd] bool
+    lengths: jax.Array  # [Bd] int32: tokens generated, set when the row ends
+    finish_reason: jax.Array  # [Bd] int32: UNFINISHED, EOS, STOP or LENGTH
+    recent: jax.Array  # [Bd, Ls] int32: the row's last Ls tokens, matched against stop sequences
 
 
 class Engine:
@@ -188,10 +206,9 @@ class Engine:
         c = self.config
         B, _ = ids.shape
         cache = self._constrain_cache(init_cache(c, B, cache_len))
-        positions = jnp.maximum(jnp.cumsum(mask.astype(jnp.int32), axis=1) - 1, 0)
-        h, cache = hidden_states(params, ids, config=c, positions=positions, attention_mask=mask,
-                                 cache=cache)
-        logits = _unembed(params, h[:, -1], c)
+        h, cache = hidden_states(params, ids, config=c, positions=positions_from_mask(mask),
+                                 attention_mask=mask, cache=cache)
+        logits = unembed(params, h[:, -1])
         return self._constrain_cache(cache), self._constrain_batch(logits)
 
     def prefill(self, params, ids: np.ndarray, mask: np.ndarray, cache_len: int):
@@ -218,62 +235,62 @@ class Engine:
         base = jax.random.key(seed)
         row_keys = jax.vmap(lambda r: jax.random.fold_in(base, r))(jnp.arange(Bd, dtype=jnp.uint32))
         Ls = stop_seqs.shape[1]
-        # decode layout (see marljax.sampler.decode): per-layer key [B, K, H, W] and value
-        # [B, K, W, H] caches in the loop carry, layers unrolled, optionally fused projections
         S = cache.k.shape[2]
         P = S - M  # the prompt bucket: first decode slot; every slot from here on holds a real token
         windows = kv_windows(P, M, self.buckets.phases(M))
         weights = decode_weights(params, c, self.fuse_projections)
-        head = output_head(params, c, self.fuse_projections)
         valid = cache.mask | (jnp.arange(S) >= P)[None, :]
 
-        def record(state, logits):
-            t, kv, _, toks, lps, slps, done, lengths, reason, window = state
+        def record(state: DecodeState, logits) -> DecodeState:
+            """Choose token `state.step` of every row from its `logits` `[Bd, V]`; end rows."""
+            t, done = state.step, state.done
             step_keys = jax.vmap(lambda k: jax.random.fold_in(k, t))(row_keys)
             tok, slp = sample_tokens(logits, step_keys, temperature=temperature, top_k=top_k,
                                      top_p=top_p, greedy=greedy, bound=self.topk_bound)
-            lp = raw_logprobs(logits, tok)
+            lp = logprobs_from_logits(logits, tok)  # the raw model's: temperature 1, no truncation
             tok = jnp.where(done, pad_id, tok)
-            toks = lax.dynamic_update_slice(toks, tok[:, None], (0, t))
-            lps = lax.dynamic_update_slice(lps, jnp.where(done, 0.0, lp)[:, None], (0, t))
+            put = lambda buf, x: lax.dynamic_update_slice(buf, x[:, None], (0, t))  # noqa: E731
+            sampling_logprobs = state.sampling_logprobs
             if want_sampling_lp:
-                slps = lax.dynamic_update_slice(slps, jnp.where(done, 0.0, slp)[:, None], (0, t))
-            window = jnp.concatenate([window[:, 1:], tok[:, None]], axis=1)
+                sampling_logprobs = put(sampling_logprobs, jnp.where(done, 0.0, slp))
+            recent = jnp.concatenate([state.recent[:, 1:], tok[:, None]], axis=1)
             is_eos = jnp.any(tok[:, None] == eos[None, :], axis=1)
-            match = jnp.all((window[:, None, :] == stop_seqs[None]) | ~stop_valid[None], axis=2)
+            match = jnp.all((recent[:, None, :] == stop_seqs[None]) | ~stop_valid[None], axis=2)
             is_stop = jnp.any(match & stop_active[None], axis=1)
-            at_len = t + 1 >= max_new
-            new = ~done & (is_eos | is_stop | at_len)
+            ends = ~done & (is_eos | is_stop | (t + 1 >= max_new))
             why = jnp.where(is_eos, EOS, jnp.where(is_stop, STOP, LENGTH))
-            reason = jnp.where(new, why, reason)
-            lengths = jnp.where(new, t + 1, lengths)
-            done = done | new
-            return (t + 1, kv, tok, toks, lps, slps, done, lengths, reason, window)
+            return state._replace(
+                step=t + 1, last_token=tok, tokens=put(state.tokens, tok),
+                logprobs=put(state.logprobs, jnp.where(done, 0.0, lp)), sampling_logprobs=sampling_logprobs,
+                done=done | ends, lengths=jnp.where(ends, t + 1, state.lengths),
+                finish_reason=jnp.where(ends, why, state.finish_reason), recent=recent)
 
         def phase(W, last):
-            def cond(state):  # step t writes slot P + t - 1, which must lie in the window
-                return ~jnp.all(state[6]) & (True if last else state[0] <= W - P)
+            def cond(state: DecodeState):  # step t writes slot P + t - 1, which must lie in the window
+                return ~jnp.all(state.done) & (True if last else state.step <= W - P)
 
-            def body(state):
-                t, kv, tok, *rest = state
+            def body(state: DecodeState):
+                t = state.step
                 # token t-1 sits at rotary position prompt_len + t - 1 and in slot P + t - 1
-                logits, kv = decode_step(params, weights, head, tok, prompt_len + t - 1, kv, valid[:, :W],
-                                         P + t - 1, config=c, fuse=self.fuse_projections)
-                return record((t, kv, tok, *rest), logits)
+                logits, kv = decode_step(weights, state.last_token, prompt_len + t - 1, state.kv,
+                                         valid[:, :W], P + t - 1, config=c)
+                return record(state._replace(kv=kv), logits)
             return cond, body
 
-        state = (jnp.zeros((), jnp.int32), split_cache(cache, windows[0]), jnp.zeros((Bd,), jnp.int32),
-                 jnp.full((Bd, M), pad_id, jnp.int32), jnp.zeros((Bd, M), jnp.float32),
-                 jnp.zeros((Bd, M) if want_sampling_lp else (Bd, 1), jnp.float32),
-                 ~live, jnp.zeros((Bd,), jnp.int32), jnp.zeros((Bd,), jnp.int32),
-                 jnp.full((Bd, Ls), -1, jnp.int32))
+        state = DecodeState(
+            step=jnp.zeros((), jnp.int32), kv=split_cache(cache, windows[0]),
+            last_token=jnp.zeros((Bd,), jnp.int32), tokens=jnp.full((Bd, M), pad_id, jnp.int32),
+            logprobs=jnp.zeros((Bd, M), jnp.float32),
+            sampling_logprobs=jnp.zeros((Bd, M) if want_sampling_lp else (Bd, 1), jnp.float32),
+            done=~live, lengths=jnp.zeros((Bd,), jnp.int32),
+            finish_reason=jnp.full((Bd,), UNFINISHED, jnp.int32), recent=jnp.full((Bd, Ls), -1, jnp.int32))
         state = record(state, logits)
         for j, W in enumerate(windows):
             if j:
-                state = (state[0], grow_cache(state[1], W), *state[2:])
+                state = state._replace(kv=grow_cache(state.kv, W))
             state = lax.while_loop(*phase(W, j == len(windows) - 1), state)
-        t, _, _, toks, lps, slps, _, lengths, reason, _ = state
-        return toks, lps, slps, lengths, reason, t
+        return (state.tokens, state.logprobs, state.sampling_logprobs, state.lengths, state.finish_reason,
+                state.step)
 
     def decode(self, params, cache, logits, *, src, prompt_len, live, seed, temperature, top_k,
                top_p, eos, stop_seqs, stop_valid, stop_active, max_new, new_tokens_bucket: int,

@@ -197,9 +197,3 @@ def sample_tokens(logits: jax.Array, keys: jax.Array, *, temperature=1.0, top_k=
     return (jnp.where(sampled, tok, argmax),
             jnp.where(sampled, slp, 0.0).astype(jnp.float32))
 
-
-def raw_logprobs(logits: jax.Array, tokens: jax.Array) -> jax.Array:
-    """`log_softmax(logits)[tokens]` at temperature 1, no truncation. `[B, V]`, `[B]` -> `[B]`."""
-    logits = jnp.asarray(logits, jnp.float32)
-    picked = jnp.take_along_axis(logits, tokens[:, None].astype(jnp.int32), axis=1)[:, 0]
-    return picked - jax.nn.logsumexp(logits, axis=1)

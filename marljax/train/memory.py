@@ -28,6 +28,7 @@ import numpy as np
 from flax import nnx
 
 from marljax.models.config import ModelConfig
+from marljax.models.decoder import abstract_model
 from marljax.models.sharding import MESH_AXES, logical_to_spec
 
 MOMENTS = {"adamw": 2, "adam": 2, "sgd": 0}  # optimiser state per parameter, in the parameter dtype
@@ -43,9 +44,7 @@ def _bytes(n: float) -> str:
 
 def param_bytes(config: ModelConfig, mesh_shape: Mapping[str, int] | None = None) -> tuple[int, int]:
     """(total bytes, bytes on the most loaded device) of the parameters under the rule table."""
-    from marljax.models.decoder import Decoder
-
-    state = nnx.state(nnx.eval_shape(lambda: Decoder(config, rngs=nnx.Rngs(0))), nnx.Param)
+    state = nnx.state(abstract_model(config), nnx.Param)
     mesh = None if mesh_shape is None else SimpleNamespace(shape={a: mesh_shape.get(a, 1) for a in MESH_AXES})
     total = per_device = 0
     for _, var in nnx.to_flat_state(state):

@@ -24,13 +24,12 @@ from typing import Any, Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
 from marljax.models.config import ModelConfig
-from marljax.models.decoder import Decoder, get_params, init_model, set_params
+from marljax.models.decoder import abstract_model, get_params, init_model, param_dict_shardings, set_params
 from marljax.models.hf_io import from_pretrained, load_tokenizer, save_pretrained
-from marljax.models.sharding import make_mesh, param_dict_shardings, process_local_mesh, reshard, to_local
+from marljax.models.sharding import make_mesh, process_local_mesh, reshard, to_local
 from marljax.sampler import generate
 from marljax.sampler.engine import Buckets
 from marljax.train.batch import collate
@@ -287,7 +286,7 @@ class Policy:
 
     def export(self, path, *, tokenizer: bool = True):
         """Write the current parameters as a Hugging Face directory (+ tokenizer)."""
-        model = nnx.eval_shape(lambda: Decoder(self.config, rngs=nnx.Rngs(0)))
+        model = abstract_model(self.config)
         set_params(model, self.params)
         return save_pretrained(model, path, tokenizer=self.tokenizer if tokenizer else None)
 

@@ -21,6 +21,7 @@ from marljax.models import (  # noqa: E402
     from_pretrained,
     get_params,
     make_mesh,
+    param_dict_shardings,
     positions_from_mask,
     save_pretrained,
     shard_model,
@@ -56,6 +57,10 @@ def check(preset: str, fsdp: int, tensor: int, **changes):
     # parameters really are split: q heads over tensor, hidden over fsdp
     assert params["layers"]["wq"].sharding.spec == P(None, "fsdp", "tensor"), params["layers"]["wq"].sharding
     assert len(params["layers"]["wq"].addressable_shards) == 8
+    # the shardings computed from the config alone (the abstract model) are the placed ones
+    for (path, a), s in zip(jax.tree_util.tree_leaves_with_path(params),
+                            jax.tree.leaves(param_dict_shardings(cfg, mesh))):
+        assert a.sharding.is_equivalent_to(s, a.ndim), (jax.tree_util.keystr(path), s)
     bs = batch_sharding(mesh)
     (loss2, logits2), grads2 = step(params, *(jax.device_put(x, bs) for x in (ids, pos, mask)),
                                     config=cfg)

@@ -13,9 +13,11 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from marljax.models.decoder import fuse_projections
 from marljax.models.testing import random_model
 from marljax.models import (
     ModelConfig,
+    abstract_model,
     forward,
     get_params,
     init_cache,
@@ -199,6 +201,32 @@ def test_init_model_gives_a_working_random_model():
     logits, _ = fwd(get_params(model), jnp.ones((1, 4), jnp.int32), config=model.config)
     assert logits.shape == (1, 4, 512) and bool(jnp.isfinite(logits).all())
     assert float(jnp.abs(model.layers.wq.get_value()).std()) > 0  # not all zeros
+
+
+def test_abstract_model_has_the_parameters_shapes_and_axes_without_arrays():
+    cfg = ModelConfig.preset("tiny-qwen2")
+    abstract = abstract_model(cfg)
+    want = get_params(random_model(cfg))
+    got = get_params(abstract)
+    assert jax.tree.structure(got) == jax.tree.structure(want)
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+        assert isinstance(a, jax.ShapeDtypeStruct) and (a.shape, a.dtype) == (b.shape, b.dtype)
+    assert abstract.layers.wq.get_metadata()["logical_axes"] == ("layers", "embed", "q_heads", "head_dim")
+
+
+@pytest.mark.parametrize("preset", ["tiny-qwen2", "tiny-qwen3"])  # q/k/v biases; q/k norm
+def test_fused_projection_layout_gives_the_same_logits(preset):
+    """`fuse_projections` changes the parameter layout, not the maths."""
+    model, cfg = _model(preset)
+    params = get_params(model)
+    fused = {**params, "layers": fuse_projections(params["layers"])}
+    assert {"wqkv", "w_gate_up"} <= set(fused["layers"]) and "wq" not in fused["layers"]
+    assert ("bqkv" in fused["layers"]) == cfg.qkv_bias
+    ids, mask = _left_padded()
+    pos = positions_from_mask(mask)
+    want, _ = fwd(params, ids, config=cfg, positions=pos, attention_mask=mask)
+    got, _ = fwd(fused, ids, config=cfg, positions=pos, attention_mask=mask)
+    np.testing.assert_allclose(got, want, atol=1e-5, rtol=0)
 
 
 def test_bad_shapes_are_clear_errors():

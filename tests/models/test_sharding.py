@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 from pathlib import Path
 
 import jax
@@ -47,6 +48,17 @@ def test_every_parameter_has_logical_axes():
         specs = jax.tree.leaves(param_specs(state, _FakeMesh(data=1, fsdp=2, tensor=2)),
                                 is_leaf=lambda x: isinstance(x, P))
         assert len(specs) == len(jax.tree.leaves(state)) > 10
+
+
+def test_sharding_module_imports_no_model():
+    """sharding.py is a leaf (rules and specs over any pytree): the decoder imports it, never
+    the other way round, so there is no import cycle to hide inside functions."""
+    import marljax.models.sharding as sharding
+
+    tree = ast.parse(Path(sharding.__file__).read_text())
+    imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+    imported |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    assert not {m for m in imported if m and m.startswith("marljax")}, imported
 
 
 def test_make_mesh_shapes_and_errors():

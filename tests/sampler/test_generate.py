@@ -12,7 +12,7 @@ import pytest
 
 from marljax.models import forward, from_pretrained, get_params, load_tokenizer, token_logprobs, testing
 from marljax.sampler import Buckets, generate, generate_text, get_engine, truncation_mask
-from marljax.sampler.decode import kv_windows
+from marljax.sampler.engine import kv_windows
 
 # one checkpoint per family: Qwen2 (biases, untied), Qwen3 (q/k norm, tied, head_dim 32),
 # Llama (llama3 rope scaling, GQA 1)

@@ -11,7 +11,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from marljax.sampler.sampling import raw_logprobs, sample_tokens, truncation_mask
+from marljax.kernels import logprobs_from_logits
+from marljax.sampler.sampling import sample_tokens, truncation_mask
 
 # (method, bound): the top-k fast path, the same with a bound so small that the exact
 # bisection fallback is taken, bisection only, and the full-sort reference
@@ -164,7 +165,7 @@ def test_greedy_and_zero_temperature_rows_take_the_argmax():
     tok2, slp2 = _sample(logits, keys, temps, top_p=0.9)
     np.testing.assert_array_equal(np.asarray(tok2)[::2], np.argmax(logits, axis=1)[::2])
     assert np.all(np.asarray(slp2)[::2] == 0) and np.all(np.asarray(slp2)[1::2] < 0)
-    lp = raw_logprobs(logits, tok2)
+    lp = logprobs_from_logits(logits, tok2)  # the decode loop's raw log-probs of the chosen tokens
     np.testing.assert_allclose(lp, jax.nn.log_softmax(logits)[jnp.arange(6), tok2], atol=1e-6)
 
 

@@ -15,7 +15,8 @@ import numpy as np  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
 from _scale_common import MIN_CHANGE, host, max_diff, policy_config, samples  # noqa: E402
-from marljax.models.sharding import param_dict_shardings, reshard  # noqa: E402
+from marljax.models import param_dict_shardings  # noqa: E402
+from marljax.models.sharding import reshard  # noqa: E402
 from marljax.sampler import generate  # noqa: E402
 from marljax.train.generation import PolicyGenerator, disjoint_devices  # noqa: E402
 from marljax.workflows.base import Agent  # noqa: E402
