@@ -26,10 +26,6 @@ class PolicyGenerator:
     def __init__(self, policies: Mapping[str, Policy], sampler: SamplerConfig, max_prompt_len: int | None = None):
         self.policies, self.sampler, self.max_prompt_len = policies, sampler, max_prompt_len
 
-    @property
-    def versions(self) -> dict[str, int]:
-        return {name: p.version for name, p in self.policies.items()}
-
     def generate(self, requests: Sequence[tuple[Agent, str]], n: int, seed: int) -> list[list[Generation]]:
         out: list[list[Generation] | None] = [None] * len(requests)
         by_policy: dict[str, list[int]] = {}

@@ -296,10 +296,6 @@ class OverrideText:
     def __init__(self, inner):
         self.inner = inner
 
-    @property
-    def versions(self):
-        return self.inner.versions
-
     def generate(self, requests, n, seed):
         out = self.inner.generate(requests, n, seed)
         return [[dataclasses.replace(g, text=code_script(a, p, k, seed)) for k, g in enumerate(gens)]

@@ -299,10 +299,6 @@ class RelabelledGenerator:
     def __init__(self, inner, script):
         self.inner, self.script = inner, script
 
-    @property
-    def versions(self):
-        return self.inner.versions
-
     def generate(self, requests, n, seed):
         import dataclasses
 
