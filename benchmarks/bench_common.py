@@ -8,8 +8,8 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -29,8 +29,15 @@ def interleaved(calls: dict[str, Callable[[], object]], repeats: int, warmup: in
             t = time.perf_counter()
             last[name] = fn()
             times[name].append(time.perf_counter() - t)
-    return {name: {"seconds": statistics.median(ts), "best_seconds": min(ts), "all_seconds": ts, "last": last[name]}
-            for name, ts in times.items()}
+    return {
+        name: {
+            "seconds": statistics.median(ts),
+            "best_seconds": min(ts),
+            "all_seconds": ts,
+            "last": last[name],
+        }
+        for name, ts in times.items()
+    }
 
 
 def child_json(argv: list[str], timeout: float | None = None, env: dict[str, str] | None = None) -> dict:
@@ -41,7 +48,9 @@ def child_json(argv: list[str], timeout: float | None = None, env: dict[str, str
     proc = subprocess.run(argv, check=False, capture_output=True, text=True, env=env, timeout=timeout)
     line = [ln for ln in proc.stdout.splitlines() if ln.startswith("JSON:")]
     if proc.returncode or not line:
-        raise RuntimeError(f"{' '.join(argv[:3])} ... failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
+        raise RuntimeError(
+            f"{' '.join(argv[:3])} ... failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}"
+        )
     return json.loads(line[-1][5:])
 
 

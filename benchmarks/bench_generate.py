@@ -38,8 +38,16 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-CKPT = dict(vocab_size=2048, hidden_size=256, intermediate_size=768, num_hidden_layers=4,
-            num_attention_heads=4, num_key_value_heads=2, head_dim=64, max_position_embeddings=4096)
+CKPT = dict(
+    vocab_size=2048,
+    hidden_size=256,
+    intermediate_size=768,
+    num_hidden_layers=4,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=64,
+    max_position_embeddings=4096,
+)
 SETTINGS = {"greedy": dict(temperature=0.0, top_p=1.0), "top_p=0.9": dict(temperature=1.0, top_p=0.9)}
 
 
@@ -78,6 +86,7 @@ def setup_marljax(path, batch, plen, new):
             out = generate(model, ids, max_new_tokens=new, eos_ids=(), seed=0, **kw)
             assert (out.lengths == new).all()
             return out
+
         return call, lambda out: out.tokens.tolist()
 
     return {mode: make(kw) for mode, kw in SETTINGS.items()}
@@ -95,13 +104,18 @@ def setup_transformers(path, batch, plen, new, threads):
     ids = torch.tensor(prompts(batch, plen), device=dev)
 
     def make(kw):
-        gkw = (dict(do_sample=False) if kw["temperature"] == 0 else
-               dict(do_sample=True, temperature=kw["temperature"], top_p=kw["top_p"], top_k=0))
+        gkw = (
+            dict(do_sample=False)
+            if kw["temperature"] == 0
+            else dict(do_sample=True, temperature=kw["temperature"], top_p=kw["top_p"], top_k=0)
+        )
 
         def call():
             with torch.no_grad():
-                return model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new,
-                                      min_new_tokens=new, **gkw).cpu()  # .cpu() waits for the GPU
+                return model.generate(
+                    ids, attention_mask=torch.ones_like(ids), max_new_tokens=new, min_new_tokens=new, **gkw
+                ).cpu()  # .cpu() waits for the GPU
+
         return call, lambda out: out[:, plen:].tolist()
 
     return {mode: make(kw) for mode, kw in SETTINGS.items()}
@@ -129,27 +143,54 @@ class _IdTokenizer:
 def setup_tunix(path, batch, plen, new):
     import jax.numpy as jnp
     from tunix.generate import sampler as tsampler
-    from tunix.models.qwen3 import model as tmodel, params as tparams
+    from tunix.models.qwen3 import model as tmodel
+    from tunix.models.qwen3 import params as tparams
 
-    cfg = tmodel.ModelConfig(num_layers=CKPT["num_hidden_layers"], vocab_size=CKPT["vocab_size"],
-                             embed_dim=CKPT["hidden_size"], hidden_dim=CKPT["intermediate_size"],
-                             num_heads=CKPT["num_attention_heads"], head_dim=CKPT["head_dim"],
-                             num_kv_heads=CKPT["num_key_value_heads"], rope_theta=1_000_000,
-                             norm_eps=1e-6, use_tied_embedding=True, dtype=jnp.float32,
-                             param_dtype=jnp.float32)
+    cfg = tmodel.ModelConfig(
+        num_layers=CKPT["num_hidden_layers"],
+        vocab_size=CKPT["vocab_size"],
+        embed_dim=CKPT["hidden_size"],
+        hidden_dim=CKPT["intermediate_size"],
+        num_heads=CKPT["num_attention_heads"],
+        head_dim=CKPT["head_dim"],
+        num_kv_heads=CKPT["num_key_value_heads"],
+        rope_theta=1_000_000,
+        norm_eps=1e-6,
+        use_tied_embedding=True,
+        dtype=jnp.float32,
+        param_dtype=jnp.float32,
+    )
     model = tparams.create_model_from_safe_tensors(str(path), cfg, dtype=jnp.float32)
-    s = tsampler.Sampler(model, _IdTokenizer(), tsampler.CacheConfig(
-        cache_size=plen + new, num_layers=cfg.num_layers, num_kv_heads=cfg.num_kv_heads,
-        head_dim=cfg.head_dim))
+    s = tsampler.Sampler(
+        model,
+        _IdTokenizer(),
+        tsampler.CacheConfig(
+            cache_size=plen + new,
+            num_layers=cfg.num_layers,
+            num_kv_heads=cfg.num_kv_heads,
+            head_dim=cfg.head_dim,
+        ),
+    )
     texts = [" ".join(map(str, p)) for p in prompts(batch, plen)]
 
     def make(kw):
-        skw = (dict(temperature=0.0) if kw["temperature"] == 0 else
-               dict(temperature=kw["temperature"], top_p=kw["top_p"], top_k=None))
+        skw = (
+            dict(temperature=0.0)
+            if kw["temperature"] == 0
+            else dict(temperature=kw["temperature"], top_p=kw["top_p"], top_k=None)
+        )
 
         def call():
-            return s(texts, max_generation_steps=new, max_prompt_length=plen, eos_tokens=[-1],
-                     pad_output=True, seed=0, **skw)
+            return s(
+                texts,
+                max_generation_steps=new,
+                max_prompt_length=plen,
+                eos_tokens=[-1],
+                pad_output=True,
+                seed=0,
+                **skw,
+            )
+
         return call, lambda out: [list(map(int, x.split()))[:new] for x in out.text]
 
     return {mode: make(kw) for mode, kw in SETTINGS.items()}
@@ -163,9 +204,13 @@ def measure(setups: dict, batch: int, new: int, repeats: int) -> dict:
     for mode in SETTINGS:
         timed = interleaved({lib: setups[lib][mode][0] for lib in setups}, repeats, warmup=1)
         for lib, r in timed.items():
-            res[lib][mode] = {"seconds": r["seconds"], "tokens_per_s": batch * new / r["seconds"],
-                              "best_tokens_per_s": batch * new / r["best_seconds"],
-                              "all_seconds": r["all_seconds"], "tokens": setups[lib][mode][1](r["last"])}
+            res[lib][mode] = {
+                "seconds": r["seconds"],
+                "tokens_per_s": batch * new / r["seconds"],
+                "best_tokens_per_s": batch * new / r["best_seconds"],
+                "all_seconds": r["all_seconds"],
+                "tokens": setups[lib][mode][1](r["last"]),
+            }
     return res
 
 
@@ -175,7 +220,10 @@ def _xla_threads() -> int:
 
 
 MODES = {  # batches, prompt, new tokens, repeats, with tunix
-    "smoke": ([2], 8, 8, 1, False), "quick": ([8, 32], 32, 128, 3, True), "full": ([8, 32], 32, 128, 7, True)}
+    "smoke": ([2], 8, 8, 1, False),
+    "quick": ([8, 32], 32, 128, 3, True),
+    "full": ([8, 32], 32, 128, 7, True),
+}
 DEFAULT_CKPT = os.path.join(tempfile.gettempdir(), "marljax_bench_qwen3_3.7m")
 TUNIX_PYTHON = "/tmp/tunixenv/bin/python"
 
@@ -196,21 +244,52 @@ def measure_pair(which: str, path: Path, batches, prompt: int, new: int, repeats
     return out
 
 
-def run_child(which: str, python: str, path: Path, batches, prompt: int, new: int, repeats: int,
-              in_process: bool = False):
+def run_child(
+    which: str,
+    python: str,
+    path: Path,
+    batches,
+    prompt: int,
+    new: int,
+    repeats: int,
+    in_process: bool = False,
+):
     from bench_common import child_json
 
     if in_process:  # same numbers, without a fresh interpreter's start-up (smoke mode)
         d = json.loads(json.dumps(measure_pair(which, path, batches, prompt, new, repeats)))
     else:
-        d = child_json([python, __file__, "--only", which, "--prompt", str(prompt), "--new", str(new),
-                        "--repeats", str(repeats), "--checkpoint", str(path), "--batch", *map(str, batches)])
+        d = child_json(
+            [
+                python,
+                __file__,
+                "--only",
+                which,
+                "--prompt",
+                str(prompt),
+                "--new",
+                str(new),
+                "--repeats",
+                str(repeats),
+                "--checkpoint",
+                str(path),
+                "--batch",
+                *map(str, batches),
+            ]
+        )
     version = d.pop("version")
     return {int(k): v for k, v in d.items()}, version
 
 
-def run(mode: str = "full", tunix_python: str = TUNIX_PYTHON, checkpoint: str = DEFAULT_CKPT,
-        batches=None, prompt=None, new=None, repeats=None) -> dict:
+def run(
+    mode: str = "full",
+    tunix_python: str = TUNIX_PYTHON,
+    checkpoint: str = DEFAULT_CKPT,
+    batches=None,
+    prompt=None,
+    new=None,
+    repeats=None,
+) -> dict:
     """marljax interleaved with transformers (this environment), then marljax interleaved with
     tunix (tunix's environment); each ratio comes from calls interleaved in one process."""
     import numpy as np
@@ -222,21 +301,29 @@ def run(mode: str = "full", tunix_python: str = TUNIX_PYTHON, checkpoint: str = 
         path = make_checkpoint(Path(tempfile.gettempdir()) / "marljax_bench_qwen3_smoke", SMOKE_CKPT)
     else:
         path = make_checkpoint(Path(checkpoint))
-    main_res, hf_version = run_child("transformers", sys.executable, path, batches, prompt, new, repeats,
-                                     in_process=mode == "smoke")
+    main_res, hf_version = run_child(
+        "transformers", sys.executable, path, batches, prompt, new, repeats, in_process=mode == "smoke"
+    )
     tx_res, tx_version, tunix_note = None, None, None
     if with_tunix and tunix_python and Path(tunix_python).exists():
         tx_res, tx_version = run_child("tunix", tunix_python, path, batches, prompt, new, repeats)
     else:
-        tunix_note = "tunix skipped" + ("" if with_tunix else f" in {mode} mode") + (
-            f": {tunix_python!r} not found" if with_tunix else "")
+        tunix_note = (
+            "tunix skipped"
+            + ("" if with_tunix else f" in {mode} mode")
+            + (f": {tunix_python!r} not found" if with_tunix else "")
+        )
     rows = []
     model = "smoke-size Qwen3 (1 layer" if mode == "smoke" else "tiny Qwen3 (3.67 M params"
-    lines = [f"Generation, {model}, float32, {_xla_threads()} threads), prompt {prompt}, "
-             f"{new} new tokens; tokens/s, median of {repeats} interleaved calls"
-             + (f" ({tunix_note})" if tunix_note else "") + "\n",
-             "| batch | mode | marljax | transformers | marljax (tunix run) | tunix | vs transformers (best of each) "
-             "| vs tunix (best of each) | greedy tokens equal (hf / tunix) |", "|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"Generation, {model}, float32, {_xla_threads()} threads), prompt {prompt}, "
+        f"{new} new tokens; tokens/s, median of {repeats} interleaved calls"
+        + (f" ({tunix_note})" if tunix_note else "")
+        + "\n",
+        "| batch | mode | marljax | transformers | marljax (tunix run) | tunix | vs transformers (best of each) "
+        "| vs tunix (best of each) | greedy tokens equal (hf / tunix) |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for b in batches:
         for mode_name in SETTINGS:
             m, h = main_res[b]["marljax"][mode_name], main_res[b]["transformers"][mode_name]
@@ -245,27 +332,50 @@ def run(mode: str = "full", tunix_python: str = TUNIX_PYTHON, checkpoint: str = 
             same = ""
             if mode_name == "greedy":
                 mt = np.array(m["tokens"])
-                same = " / ".join(f"{(np.array(o['tokens']) == mt).mean():.3f}" if o else "-" for o in (h, tx))
-            row = {"batch": b, "mode": mode_name, "marljax": m["tokens_per_s"], "transformers": h["tokens_per_s"],
-                   "marljax_tunix_run": m2["tokens_per_s"] if m2 else None,
-                   "tunix": tx["tokens_per_s"] if tx else None,
-                   "vs_transformers": m["tokens_per_s"] / h["tokens_per_s"],
-                   "vs_tunix": m2["tokens_per_s"] / tx["tokens_per_s"] if tx else None,
-                   "vs_transformers_best": m["best_tokens_per_s"] / h["best_tokens_per_s"],
-                   "vs_tunix_best": m2["best_tokens_per_s"] / tx["best_tokens_per_s"] if tx else None,
-                   "greedy_tokens_equal": same or None,
-                   "seconds": {"marljax": m["all_seconds"], "transformers": h["all_seconds"],
-                               "marljax_tunix_run": m2["all_seconds"] if m2 else None,
-                               "tunix": tx["all_seconds"] if tx else None}}
+                same = " / ".join(
+                    f"{(np.array(o['tokens']) == mt).mean():.3f}" if o else "-" for o in (h, tx)
+                )
+            row = {
+                "batch": b,
+                "mode": mode_name,
+                "marljax": m["tokens_per_s"],
+                "transformers": h["tokens_per_s"],
+                "marljax_tunix_run": m2["tokens_per_s"] if m2 else None,
+                "tunix": tx["tokens_per_s"] if tx else None,
+                "vs_transformers": m["tokens_per_s"] / h["tokens_per_s"],
+                "vs_tunix": m2["tokens_per_s"] / tx["tokens_per_s"] if tx else None,
+                "vs_transformers_best": m["best_tokens_per_s"] / h["best_tokens_per_s"],
+                "vs_tunix_best": m2["best_tokens_per_s"] / tx["best_tokens_per_s"] if tx else None,
+                "greedy_tokens_equal": same or None,
+                "seconds": {
+                    "marljax": m["all_seconds"],
+                    "transformers": h["all_seconds"],
+                    "marljax_tunix_run": m2["all_seconds"] if m2 else None,
+                    "tunix": tx["all_seconds"] if tx else None,
+                },
+            }
             rows.append(row)
-            f = lambda v: "-" if v is None else f"{v:,.0f}"  # noqa: E731
-            r = lambda v, b: "-" if v is None else f"**{v:.2f}x** ({b:.2f}x)"  # noqa: E731
-            lines.append(f"| {b} | {mode_name} | {f(row['marljax'])} | {f(row['transformers'])} "
-                         f"| {f(row['marljax_tunix_run'])} | {f(row['tunix'])} "
-                         f"| {r(row['vs_transformers'], row['vs_transformers_best'])} "
-                         f"| {r(row['vs_tunix'], row['vs_tunix_best'])} | {same} |")
-    meta = {"transformers": hf_version, "tunix": tx_version, "prompt": prompt, "new_tokens": new,
-            "repeats": repeats, "tunix_note": tunix_note}
+
+            def f(v):
+                return "-" if v is None else f"{v:,.0f}"
+
+            def r(v, b):
+                return "-" if v is None else f"**{v:.2f}x** ({b:.2f}x)"
+
+            lines.append(
+                f"| {b} | {mode_name} | {f(row['marljax'])} | {f(row['transformers'])} "
+                f"| {f(row['marljax_tunix_run'])} | {f(row['tunix'])} "
+                f"| {r(row['vs_transformers'], row['vs_transformers_best'])} "
+                f"| {r(row['vs_tunix'], row['vs_tunix_best'])} | {same} |"
+            )
+    meta = {
+        "transformers": hf_version,
+        "tunix": tx_version,
+        "prompt": prompt,
+        "new_tokens": new,
+        "repeats": repeats,
+        "tunix_note": tunix_note,
+    }
     return {"meta": meta, "rows": rows, "markdown": "\n".join(lines)}
 
 
@@ -276,20 +386,38 @@ def main() -> None:
     ap.add_argument("--prompt", type=int)
     ap.add_argument("--new", type=int)
     ap.add_argument("--repeats", type=int)
-    ap.add_argument("--tunix-python", default=TUNIX_PYTHON,
-                    help="python of a venv with google-tunix installed ('' to skip tunix)")
+    ap.add_argument(
+        "--tunix-python",
+        default=TUNIX_PYTHON,
+        help="python of a venv with google-tunix installed ('' to skip tunix)",
+    )
     ap.add_argument("--checkpoint", default=DEFAULT_CKPT)
     ap.add_argument("--json", default=os.path.join(tempfile.gettempdir(), "marljax_bench_generate.json"))
     ap.add_argument("--only", choices=["marljax", "transformers", "tunix"], help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.only:  # child process: JSON on stdout
         path = make_checkpoint(Path(args.checkpoint))
-        print("JSON:" + json.dumps(measure_pair(args.only, path, args.batch, args.prompt, args.new, args.repeats)))
+        print(
+            "JSON:"
+            + json.dumps(measure_pair(args.only, path, args.batch, args.prompt, args.new, args.repeats))
+        )
         return
-    out = run("quick" if args.quick else "full", args.tunix_python, args.checkpoint, args.batch, args.prompt,
-              args.new, args.repeats)
-    out["meta"].update(machine=platform.platform(), cpus=os.cpu_count(), python=platform.python_version(),
-                       date=time.strftime("%Y-%m-%d %H:%M"), load_average=os.getloadavg())
+    out = run(
+        "quick" if args.quick else "full",
+        args.tunix_python,
+        args.checkpoint,
+        args.batch,
+        args.prompt,
+        args.new,
+        args.repeats,
+    )
+    out["meta"].update(
+        machine=platform.platform(),
+        cpus=os.cpu_count(),
+        python=platform.python_version(),
+        date=time.strftime("%Y-%m-%d %H:%M"),
+        load_average=os.getloadavg(),
+    )
     print(out["markdown"])
     Path(args.json).write_text(json.dumps(out, indent=2))
     print(f"\nload average {tuple(round(x, 2) for x in os.getloadavg())}; JSON written to {args.json}")

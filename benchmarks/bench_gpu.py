@@ -42,8 +42,11 @@ def decode_rate(config, batch: int, prompt: int, new: int, repeats: int) -> dict
     ids = np.random.default_rng(0).integers(3, config.vocab_size, size=(batch, prompt)).tolist()
 
     def seconds(n_new: int) -> float:
-        call = lambda: jax.block_until_ready(  # noqa: E731
-            generate(model, ids, max_new_tokens=n_new, temperature=0.0, eos_ids=(), seed=0).tokens)
+        def call():
+            return jax.block_until_ready(
+                generate(model, ids, max_new_tokens=n_new, temperature=0.0, eos_ids=(), seed=0).tokens
+            )
+
         call()
         best = float("inf")
         for _ in range(repeats):
@@ -56,10 +59,24 @@ def decode_rate(config, batch: int, prompt: int, new: int, repeats: int) -> dict
     tokens_per_s = batch * (new - 1) / max(t_new - t_one, 1e-9)
     weight_bytes = config.num_params() * np.dtype(config.param_dtype).itemsize
     mean_len = prompt + new / 2
-    kv_bytes = (2 * config.num_layers * batch * mean_len * config.num_kv_heads * config.head_dim
-                * np.dtype(config.dtype).itemsize)
-    return {"batch": batch, "prompt": prompt, "new_tokens": new, "seconds": t_new, "prefill_seconds": t_one,
-            "decode_tokens_per_s": tokens_per_s, "bytes_per_step": weight_bytes + kv_bytes}
+    kv_bytes = (
+        2
+        * config.num_layers
+        * batch
+        * mean_len
+        * config.num_kv_heads
+        * config.head_dim
+        * np.dtype(config.dtype).itemsize
+    )
+    return {
+        "batch": batch,
+        "prompt": prompt,
+        "new_tokens": new,
+        "seconds": t_new,
+        "prefill_seconds": t_one,
+        "decode_tokens_per_s": tokens_per_s,
+        "bytes_per_step": weight_bytes + kv_bytes,
+    }
 
 
 def run(mode: str = "full", peak: dict | None = None) -> dict:
@@ -69,15 +86,18 @@ def run(mode: str = "full", peak: dict | None = None) -> dict:
 
     on_gpu = jax.default_backend() != "cpu"
     if not on_gpu and mode != "smoke":
-        return {"skipped": f"no accelerator (jax backend {jax.default_backend()!r})",
-                "markdown": "Skipped: no GPU on this machine (jax backend cpu)."}
+        return {
+            "skipped": f"no accelerator (jax backend {jax.default_backend()!r})",
+            "markdown": "Skipped: no GPU on this machine (jax backend cpu).",
+        }
     import torch
 
     peak = peak or {}
     size = "qwen2.5-0.5b" if on_gpu else "smoke"
     # never a GPU against torch on CPU (a CPU-only torch wheel would take minutes per 0.5B step)
-    train = bench_train.measure(size, repeats=2 if mode == "smoke" else 5,
-                                torch_side=not on_gpu or torch.cuda.is_available())
+    train = bench_train.measure(
+        size, repeats=2 if mode == "smoke" else 5, torch_side=not on_gpu or torch.cuda.is_available()
+    )
     dtype_peak = peak.get("peak_flops", {}).get(train["dtype"])
     for lib in ("marljax", "marljax_scan", "transformers"):
         if lib in train and dtype_peak:
@@ -96,17 +116,34 @@ def run(mode: str = "full", peak: dict | None = None) -> dict:
             d["roofline_tokens_per_s"] = b * bw / d["bytes_per_step"]
             d["fraction_of_roofline"] = d["decode_tokens_per_s"] / d["roofline_tokens_per_s"]
         decode.append(d)
-    lines = [f"Train step ({size}, {train['dtype']}, {train['batch']} x {train['seq_len']}): marljax "
-             f"{train['marljax']['tokens_per_s']:,.0f} tokens/s with the layers unrolled "
-             f"({train['marljax_scan']['tokens_per_s']:,.0f} under `lax.scan`)"
-             + (f", MFU {100 * train['marljax']['mfu']:.0f}% of the measured {train['dtype']} matmul peak"
-                if "mfu" in train["marljax"] else "")
-             + (f"; transformers {train['transformers']['tokens_per_s']:,.0f} tokens/s "
-                f"(marljax {train['speedup']:.2f}x)" if "transformers" in train else "") + ".\n",
-             "| batch | prompt | new | decode tokens/s | roofline tokens/s | fraction |", "|---|---|---|---|---|---|"]
+    lines = [
+        f"Train step ({size}, {train['dtype']}, {train['batch']} x {train['seq_len']}): marljax "
+        f"{train['marljax']['tokens_per_s']:,.0f} tokens/s with the layers unrolled "
+        f"({train['marljax_scan']['tokens_per_s']:,.0f} under `lax.scan`)"
+        + (
+            f", MFU {100 * train['marljax']['mfu']:.0f}% of the measured {train['dtype']} matmul peak"
+            if "mfu" in train["marljax"]
+            else ""
+        )
+        + (
+            f"; transformers {train['transformers']['tokens_per_s']:,.0f} tokens/s "
+            f"(marljax {train['speedup']:.2f}x)"
+            if "transformers" in train
+            else ""
+        )
+        + ".\n",
+        "| batch | prompt | new | decode tokens/s | roofline tokens/s | fraction |",
+        "|---|---|---|---|---|---|",
+    ]
     for d in decode:
         roof = d.get("roofline_tokens_per_s")
-        lines.append(f"| {d['batch']} | {d['prompt']} | {d['new_tokens']} | {d['decode_tokens_per_s']:,.0f} | "
-                     + (f"{roof:,.0f} | {100 * d['fraction_of_roofline']:.0f}% |" if roof else "- | - |"))
-    return {"device": str(jax.devices()[0].device_kind), "train": train, "decode": decode,
-            "markdown": "\n".join(lines)}
+        lines.append(
+            f"| {d['batch']} | {d['prompt']} | {d['new_tokens']} | {d['decode_tokens_per_s']:,.0f} | "
+            + (f"{roof:,.0f} | {100 * d['fraction_of_roofline']:.0f}% |" if roof else "- | - |")
+        )
+    return {
+        "device": str(jax.devices()[0].device_kind),
+        "train": train,
+        "decode": decode,
+        "markdown": "\n".join(lines),
+    }

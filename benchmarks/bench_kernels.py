@@ -37,9 +37,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_common import child_json, emit_json, fmt, interleaved  # noqa: E402
-
 import numpy as np  # noqa: E402
+from bench_common import child_json, emit_json, fmt, interleaved  # noqa: E402
 
 CLIP, CLIP_C, KL_CLAMP, EPS = 0.2, 3.0, 10.0, 1e-6
 VERL_PYTHON = "/tmp/verlenv/bin/python"
@@ -52,9 +51,16 @@ def make_inputs(N: int, L: int, G: int, seed: int = 0) -> dict:
     logp_old = -rng.exponential(1.0, size=(N, L)).astype(np.float32)
     logp = (logp_old + 0.1 * rng.standard_normal((N, L))).astype(np.float32)
     ref = (logp_old + 0.1 * rng.standard_normal((N, L))).astype(np.float32)
-    return dict(rewards=rng.integers(0, 2, size=N).astype(np.float32) * rng.random(N).astype(np.float32),
-                group_ids=np.repeat(np.arange(N // G), G).astype(np.int32), num_groups=N // G,
-                logp=logp, logp_old=logp_old, ref_logp=ref, mask=mask, lengths=lengths)
+    return dict(
+        rewards=rng.integers(0, 2, size=N).astype(np.float32) * rng.random(N).astype(np.float32),
+        group_ids=np.repeat(np.arange(N // G), G).astype(np.int32),
+        num_groups=N // G,
+        logp=logp,
+        logp_old=logp_old,
+        ref_logp=ref,
+        mask=mask,
+        lengths=lengths,
+    )
 
 
 # ------------------------------------------------------------------- numpy
@@ -73,8 +79,13 @@ def numpy_pipeline(x: dict) -> dict:
     n = m.sum()
     d = np.clip(x["ref_logp"] - x["logp"], -20, 20)
     kl = np.clip(np.exp(d) - d - 1, -KL_CLAMP, KL_CLAMP)
-    return {"adv": adv, "pg_loss": float((pg * m).sum() / n), "kl_loss": float((kl * m).sum() / n),
-            "clip_frac": float(((l2 > l1) * m).sum() / n), "ppo_kl": float((-neg_kl * m).sum() / n)}
+    return {
+        "adv": adv,
+        "pg_loss": float((pg * m).sum() / n),
+        "kl_loss": float((kl * m).sum() / n),
+        "clip_frac": float(((l2 > l1) * m).sum() / n),
+        "ppo_kl": float((-neg_kl * m).sum() / n),
+    }
 
 
 # ------------------------------------------------------------------- marljax
@@ -89,8 +100,9 @@ def setup_marljax(x: dict):
     @functools.partial(jax.jit, static_argnames="num_groups")
     def pipeline(rewards, group_ids, logp, logp_old, ref_logp, mask, num_groups):
         adv = K.grpo_advantages(rewards, group_ids, num_groups, eps=EPS)
-        pg, metrics = K.policy_loss(logp, logp_old, adv, mask, clip_low=CLIP, clip_high=CLIP, dual_clip=CLIP_C,
-                                    agg_mode="token-mean")
+        pg, metrics = K.policy_loss(
+            logp, logp_old, adv, mask, clip_low=CLIP, clip_high=CLIP, dual_clip=CLIP_C, agg_mode="token-mean"
+        )
         kl = K.aggregate_loss(K.kl_penalty(logp, ref_logp, "k3", clamp=KL_CLAMP), mask, "token-mean")
         return adv, pg, kl, metrics
 
@@ -98,7 +110,13 @@ def setup_marljax(x: dict):
 
     def call():
         adv, pg, kl, m = jax.block_until_ready(pipeline(**args, num_groups=x["num_groups"]))
-        return {"adv": adv, "pg_loss": pg, "kl_loss": kl, "clip_frac": m["clip_frac"], "ppo_kl": m["approx_kl"]}
+        return {
+            "adv": adv,
+            "pg_loss": pg,
+            "kl_loss": kl,
+            "clip_frac": m["clip_frac"],
+            "ppo_kl": m["approx_kl"],
+        }
 
     return call
 
@@ -108,11 +126,13 @@ def import_verl():
     try:
         import ray  # noqa: F401
     except ImportError:  # verl imports ray at module level; nothing used here calls it
+
         class _Stub(types.ModuleType):
             def __getattr__(self, name):
                 if name.startswith("__"):
                     raise AttributeError(name)
                 return type(name, (), {"__init__": lambda self, *a, **k: None})
+
         sys.modules["ray"] = _Stub("ray")
     import importlib.metadata
 
@@ -128,8 +148,9 @@ def setup_verl(x: dict, vectorized: bool):
     ca, ActorConfig, _ = import_verl()
     torch.set_num_threads(os.cpu_count() or 1)
     dev = "cuda" if torch.cuda.is_available() else "cpu"
-    cfg = ActorConfig(strategy="fsdp", rollout_n=8, clip_ratio=CLIP, clip_ratio_c=CLIP_C,
-                      ppo_micro_batch_size_per_gpu=1)
+    cfg = ActorConfig(
+        strategy="fsdp", rollout_n=8, clip_ratio=CLIP, clip_ratio_c=CLIP_C, ppo_micro_batch_size_per_gpu=1
+    )
     N, L = x["logp"].shape
     token_rewards = np.zeros((N, L), np.float32)
     token_rewards[np.arange(N), x["lengths"] - 1] = x["rewards"]  # outcome reward on the last token
@@ -137,7 +158,9 @@ def setup_verl(x: dict, vectorized: bool):
     mask = torch.from_numpy(x["mask"]).float().to(dev)
     token_rewards = torch.from_numpy(token_rewards).to(dev)
     index = x["group_ids"]
-    estimator = ca.compute_grpo_vectorized_outcome_advantage if vectorized else ca.compute_grpo_outcome_advantage
+    estimator = (
+        ca.compute_grpo_vectorized_outcome_advantage if vectorized else ca.compute_grpo_outcome_advantage
+    )
 
     def call():
         adv, _ = estimator(token_rewards, mask, index, epsilon=EPS)
@@ -145,8 +168,13 @@ def setup_verl(x: dict, vectorized: bool):
         kl = ca.agg_loss(ca.kl_penalty(t["logp"], t["ref_logp"], "low_var_kl"), mask, "token-mean")
         if dev == "cuda":
             torch.cuda.synchronize()
-        return {"adv": adv[:, 0].cpu(), "pg_loss": pg.item(), "kl_loss": kl.item(),
-                "clip_frac": metrics["actor/pg_clipfrac"], "ppo_kl": metrics["actor/ppo_kl"]}
+        return {
+            "adv": adv[:, 0].cpu(),
+            "pg_loss": pg.item(),
+            "kl_loss": kl.item(),
+            "clip_frac": metrics["actor/pg_clipfrac"],
+            "ppo_kl": metrics["actor/ppo_kl"],
+        }
 
     return call
 
@@ -176,11 +204,23 @@ def measure(N: int, L: int, G: int, repeats: int, with_verl: bool) -> dict:
     errors = {name: check_close(ref, fn(), name) for name, fn in calls.items() if name != "numpy"}
     res = interleaved(calls, repeats, warmup=1)
     tokens = int(x["mask"].sum())
-    out = {"sequences": N, "length": L, "group_size": G, "tokens": N * L, "valid_tokens": tokens,
-           "verl_version": version, "max_rel_diff_vs_numpy": errors, "repeats": repeats}
+    out = {
+        "sequences": N,
+        "length": L,
+        "group_size": G,
+        "tokens": N * L,
+        "valid_tokens": tokens,
+        "verl_version": version,
+        "max_rel_diff_vs_numpy": errors,
+        "repeats": repeats,
+    }
     for name, r in res.items():
-        out[name] = {"seconds": r["seconds"], "best_seconds": r["best_seconds"], "all_seconds": r["all_seconds"],
-                     "tokens_per_s": N * L / r["seconds"]}
+        out[name] = {
+            "seconds": r["seconds"],
+            "best_seconds": r["best_seconds"],
+            "all_seconds": r["all_seconds"],
+            "tokens_per_s": N * L / r["seconds"],
+        }
     for name in res:
         if name != "marljax":
             out[f"speedup_vs_{name}"] = res[name]["seconds"] / res["marljax"]["seconds"]
@@ -199,17 +239,26 @@ def run(mode: str = "full", verl_python: str = VERL_PYTHON) -> dict:
         out = measure(N, L, G, repeats, with_verl=False)
         out["verl_skipped"] = f"no python at {verl_python!r}" if verl_python else "no verl environment given"
     names = [n for n in ("marljax", "numpy", "verl", "verl_vectorized") if n in out]
-    lines = [f"GRPO advantages + PPO dual-clip loss + k3 KL + token-mean aggregation, {N} x {L} tokens "
-             f"(groups of {G}), float32, median of {out['repeats']} interleaved calls"
-             + (f"; verl {out['verl_version']}" if out.get("verl_version") else "")
-             + (f"; verl skipped ({out['verl_skipped']})" if out.get("verl_skipped") else "") + ".\n",
-             "| implementation | ms | M tokens/s | marljax speed-up (best of each) | max rel. diff vs NumPy |",
-             "|---|---|---|---|---|"]
+    lines = [
+        f"GRPO advantages + PPO dual-clip loss + k3 KL + token-mean aggregation, {N} x {L} tokens "
+        f"(groups of {G}), float32, median of {out['repeats']} interleaved calls"
+        + (f"; verl {out['verl_version']}" if out.get("verl_version") else "")
+        + (f"; verl skipped ({out['verl_skipped']})" if out.get("verl_skipped") else "")
+        + ".\n",
+        "| implementation | ms | M tokens/s | marljax speed-up (best of each) | max rel. diff vs NumPy |",
+        "|---|---|---|---|---|",
+    ]
     for n in names:
-        sp = "-" if n == "marljax" else f"**{out[f'speedup_vs_{n}']:.1f}x** ({out[f'speedup_best_vs_{n}']:.1f}x)"
+        sp = (
+            "-"
+            if n == "marljax"
+            else f"**{out[f'speedup_vs_{n}']:.1f}x** ({out[f'speedup_best_vs_{n}']:.1f}x)"
+        )
         err = out["max_rel_diff_vs_numpy"].get(n)
-        lines.append(f"| {n} | {fmt(out[n]['seconds'] * 1e3, 1)} | {out[n]['tokens_per_s'] / 1e6:,.1f} | {sp} "
-                     f"| {'reference' if n == 'numpy' else f'{err:.1e}'} |")
+        lines.append(
+            f"| {n} | {fmt(out[n]['seconds'] * 1e3, 1)} | {out[n]['tokens_per_s'] / 1e6:,.1f} | {sp} "
+            f"| {'reference' if n == 'numpy' else f'{err:.1e}'} |"
+        )
     out["markdown"] = "\n".join(lines)
     return out
 

@@ -54,15 +54,23 @@ def run(mode: str = "full") -> dict:
     n_bytes = (1 << 24) if mode == "smoke" else (1 << 30 if gpu else 1 << 28)
     out["bandwidth_bytes_per_s"] = bandwidth(n_bytes, repeats)
     out["peak_flops"] = {k: v["peak_flops"] for k, v in out["matmul"].items()}
-    rows = ["| dtype | " + " | ".join(f"n={n}" for n in sizes) + " | peak |",
-            "|---|" + "---|" * (len(sizes) + 1)]
+    rows = [
+        "| dtype | " + " | ".join(f"n={n}" for n in sizes) + " | peak |",
+        "|---|" + "---|" * (len(sizes) + 1),
+    ]
     for dtype, v in out["matmul"].items():
-        rows.append(f"| {dtype} | " + " | ".join(f"{f / 1e9:,.0f}" for f in v["by_size"].values())
-                    + f" | **{v['peak_flops'] / 1e9:,.0f}** |")
-    out["markdown"] = (f"`jnp.dot` of n x n matrices on {out['backend']} ({out['device']}), GFLOP/s "
-                       f"(2 n^3 per call, best of {repeats}):\n\n" + "\n".join(rows)
-                       + f"\n\nMemory bandwidth (`x * 2` over {n_bytes >> 20} MiB, read + write): "
-                       f"{out['bandwidth_bytes_per_s'] / 1e9:,.1f} GB/s.")
+        rows.append(
+            f"| {dtype} | "
+            + " | ".join(f"{f / 1e9:,.0f}" for f in v["by_size"].values())
+            + f" | **{v['peak_flops'] / 1e9:,.0f}** |"
+        )
+    out["markdown"] = (
+        f"`jnp.dot` of n x n matrices on {out['backend']} ({out['device']}), GFLOP/s "
+        f"(2 n^3 per call, best of {repeats}):\n\n"
+        + "\n".join(rows)
+        + f"\n\nMemory bandwidth (`x * 2` over {n_bytes >> 20} MiB, read + write): "
+        f"{out['bandwidth_bytes_per_s'] / 1e9:,.1f} GB/s."
+    )
     return out
 
 

@@ -48,10 +48,28 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-CATEGORIES = ("compile", "sampling", "sandbox", "advantages", "update", "metrics", "logging", "checkpoint", "other")
-ADVANTAGE_KERNELS = ("grpo_advantages", "dr_grpo_advantages", "rloo_advantages", "mars2_advantages",
-                     "magrpo_advantages", "magrpo_node_advantages", "at_grpo_advantages", "dr_mas_advantages",
-                     "sharp_advantages")
+CATEGORIES = (
+    "compile",
+    "sampling",
+    "sandbox",
+    "advantages",
+    "update",
+    "metrics",
+    "logging",
+    "checkpoint",
+    "other",
+)
+ADVANTAGE_KERNELS = (
+    "grpo_advantages",
+    "dr_grpo_advantages",
+    "rloo_advantages",
+    "mars2_advantages",
+    "magrpo_advantages",
+    "magrpo_node_advantages",
+    "at_grpo_advantages",
+    "dr_mas_advantages",
+    "sharp_advantages",
+)
 
 
 class Clock:
@@ -74,6 +92,7 @@ class Clock:
                 self.record(category, spent - nested)
                 if self._stack:
                     self._stack[-1][1] += spent
+
         return timed
 
     def record(self, category: str, seconds: float, nested: bool = False):
@@ -84,7 +103,10 @@ class Clock:
 
 
 # lowering and XLA compilation; tracing is left to its caller's category (nested jits would count twice)
-COMPILE_EVENTS = ("/jax/core/compile/jaxpr_to_mlir_module_duration", "/jax/core/compile/backend_compile_duration")
+COMPILE_EVENTS = (
+    "/jax/core/compile/jaxpr_to_mlir_module_duration",
+    "/jax/core/compile/backend_compile_duration",
+)
 _CLOCK: list[Clock] = []
 
 
@@ -111,14 +133,20 @@ def instrumented(clock: Clock):
         c = clock.by_step.setdefault(clock.step, {})
         c["programs"] = c.get("programs", 0) + len(res)
         c["programs_run"] = c.get("programs_run", 0) + sum(
-            r.status.value not in ("no_code", "syntax_error") for r in res)
+            r.status.value not in ("no_code", "syntax_error") for r in res
+        )
         return res
 
-    patches = [(Policy, "generate", "sampling"), (SandboxPool, "map", "sandbox"),
-               (loop.Trainer, "update_ready_policies", "update"),
-               (workflow_types, "agent_metrics", "metrics"), (workflow_types, "amplification_metrics", "metrics"),
-               (loop, "diversity_of", "metrics"),
-               (MetricsWriter, "write", "logging"), (loop.Trainer, "save", "checkpoint")]
+    patches = [
+        (Policy, "generate", "sampling"),
+        (SandboxPool, "map", "sandbox"),
+        (loop.Trainer, "update_ready_policies", "update"),
+        (workflow_types, "agent_metrics", "metrics"),
+        (workflow_types, "amplification_metrics", "metrics"),
+        (loop, "diversity_of", "metrics"),
+        (MetricsWriter, "write", "logging"),
+        (loop.Trainer, "save", "checkpoint"),
+    ]
     patches += [(K, name, "advantages") for name in ADVANTAGE_KERNELS]
     saved = [(obj, name, getattr(obj, name)) for obj, name, _ in patches]
     saved_est = dict(grpo.ESTIMATORS)
@@ -176,7 +204,11 @@ def measure(cfg, warmup: int, steps: int) -> dict:
         inner, close = trainer.train_step, trainer.close
         trainer.train_step = lambda: (starts.setdefault(trainer.step, time.perf_counter()), inner())[1]
         closing: list[float] = []
-        trainer.close = lambda: (closing.append(time.perf_counter()), close(), closing.append(time.perf_counter()))
+        trainer.close = lambda: (
+            closing.append(time.perf_counter()),
+            close(),
+            closing.append(time.perf_counter()),
+        )
         trainer.run()
     end, end_of_run = closing[0], closing[1] - closing[0]
     walls = {s: (starts.get(s + 1, end) - t) for s, t in starts.items()}
@@ -184,16 +216,25 @@ def measure(cfg, warmup: int, steps: int) -> dict:
     total = sum(walls[s] for s in measured)
     cats = {c: sum(clock.by_step.get(s, {}).get(c, 0.0) for s in measured) for c in CATEGORIES[:-1]}
     cats["other"] = max(0.0, total - sum(cats.values()))
-    count = lambda key: sum(clock.by_step.get(s, {}).get(key, 0) for s in measured) / len(measured)  # noqa: E731
-    return {"steps": len(measured), "seconds_per_step": total / max(1, len(measured)),
-            "warmup_seconds": sum(walls[s] for s in walls if s < warmup),
-            "setup_compile_seconds": clock.by_step.get(-1, {}).get("compile", 0.0),
-            "programs_per_step": count("programs"), "programs_run_per_step": count("programs_run"),
-            "seconds": cats, "share": {c: v / total for c, v in cats.items()},
-            "warmup": warmup, "end_of_run_seconds": end_of_run,
-            "outside_sampling_and_update": 1 - (cats["sampling"] + cats["update"] + cats["compile"]) / total,
-            "per_step": [{"step": s, "wall": walls[s], **clock.by_step.get(s, {})} for s in sorted(walls)],
-            "seconds_per_step_without_compile": (total - cats["compile"]) / max(1, len(measured))}
+
+    def count(key):
+        return sum(clock.by_step.get(s, {}).get(key, 0) for s in measured) / len(measured)
+
+    return {
+        "steps": len(measured),
+        "seconds_per_step": total / max(1, len(measured)),
+        "warmup_seconds": sum(walls[s] for s in walls if s < warmup),
+        "setup_compile_seconds": clock.by_step.get(-1, {}).get("compile", 0.0),
+        "programs_per_step": count("programs"),
+        "programs_run_per_step": count("programs_run"),
+        "seconds": cats,
+        "share": {c: v / total for c, v in cats.items()},
+        "warmup": warmup,
+        "end_of_run_seconds": end_of_run,
+        "outside_sampling_and_update": 1 - (cats["sampling"] + cats["update"] + cats["compile"]) / total,
+        "per_step": [{"step": s, "wall": walls[s], **clock.by_step.get(s, {})} for s in sorted(walls)],
+        "seconds_per_step_without_compile": (total - cats["compile"]) / max(1, len(measured)),
+    }
 
 
 def mars2_variant(base: dict, max_nodes: int, n_agents: int) -> dict:
@@ -232,7 +273,10 @@ def demo_models(demo_dir: Path | None, out: Path, settings) -> tuple[dict[str, P
     with SandboxPool(max_workers=2) as pool:
         models = ensure_models(out / "models", pool, seed=settings.seed)
     made = warm_start(out, models, settings)
-    return made, f"made here by the demo's SFT stage ({settings.sft_steps} steps, {time.perf_counter() - start:.0f} s)"
+    return (
+        made,
+        f"made here by the demo's SFT stage ({settings.sft_steps} steps, {time.perf_counter() - start:.0f} s)",
+    )
 
 
 def demo_breakdown(warmup: int, steps: int, demo_dir: Path | None = None, **settings) -> dict:
@@ -244,8 +288,12 @@ def demo_breakdown(warmup: int, steps: int, demo_dir: Path | None = None, **sett
     s = DemoSettings(**{**settings, "rl_steps": warmup + steps})
     with tempfile.TemporaryDirectory(prefix="marljax-bench-demo-") as tmp:
         models, origin = demo_models(demo_dir, Path(tmp), s)
-        runs = {f"demo_{method}": measure(demo_config(method, Path(tmp) / method, models, agents, s), warmup, steps)
-                for method, agents in METHODS.items()}
+        runs = {
+            f"demo_{method}": measure(
+                demo_config(method, Path(tmp) / method, models, agents, s), warmup, steps
+            )
+            for method, agents in METHODS.items()
+        }
     return {"models": origin, "runs": runs}
 
 
@@ -254,15 +302,20 @@ def load(name: str) -> dict:
 
 
 # mode -> (grpo warm-up + measured steps, mars2 warm-up + measured steps, scaling runs' steps, scaling grid)
-MODES = {"smoke": ((1, 1), None, None, []),
-         "quick": ((1, 3), (1, 2), None, []),
-         "full": ((2, 28), (1, 4), (1, 2), [(4, 2), (16, 2), (8, 1), (8, 3)])}  # grpo_tiny: its 30 steps
+MODES = {
+    "smoke": ((1, 1), None, None, []),
+    "quick": ((1, 3), (1, 2), None, []),
+    "full": ((2, 28), (1, 4), (1, 2), [(4, 2), (16, 2), (8, 1), (8, 3)]),
+}  # grpo_tiny: its 30 steps
 # mode -> demo warm-up + measured steps; the demo compiles new shapes for several steps (refinement
 # prompts grow), so its warm-up is longer. Smoke mode leaves the demo out (making its models takes
 # minutes); tests/test_demo_and_notebooks.py measures it on the quick demo's models instead.
 DEMO = {"smoke": None, "quick": (2, 3), "full": (6, 10)}
-SMOKE = {"sampler": {"max_new_tokens": 8}, "data": {"batch_size": 2, "synthetic": {"n_train": 4, "difficulty": 1}},
-         "workflow": {"kind": "grpo", "group_size": 2}}
+SMOKE = {
+    "sampler": {"max_new_tokens": 8},
+    "data": {"batch_size": 2, "synthetic": {"n_train": 4, "difficulty": 1}},
+    "workflow": {"kind": "grpo", "group_size": 2},
+}
 
 
 def run(mode: str = "full", demo_dir: Path | None = None) -> dict:
@@ -292,38 +345,63 @@ def run(mode: str = "full", demo_dir: Path | None = None) -> dict:
 
 
 def markdown(out: dict) -> str:
-    pct = lambda x: f"{100 * x:.0f}%"  # noqa: E731
-    lines = ["Shares of the wall time of the measured steps (after the warm-up steps; exclusive time of the "
-             "wrapped calls; compile = lowering + XLA compilation wherever it happened).\n",
-             "| run | warm-up + measured steps | s/step | " + " | ".join(CATEGORIES)
-             + " | programs run / sent to the pool per step | outside sampling+update+compile | end of run (s) |",
-             "|---|---|---|" + "---|" * (len(CATEGORIES) + 3)]
+    def pct(x):
+        return f"{100 * x:.0f}%"
+
+    lines = [
+        "Shares of the wall time of the measured steps (after the warm-up steps; exclusive time of the "
+        "wrapped calls; compile = lowering + XLA compilation wherever it happened).\n",
+        "| run | warm-up + measured steps | s/step | "
+        + " | ".join(CATEGORIES)
+        + " | programs run / sent to the pool per step | outside sampling+update+compile | end of run (s) |",
+        "|---|---|---|" + "---|" * (len(CATEGORIES) + 3),
+    ]
     for name, r in out["breakdown"].items():
-        lines.append(f"| {name} | {r['warmup']} + {r['steps']} | {r['seconds_per_step']:.2f} | "
-                     + " | ".join(pct(r["share"][c]) for c in CATEGORIES)
-                     + f" | {r['programs_run_per_step']:.0f} / {r['programs_per_step']:.0f} "
-                     f"| {pct(r['outside_sampling_and_update'])} | {r['end_of_run_seconds']:.2f} |")
+        lines.append(
+            f"| {name} | {r['warmup']} + {r['steps']} | {r['seconds_per_step']:.2f} | "
+            + " | ".join(pct(r["share"][c]) for c in CATEGORIES)
+            + f" | {r['programs_run_per_step']:.0f} / {r['programs_per_step']:.0f} "
+            f"| {pct(r['outside_sampling_and_update'])} | {r['end_of_run_seconds']:.2f} |"
+        )
     if out.get("demo_models"):
-        lines += ["", "demo_*: the embedded demo's three RL runs (`marljax.demo.pipeline` settings, programs "
-                  f"run in the real sandbox); models: {out['demo_models']}."]
-    idle = [f"{name} ({r['programs_per_step']:.0f} per step)" for name, r in out["breakdown"].items()
-            if r["programs_per_step"] and not r["programs_run_per_step"]]
+        lines += [
+            "",
+            "demo_*: the embedded demo's three RL runs (`marljax.demo.pipeline` settings, programs "
+            f"run in the real sandbox); models: {out['demo_models']}.",
+        ]
+    idle = [
+        f"{name} ({r['programs_per_step']:.0f} per step)"
+        for name, r in out["breakdown"].items()
+        if r["programs_per_step"] and not r["programs_run_per_step"]
+    ]
     if idle:
-        lines += ["", "None of the scored programs of " + ", ".join(idle) + " reached the sandbox: random tiny "
-                  "models write nothing that parses, which is scored in-process (no_code / syntax_error). "
-                  "Real runs pay about one program / (pool programs/s of section 6) per scored program on top."]
+        lines += [
+            "",
+            "None of the scored programs of " + ", ".join(idle) + " reached the sandbox: random tiny "
+            "models write nothing that parses, which is scored in-process (no_code / syntax_error). "
+            "Real runs pay about one program / (pool programs/s of section 6) per scored program on top.",
+        ]
     if out["mars2_scaling"]:
-        lines += ["", "MARS2 cost against nodes per tree and team size (mars2_tiny, one policy per agent, "
-                  "stop_on_solve off; seconds per step over the measured steps):\n",
-                  "| agents | max_nodes | nodes scored / step | s/step | s/step without compile | compile | sampling "
-                  "| sandbox | update | rest |", "|---|---|---|---|---|---|---|---|---|---|"]
+        lines += [
+            "",
+            "MARS2 cost against nodes per tree and team size (mars2_tiny, one policy per agent, "
+            "stop_on_solve off; seconds per step over the measured steps):\n",
+            "| agents | max_nodes | nodes scored / step | s/step | s/step without compile | compile | sampling "
+            "| sandbox | update | rest |",
+            "|---|---|---|---|---|---|---|---|---|---|",
+        ]
         for r in out["mars2_scaling"]:
             sec, n = r["seconds"], r["steps"]
             rest = sum(sec[c] for c in ("advantages", "metrics", "logging", "checkpoint", "other"))
-            lines.append(f"| {r['agents']} | {r['max_nodes']} | {r['programs_per_step']:.0f} | "
-                         f"{r['seconds_per_step']:.2f} | {r['seconds_per_step_without_compile']:.2f} | " + " | ".join(
-                             f"{x / n:.2f}" for x in (sec["compile"], sec["sampling"], sec["sandbox"],
-                                                      sec["update"], rest)) + " |")
+            lines.append(
+                f"| {r['agents']} | {r['max_nodes']} | {r['programs_per_step']:.0f} | "
+                f"{r['seconds_per_step']:.2f} | {r['seconds_per_step_without_compile']:.2f} | "
+                + " | ".join(
+                    f"{x / n:.2f}"
+                    for x in (sec["compile"], sec["sampling"], sec["sandbox"], sec["update"], rest)
+                )
+                + " |"
+            )
     return "\n".join(lines)
 
 
@@ -331,8 +409,12 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--mode", choices=sorted(MODES), default="full")
     ap.add_argument("--json", default=os.path.join(tempfile.gettempdir(), "marljax_bench_rl.json"))
-    ap.add_argument("--demo-dir", type=Path, help="a finished `python -m marljax.demo --out DIR` run whose "
-                    "SFT checkpoints to use (default: make them, about 2 minutes)")
+    ap.add_argument(
+        "--demo-dir",
+        type=Path,
+        help="a finished `python -m marljax.demo --out DIR` run whose "
+        "SFT checkpoints to use (default: make them, about 2 minutes)",
+    )
     args = ap.parse_args()
     out = run(args.mode, args.demo_dir)
     print(out["markdown"])

@@ -1,7 +1,9 @@
 """Sandbox throughput: programs/s through the pool (forked from warm sandboxes, and with a fresh
 sandbox per program) vs one fresh sandbox at a time.
 
-    python benchmarks/bench_sandbox.py [--n 200] [--workers N] [--json PATH]   (JSON default: $TMPDIR/marljax_bench_sandbox.json)
+    python benchmarks/bench_sandbox.py [--n 200] [--workers N] [--json PATH]
+
+(JSON default: $TMPDIR/marljax_bench_sandbox.json)
 
 Workload: trivial HumanEval-style programs (a one-line function and a
 ``check(candidate)`` with three asserts).  Prints a markdown table and writes
@@ -36,12 +38,17 @@ from marljax.rewards.fork_server import ForkServer  # noqa: E402
 from marljax.rewards.isolation import bwrap_harness_argv, forks_programs, unshare_argv  # noqa: E402
 from marljax.rewards.pool import default_workers  # noqa: E402
 
-CHECK = "def check(candidate):\n    assert candidate(1, 2) == 3\n    assert candidate(0, 0) == 0\n" \
-        "    assert candidate(-1, 1) == 0\n\ncheck(add)\n"
+CHECK = (
+    "def check(candidate):\n    assert candidate(1, 2) == 3\n    assert candidate(0, 0) == 0\n"
+    "    assert candidate(-1, 1) == 0\n\ncheck(add)\n"
+)
 
 
 def programs(n: int) -> list[Program]:
-    return [Program(f"def add(a, b):\n    # variant {k}\n    return a + b\n", (AssertTest(CHECK),)) for k in range(n)]
+    return [
+        Program(f"def add(a, b):\n    # variant {k}\n    return a + b\n", (AssertTest(CHECK),))
+        for k in range(n)
+    ]
 
 
 def timed_runs(argv_fn, n: int) -> float:
@@ -108,44 +115,61 @@ def run(mode: str = "full", n: int | None = None, workers: int | None = None) ->
 
     out = {
         "machine": f"{platform.node()} {platform.machine()} {os.cpu_count()} cpus, python {platform.python_version()}",
-        "date": time.strftime("%Y-%m-%d"), "isolation": iso.level, "workers": workers, "n": n,
-        "pool_programs_per_s": warm_rate or fresh_rate, "pool_fresh_programs_per_s": fresh_rate,
-        "pool_fork_server_programs_per_s": warm_rate, "sequential_programs_per_s": n_seq / seq_s,
+        "date": time.strftime("%Y-%m-%d"),
+        "isolation": iso.level,
+        "workers": workers,
+        "n": n,
+        "pool_programs_per_s": warm_rate or fresh_rate,
+        "pool_fresh_programs_per_s": fresh_rate,
+        "pool_fork_server_programs_per_s": warm_rate,
+        "sequential_programs_per_s": n_seq / seq_s,
         "speedup": (warm_rate or fresh_rate) / (n_seq / seq_s),
         "fork_server_speedup": None if warm_rate is None else warm_rate / fresh_rate,
-        "overhead_ms": {"python_-I_-S_start": bare * 1e3,
-                        "isolation_wrapper_plus_python": None if wrapped is None else wrapped * 1e3,
-                        "full_run_program": full * 1e3,
-                        "forked_run_program": None if forked is None else forked * 1e3,
-                        "child_startup_until_ready": startup * 1e3,
-                        "tests_themselves": tests * 1e3},
+        "overhead_ms": {
+            "python_-I_-S_start": bare * 1e3,
+            "isolation_wrapper_plus_python": None if wrapped is None else wrapped * 1e3,
+            "full_run_program": full * 1e3,
+            "forked_run_program": None if forked is None else forked * 1e3,
+            "child_startup_until_ready": startup * 1e3,
+            "tests_themselves": tests * 1e3,
+        },
     }
     o = out["overhead_ms"]
     rows = []
     if warm:
-        rows += [f"| pool ({workers} workers), forked from warm sandboxes, programs/s | "
-                 f"**{warm_rate:.1f}** |",
-                 f"| pool, fresh sandbox per program, programs/s | {fresh_rate:.1f} |",
-                 f"| warm / fresh | **{out['fork_server_speedup']:.2f}x** |"]
+        rows += [
+            f"| pool ({workers} workers), forked from warm sandboxes, programs/s | **{warm_rate:.1f}** |",
+            f"| pool, fresh sandbox per program, programs/s | {fresh_rate:.1f} |",
+            f"| warm / fresh | **{out['fork_server_speedup']:.2f}x** |",
+        ]
     else:
-        rows.append(f"| pool ({workers} workers), fresh sandbox per program, programs/s | **{fresh_rate:.1f}** |")
-    rows += [f"| one fresh sandbox at a time, programs/s | {out['sequential_programs_per_s']:.1f} |",
-             f"| pool / one at a time | {out['speedup']:.2f}x |",
-             f"| `python -I -S -c pass` | {o['python_-I_-S_start']:.1f} ms |"]
+        rows.append(
+            f"| pool ({workers} workers), fresh sandbox per program, programs/s | **{fresh_rate:.1f}** |"
+        )
+    rows += [
+        f"| one fresh sandbox at a time, programs/s | {out['sequential_programs_per_s']:.1f} |",
+        f"| pool / one at a time | {out['speedup']:.2f}x |",
+        f"| `python -I -S -c pass` | {o['python_-I_-S_start']:.1f} ms |",
+    ]
     if wrapped is not None:
         rows.append(f"| {iso.level} + python | {o['isolation_wrapper_plus_python']:.1f} ms |")
     rows += [f"| full run_program, fresh sandbox (wall) | {o['full_run_program']:.1f} ms |"]
     if forked is not None:
         rows.append(f"| run_program forked from a warm sandbox (wall) | {o['forked_run_program']:.1f} ms |")
     rows += [
-             f"| child start-up until ready (incl. harness imports, rlimits, uid drop) | "
-             f"{o['child_startup_until_ready']:.1f} ms |",
-             f"| the tests themselves | {o['tests_themselves']:.2f} ms |"]
-    out["markdown"] = (f"{n} trivial HumanEval-style programs, isolation={iso.level}\n\n| measure | value |\n"
-                       "|---|---|\n" + "\n".join(rows))
+        f"| child start-up until ready (incl. harness imports, rlimits, uid drop) | "
+        f"{o['child_startup_until_ready']:.1f} ms |",
+        f"| the tests themselves | {o['tests_themselves']:.2f} ms |",
+    ]
+    out["markdown"] = (
+        f"{n} trivial HumanEval-style programs, isolation={iso.level}\n\n| measure | value |\n"
+        "|---|---|\n" + "\n".join(rows)
+    )
     if iso.level == "bwrap":  # measured: 300 forked programs, 0.71 s busy of which 0.00 s reached os.times()
-        out["markdown"] += ("\n\nThe \"other processes\" figure below includes this section's own sandboxes: "
-                            "the CPU time of bubblewrap's processes never reaches this process's accounting.")
+        out["markdown"] += (
+            '\n\nThe "other processes" figure below includes this section\'s own sandboxes: '
+            "the CPU time of bubblewrap's processes never reaches this process's accounting."
+        )
     return out
 
 

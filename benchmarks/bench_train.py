@@ -58,21 +58,74 @@ _QWEN3 = dict(rope_theta=1e6, rms_norm_eps=1e-6, tie_word_embeddings=True, max_p
 # name -> (architecture, HF config keys, batch rows, sequence length, dtype)
 SIZES = {
     # the generation benchmark's checkpoint (3.67 M parameters)
-    "tiny": ("qwen3", dict(vocab_size=2048, hidden_size=256, intermediate_size=768, num_hidden_layers=4,
-                           num_attention_heads=4, num_key_value_heads=2, head_dim=64, **_QWEN3), 8, 256,
-             "float32"),
+    "tiny": (
+        "qwen3",
+        dict(
+            vocab_size=2048,
+            hidden_size=256,
+            intermediate_size=768,
+            num_hidden_layers=4,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=64,
+            **_QWEN3,
+        ),
+        8,
+        256,
+        "float32",
+    ),
     # ~51 M parameters
-    "50m": ("qwen3", dict(vocab_size=16384, hidden_size=512, intermediate_size=1792, num_hidden_layers=12,
-                          num_attention_heads=8, num_key_value_heads=4, head_dim=64, **_QWEN3), 8, 256,
-            "float32"),
+    "50m": (
+        "qwen3",
+        dict(
+            vocab_size=16384,
+            hidden_size=512,
+            intermediate_size=1792,
+            num_hidden_layers=12,
+            num_attention_heads=8,
+            num_key_value_heads=4,
+            head_dim=64,
+            **_QWEN3,
+        ),
+        8,
+        256,
+        "float32",
+    ),
     # GPU only (--gpu): Qwen2.5-0.5B shapes in bfloat16 (float32 master weights on both sides)
-    "qwen2.5-0.5b": ("qwen2", dict(vocab_size=151936, hidden_size=896, intermediate_size=4864,
-                                   num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,
-                                   rope_theta=1e6, rms_norm_eps=1e-6, tie_word_embeddings=True,
-                                   max_position_embeddings=32768), 8, 1024, "bfloat16"),
-    "smoke": ("qwen3", dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                            num_attention_heads=4, num_key_value_heads=2, head_dim=16, **_QWEN3), 2, 64,
-              "float32"),
+    "qwen2.5-0.5b": (
+        "qwen2",
+        dict(
+            vocab_size=151936,
+            hidden_size=896,
+            intermediate_size=4864,
+            num_hidden_layers=24,
+            num_attention_heads=14,
+            num_key_value_heads=2,
+            rope_theta=1e6,
+            rms_norm_eps=1e-6,
+            tie_word_embeddings=True,
+            max_position_embeddings=32768,
+        ),
+        8,
+        1024,
+        "bfloat16",
+    ),
+    "smoke": (
+        "qwen3",
+        dict(
+            vocab_size=512,
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=16,
+            **_QWEN3,
+        ),
+        2,
+        64,
+        "float32",
+    ),
 }
 LR, WD, CLIP = 1e-5, 0.01, 0.2
 
@@ -92,11 +145,16 @@ def make_batch(vocab: int, B: int, T: int, prompt: int = 32):
     tokens = rng.integers(3, vocab, size=(B, T), dtype=np.int32)
     labels = np.concatenate([tokens[:, 1:], np.zeros((B, 1), np.int32)], axis=1)
     loss_mask = np.zeros((B, T), bool)
-    loss_mask[:, prompt - 1:T - 1] = True
-    return dict(tokens=tokens, labels=labels, positions=np.broadcast_to(np.arange(T, dtype=np.int32), (B, T)),
-                attention_mask=np.ones((B, T), bool), loss_mask=loss_mask,
-                sampling_logp=np.zeros((B, T), np.float32),
-                advantages=rng.standard_normal(B).astype(np.float32))
+    loss_mask[:, prompt - 1 : T - 1] = True
+    return dict(
+        tokens=tokens,
+        labels=labels,
+        positions=np.broadcast_to(np.arange(T, dtype=np.int32), (B, T)),
+        attention_mask=np.ones((B, T), bool),
+        loss_mask=loss_mask,
+        sampling_logp=np.zeros((B, T), np.float32),
+        advantages=rng.standard_normal(B).astype(np.float32),
+    )
 
 
 def setup_marljax(path: Path, batch: dict, dtype: str, scan_layers: bool = False):
@@ -110,8 +168,11 @@ def setup_marljax(path: Path, batch: dict, dtype: str, scan_layers: bool = False
 
     model, config = from_pretrained(path, dtype=dtype, param_dtype="float32", scan_layers=scan_layers)
     loss = LossConfig(type="ppo", clip_low=CLIP, clip_high=CLIP, agg_mode="token-mean")
-    update = make_update_fn(functools.partial(rl_loss, config=config, loss=loss, use_old_logp=False),
-                            optax.adamw(LR, weight_decay=WD), loss.agg_mode)
+    update = make_update_fn(
+        functools.partial(rl_loss, config=config, loss=loss, use_old_logp=False),
+        optax.adamw(LR, weight_decay=WD),
+        loss.agg_mode,
+    )
     state = {"params": get_params(model)}
     # committed to the device like the parameters: optax makes its step counter uncommitted, and
     # the update's second call would then compile again (the counter comes back committed)
@@ -132,8 +193,13 @@ def setup_torch(path: Path, batch: dict, dtype: str):
 
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     torch.set_num_threads(os.cpu_count() or 1)
-    model = transformers.AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32,
-                                                              attn_implementation="sdpa").to(dev).train()
+    model = (
+        transformers.AutoModelForCausalLM.from_pretrained(
+            str(path), dtype=torch.float32, attn_implementation="sdpa"
+        )
+        .to(dev)
+        .train()
+    )
     opt = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=WD)
     t = {k: torch.as_tensor(np.ascontiguousarray(v)).to(dev) for k, v in batch.items()}
     mask = t["loss_mask"].float()
@@ -142,8 +208,11 @@ def setup_torch(path: Path, batch: dict, dtype: str):
 
     def step():
         with autocast:
-            logits = model(input_ids=t["tokens"].long(), attention_mask=t["attention_mask"].long(),
-                           position_ids=t["positions"].long()).logits.float()
+            logits = model(
+                input_ids=t["tokens"].long(),
+                attention_mask=t["attention_mask"].long(),
+                position_ids=t["positions"].long(),
+            ).logits.float()
         logp_all = torch.log_softmax(logits, dim=-1)
         logp = logp_all.gather(-1, t["labels"].long()[..., None])[..., 0]
         ratio = torch.exp(logp - logp.detach())
@@ -163,7 +232,9 @@ def setup_torch(path: Path, batch: dict, dtype: str):
 
 
 def step_flops(config, tokens: int, T: int) -> float:
-    return tokens * (6 * config.num_params() + 12 * config.num_layers * config.num_heads * config.head_dim * T)
+    return tokens * (
+        6 * config.num_params() + 12 * config.num_layers * config.num_heads * config.head_dim * T
+    )
 
 
 def measure(name: str, repeats: int, torch_side: bool = True) -> dict:
@@ -176,13 +247,19 @@ def measure(name: str, repeats: int, torch_side: bool = True) -> dict:
         transformers.AutoModelForCausalLM.from_config(hf_config(name)).save_pretrained(tmp)
         batch = make_batch(keys["vocab_size"], B, T)
         m_step, config = setup_marljax(Path(tmp), batch, dtype)
-        calls = {"marljax": m_step, "marljax_scan": setup_marljax(Path(tmp), batch, dtype, scan_layers=True)[0]}
+        calls = {
+            "marljax": m_step,
+            "marljax_scan": setup_marljax(Path(tmp), batch, dtype, scan_layers=True)[0],
+        }
         if torch_side:
             calls["transformers"] = setup_torch(Path(tmp), batch, dtype)
         # same weights, same batch: the first step's entropy metric must agree
         first = {lib: fn() for lib, fn in calls.items()}
-        pairs = ([("marljax", "transformers"), ("marljax_scan", "transformers")] if torch_side
-                 else [("marljax", "marljax_scan")])
+        pairs = (
+            [("marljax", "transformers"), ("marljax_scan", "transformers")]
+            if torch_side
+            else [("marljax", "marljax_scan")]
+        )
         diffs = []
         for lib, ref in pairs:
             a, b = first[lib]["entropy"], first[ref]["entropy"]
@@ -193,11 +270,24 @@ def measure(name: str, repeats: int, torch_side: bool = True) -> dict:
         res = interleaved(calls, repeats, warmup=1)
     tokens = B * T
     flops = step_flops(config, tokens, T)
-    out = {"size": name, "params": config.num_params(), "batch": B, "seq_len": T, "dtype": dtype,
-           "tokens_per_step": tokens, "flops_per_step": flops, "entropy_rel_diff": check}
+    out = {
+        "size": name,
+        "params": config.num_params(),
+        "batch": B,
+        "seq_len": T,
+        "dtype": dtype,
+        "tokens_per_step": tokens,
+        "flops_per_step": flops,
+        "entropy_rel_diff": check,
+    }
     for lib, r in res.items():
-        out[lib] = {"seconds": r["seconds"], "best_seconds": r["best_seconds"], "all_seconds": r["all_seconds"],
-                    "tokens_per_s": tokens / r["seconds"], "flops_per_s": flops / r["seconds"]}
+        out[lib] = {
+            "seconds": r["seconds"],
+            "best_seconds": r["best_seconds"],
+            "all_seconds": r["all_seconds"],
+            "tokens_per_s": tokens / r["seconds"],
+            "flops_per_s": flops / r["seconds"],
+        }
     out["unrolled_over_scan"] = res["marljax_scan"]["seconds"] / res["marljax"]["seconds"]
     if torch_side:
         out["speedup"] = res["transformers"]["seconds"] / res["marljax"]["seconds"]
@@ -218,33 +308,48 @@ def run(mode: str = "full", peak_flops: dict | None = None, sizes=None) -> dict:
     if mode == "smoke":  # in this process, as it was started
         rows = [{**measure(s, repeats, torch_side=torch_ok), "host_memory": "as started"} for s in sizes]
     else:
-        rows = [{**child_json([sys.executable, __file__, "--child", s, "--repeats", str(repeats)]
-                              + ([] if torch_ok else ["--no-torch"]), env=env()), "host_memory": name}
-                for s in sizes for name, env in HOST_MEMORY.items()]
+        rows = [
+            {
+                **child_json(
+                    [sys.executable, __file__, "--child", s, "--repeats", str(repeats)]
+                    + ([] if torch_ok else ["--no-torch"]),
+                    env=env(),
+                ),
+                "host_memory": name,
+            }
+            for s in sizes
+            for name, env in HOST_MEMORY.items()
+        ]
     for r in rows:
         peak = (peak_flops or {}).get(r["dtype"])
         for lib in ("marljax", "marljax_scan", "transformers"):
             if lib in r and peak:
                 r[lib]["fraction_of_peak"] = r[lib]["flops_per_s"] / peak
-    lines = [f"tokens/s of one update step (median of {repeats} interleaved calls); FLOP/s = tokens x "
-             "(6 N + 12 L d_attn T) / s, as a fraction of the measured matmul peak of the same dtype.\n",
-             "marljax: layers unrolled (`scan_layers: false`); scanned: the same under `lax.scan` (the default).\n",
-             "| size | params | dtype | batch x T | host memory | marljax tokens/s | transformers tokens/s | "
-             "marljax / transformers (best of each) | marljax GFLOP/s (of peak) | transformers GFLOP/s (of peak) "
-             "| scanned tokens/s (/ transformers) |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"tokens/s of one update step (median of {repeats} interleaved calls); FLOP/s = tokens x "
+        "(6 N + 12 L d_attn T) / s, as a fraction of the measured matmul peak of the same dtype.\n",
+        "marljax: layers unrolled (`scan_layers: false`); scanned: the same under `lax.scan` (the default).\n",
+        "| size | params | dtype | batch x T | host memory | marljax tokens/s | transformers tokens/s | "
+        "marljax / transformers (best of each) | marljax GFLOP/s (of peak) | transformers GFLOP/s (of peak) "
+        "| scanned tokens/s (/ transformers) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
+
         def cell(lib, r=r):
             if lib not in r:
                 return "-", "-"
             x = r[lib]
             frac = f" ({100 * x['fraction_of_peak']:.0f}%)" if "fraction_of_peak" in x else ""
             return fmt(x["tokens_per_s"]), f"{x['flops_per_s'] / 1e9:,.1f}{frac}"
+
         (mt, mf), (tt, tf) = cell("marljax"), cell("transformers")
         sp = f"**{r['speedup']:.2f}x** ({r['speedup_best']:.2f}x)" if "speedup" in r else "-"
         scan = cell("marljax_scan")[0] + (f" ({r['speedup_scan']:.2f}x)" if "speedup_scan" in r else "")
-        lines.append(f"| {r['size']} | {r['params'] / 1e6:.1f} M | {r['dtype']} | {r['batch']} x {r['seq_len']} "
-                     f"| {r['host_memory']} | {mt} | {tt} | {sp} | {mf} | {tf} | {scan} |")
+        lines.append(
+            f"| {r['size']} | {r['params'] / 1e6:.1f} M | {r['dtype']} | {r['batch']} x {r['seq_len']} "
+            f"| {r['host_memory']} | {mt} | {tt} | {sp} | {mf} | {tf} | {scan} |"
+        )
     return {"rows": rows, "repeats": repeats, "markdown": "\n".join(lines)}
 
 

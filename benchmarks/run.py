@@ -25,6 +25,7 @@ harness when its starting 1-minute load average exceeds 0.5.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.metadata
 import json
 import os
@@ -40,9 +41,15 @@ sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 
 SECTIONS = ("peak", "train", "generate", "kernels", "rl", "sandbox", "gpu")
-TITLES = {"peak": "1. Machine peak", "train": "2. Train step", "generate": "3. Generation",
-          "kernels": "4. RL kernels over 1 M tokens", "rl": "5. RL iteration breakdown",
-          "sandbox": "6. Sandbox", "gpu": "7. GPU"}
+TITLES = {
+    "peak": "1. Machine peak",
+    "train": "2. Train step",
+    "generate": "3. Generation",
+    "kernels": "4. RL kernels over 1 M tokens",
+    "rl": "5. RL iteration breakdown",
+    "sandbox": "6. Sandbox",
+    "gpu": "7. GPU",
+}
 NOISY_CORES = 0.5
 
 
@@ -74,8 +81,12 @@ class LoadMeter:
     def __exit__(self, *exc):
         wall = time.perf_counter() - self.t
         busy = _busy_seconds()
-        self.result = {"wall_s": wall, "loadavg_start": self.loadavg_start, "loadavg_end": os.getloadavg(),
-                       "other_processes_cores": None}
+        self.result = {
+            "wall_s": wall,
+            "loadavg_start": self.loadavg_start,
+            "loadavg_end": os.getloadavg(),
+            "other_processes_cores": None,
+        }
         if busy is not None and self.busy is not None:
             other = max(0.0, (busy - self.busy) - (_own_seconds() - self.own)) / max(wall, 1e-9)
             self.result["other_processes_cores"] = other
@@ -84,17 +95,24 @@ class LoadMeter:
 
 def machine_info() -> dict:
     cpu = platform.processor()
-    try:
-        cpu = next(ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
-                   if ln.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
+    with contextlib.suppress(OSError, StopIteration):
+        cpu = next(
+            ln.split(":", 1)[1].strip()
+            for ln in Path("/proc/cpuinfo").read_text().splitlines()
+            if ln.startswith("model name")
+        )
     mem = None
-    try:
-        mem = int(next(ln.split()[1] for ln in Path("/proc/meminfo").read_text().splitlines()
-                       if ln.startswith("MemTotal"))) / 2**20
-    except (OSError, StopIteration):
-        pass
+    with contextlib.suppress(OSError, StopIteration):
+        mem = (
+            int(
+                next(
+                    ln.split()[1]
+                    for ln in Path("/proc/meminfo").read_text().splitlines()
+                    if ln.startswith("MemTotal")
+                )
+            )
+            / 2**20
+        )
     versions = {}
     for pkg in ("jax", "jaxlib", "flax", "optax", "torch", "transformers", "numpy"):
         try:
@@ -103,33 +121,47 @@ def machine_info() -> dict:
             versions[pkg] = None
     from marljax.host_memory import ENV, SWITCH
 
-    return {"platform": platform.platform(), "cpu": cpu, "cores": os.cpu_count(), "memory_gib": mem,
-            "python": platform.python_version(), "versions": versions, "date": time.strftime("%Y-%m-%d %H:%M %Z"),
-            "host_memory": {k: os.environ.get(k) for k in (*ENV, SWITCH)}}
+    return {
+        "platform": platform.platform(),
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "memory_gib": mem,
+        "python": platform.python_version(),
+        "versions": versions,
+        "date": time.strftime("%Y-%m-%d %H:%M %Z"),
+        "host_memory": {k: os.environ.get(k) for k in (*ENV, SWITCH)},
+    }
 
 
 # ----------------------------------------------------------------------------- sections
 def run_section(name: str, mode: str, args, results: dict):
     if name == "peak":
         import bench_peak
+
         return bench_peak.run(mode)
     if name == "train":
         import bench_train
+
         return bench_train.run(mode, peak_flops=results.get("peak", {}).get("peak_flops"))
     if name == "generate":
         import bench_generate
+
         return bench_generate.run(mode, tunix_python=args.tunix_python)
     if name == "kernels":
         import bench_kernels
+
         return bench_kernels.run(mode, verl_python="" if mode == "smoke" else args.verl_python)
     if name == "rl":
         import bench_rl
+
         return bench_rl.run(mode, args.demo_dir)
     if name == "sandbox":
         import bench_sandbox
+
         return bench_sandbox.run(mode)
     if name == "gpu":
         import bench_gpu
+
         return bench_gpu.run(mode, peak=results.get("peak"))
     raise ValueError(name)
 
@@ -143,38 +175,94 @@ def targets(results: dict) -> list[dict]:
         shown = "-" if value is None else fmt.format(value)
         if value is not None and best is not None:
             shown += f" (best of each: {fmt.format(best)})"
-        out.append({"target": what, "value": value, "best": best, "goal": goal, "shown": shown,
-                    "status": "not measured" if value is None else ("met" if value >= goal else "NOT met")})
+        out.append(
+            {
+                "target": what,
+                "value": value,
+                "best": best,
+                "goal": goal,
+                "shown": shown,
+                "status": "not measured" if value is None else ("met" if value >= goal else "NOT met"),
+            }
+        )
 
     gen = {(r["batch"], r["mode"]): r for r in results.get("generate", {}).get("rows", [])}
     for b in (8, 32):
         g, p = gen.get((b, "greedy"), {}), gen.get((b, "top_p=0.9"), {})
         suffix = "" if b == 8 else " (batch 32, not an issue target)"
         if b == 8 or g:
-            add(f"generation greedy vs transformers >= 2x{suffix}", g.get("vs_transformers"), 2.0,
-                best=g.get("vs_transformers_best"))
-            add(f"generation greedy vs tunix >= 1.5x{suffix}", g.get("vs_tunix"), 1.5, best=g.get("vs_tunix_best"))
-            add(f"generation top-p vs transformers >= 2x{suffix}", p.get("vs_transformers"), 2.0,
-                best=p.get("vs_transformers_best"))
-            add(f"generation top-p vs tunix >= 2x{suffix}", p.get("vs_tunix"), 2.0, best=p.get("vs_tunix_best"))
+            add(
+                f"generation greedy vs transformers >= 2x{suffix}",
+                g.get("vs_transformers"),
+                2.0,
+                best=g.get("vs_transformers_best"),
+            )
+            add(
+                f"generation greedy vs tunix >= 1.5x{suffix}",
+                g.get("vs_tunix"),
+                1.5,
+                best=g.get("vs_tunix_best"),
+            )
+            add(
+                f"generation top-p vs transformers >= 2x{suffix}",
+                p.get("vs_transformers"),
+                2.0,
+                best=p.get("vs_transformers_best"),
+            )
+            add(
+                f"generation top-p vs tunix >= 2x{suffix}",
+                p.get("vs_tunix"),
+                2.0,
+                best=p.get("vs_tunix_best"),
+            )
     # the setting marljax's entry points run with (the glibc-default rows are shown for comparison)
-    train = {r["size"]: r for r in results.get("train", {}).get("rows", []) if r.get("host_memory") != "glibc default"}
-    add("train step tiny vs transformers >= 2x", train.get("tiny", {}).get("speedup"), 2.0,
-        best=train.get("tiny", {}).get("speedup_best"))
-    add("train step 50M vs transformers >= 1.2x", train.get("50m", {}).get("speedup"), 1.2,
-        best=train.get("50m", {}).get("speedup_best"))
-    add("train step 50M >= 50% of measured peak",
-        train.get("50m", {}).get("marljax", {}).get("fraction_of_peak"), 0.5, "{:.0%}")
+    train = {
+        r["size"]: r
+        for r in results.get("train", {}).get("rows", [])
+        if r.get("host_memory") != "glibc default"
+    }
+    add(
+        "train step tiny vs transformers >= 2x",
+        train.get("tiny", {}).get("speedup"),
+        2.0,
+        best=train.get("tiny", {}).get("speedup_best"),
+    )
+    add(
+        "train step 50M vs transformers >= 1.2x",
+        train.get("50m", {}).get("speedup"),
+        1.2,
+        best=train.get("50m", {}).get("speedup_best"),
+    )
+    add(
+        "train step 50M >= 50% of measured peak",
+        train.get("50m", {}).get("marljax", {}).get("fraction_of_peak"),
+        0.5,
+        "{:.0%}",
+    )
     k = results.get("kernels", {})
-    add("kernels vs verl (GRPO loop estimator) >= 3x", k.get("speedup_vs_verl"), 3.0,
-        best=k.get("speedup_best_vs_verl"))
-    add("kernels vs verl (vectorised GRPO) >= 3x", k.get("speedup_vs_verl_vectorized"), 3.0,
-        best=k.get("speedup_best_vs_verl_vectorized"))
+    add(
+        "kernels vs verl (GRPO loop estimator) >= 3x",
+        k.get("speedup_vs_verl"),
+        3.0,
+        best=k.get("speedup_best_vs_verl"),
+    )
+    add(
+        "kernels vs verl (vectorised GRPO) >= 3x",
+        k.get("speedup_vs_verl_vectorized"),
+        3.0,
+        best=k.get("speedup_best_vs_verl_vectorized"),
+    )
     for name, r in results.get("rl", {}).get("breakdown", {}).items():
         share = r.get("outside_sampling_and_update")
-        out.append({"target": f"RL iteration ({name}): <= 10% outside sampling and updates", "value": share,
-                    "goal": 0.10, "shown": "-" if share is None else f"{share:.0%}",
-                    "status": "not measured" if share is None else ("met" if share <= 0.10 else "NOT met")})
+        out.append(
+            {
+                "target": f"RL iteration ({name}): <= 10% outside sampling and updates",
+                "value": share,
+                "goal": 0.10,
+                "shown": "-" if share is None else f"{share:.0%}",
+                "status": "not measured" if share is None else ("met" if share <= 0.10 else "NOT met"),
+            }
+        )
     return out
 
 
@@ -183,15 +271,25 @@ def markdown(report: dict) -> str:
     m, load = report["machine"], report["load"]
     noisy = report["noisy"]
     v = ", ".join(f"{k} {x}" for k, x in m["versions"].items() if x)
-    lines = [f"# marljax benchmarks ({report['mode']})", "",
-             f"Machine: {m['platform']}, {m['cpu']}, {m['cores']} cores, "
-             f"{m['memory_gib']:.0f} GiB RAM; Python {m['python']}; {v}."
-             if m.get("memory_gib") else f"Machine: {m['platform']}, {m['cpu']}, {m['cores']} cores.",
-             f"Date: {m['date']}. Command: `{report['command']}`. Host memory settings: "
-             + ", ".join(f"{k}={v}" for k, v in m.get("host_memory", {}).items()) + ".",
-             f"Load average when the harness started: {', '.join(f'{x:.2f}' for x in load['loadavg_start'])}"
-             + (" -- **noisy**: the machine was shared; ratios come from interleaved calls, absolute numbers "
-                "are lower bounds." if noisy else "."), ""]
+    lines = [
+        f"# marljax benchmarks ({report['mode']})",
+        "",
+        f"Machine: {m['platform']}, {m['cpu']}, {m['cores']} cores, "
+        f"{m['memory_gib']:.0f} GiB RAM; Python {m['python']}; {v}."
+        if m.get("memory_gib")
+        else f"Machine: {m['platform']}, {m['cpu']}, {m['cores']} cores.",
+        f"Date: {m['date']}. Command: `{report['command']}`. Host memory settings: "
+        + ", ".join(f"{k}={v}" for k, v in m.get("host_memory", {}).items())
+        + ".",
+        f"Load average when the harness started: {', '.join(f'{x:.2f}' for x in load['loadavg_start'])}"
+        + (
+            " -- **noisy**: the machine was shared; ratios come from interleaved calls, absolute numbers "
+            "are lower bounds."
+            if noisy
+            else "."
+        ),
+        "",
+    ]
     for name in report["sections"]:
         if name not in report["results"]:
             continue
@@ -202,13 +300,23 @@ def markdown(report: dict) -> str:
             lines += ["**failed**:", "```", sec["error"][-2000:], "```", ""]
             continue
         other = meter.get("other_processes_cores")
-        lines += [sec.get("markdown", ""), "",
-                  f"_{meter.get('wall_s', 0):.0f} s; other processes used "
-                  + ("?" if other is None else f"{other:.2f}") + " cores meanwhile"
-                  + (" -- **noisy**_" if meter.get("noisy") else "_"), ""]
-    lines += ["## Targets (issues #9 and #4)", "",
-              "Status from the medians of interleaved calls; on a noisy run the best-of-each ratio is shown too.", "",
-              "| target | measured | status |", "|---|---|---|"]
+        lines += [
+            sec.get("markdown", ""),
+            "",
+            f"_{meter.get('wall_s', 0):.0f} s; other processes used "
+            + ("?" if other is None else f"{other:.2f}")
+            + " cores meanwhile"
+            + (" -- **noisy**_" if meter.get("noisy") else "_"),
+            "",
+        ]
+    lines += [
+        "## Targets (issues #9 and #4)",
+        "",
+        "Status from the medians of interleaved calls; on a noisy run the best-of-each ratio is shown too.",
+        "",
+        "| target | measured | status |",
+        "|---|---|---|",
+    ]
     lines += [f"| {t['target']} | {t['shown']} | {t['status']} |" for t in report["targets"]]
     return "\n".join(lines) + "\n"
 
@@ -227,8 +335,11 @@ def main(argv=None) -> dict:
     ap.add_argument("--out", default=os.path.join(tempfile.gettempdir(), "marljax_bench"))
     ap.add_argument("--tunix-python", default="/tmp/tunixenv/bin/python")
     ap.add_argument("--verl-python", default="/tmp/verlenv/bin/python")
-    ap.add_argument("--demo-dir", type=Path, help="rl: use the SFT checkpoints of this finished demo run "
-                    "(default: make them, about 2 minutes)")
+    ap.add_argument(
+        "--demo-dir",
+        type=Path,
+        help="rl: use the SFT checkpoints of this finished demo run (default: make them, about 2 minutes)",
+    )
     args = ap.parse_args(argv)
     mode = "smoke" if args.smoke else "quick" if args.quick else "full"
     sections = [s for s in SECTIONS if (s in args.only if args.only else (s != "gpu" or args.gpu))]
@@ -236,9 +347,15 @@ def main(argv=None) -> dict:
     if ("train" in sections or "gpu" in sections) and "peak" not in sections:
         needed.insert(0, "peak")  # train and gpu report against the measured peak
 
-    report = {"mode": mode, "command": "python benchmarks/run.py " + " ".join(sys.argv[1:] if argv is None else argv),
-              "machine": machine_info(), "load": {"loadavg_start": os.getloadavg()}, "sections": needed,
-              "results": {}, "section_load": {}}
+    report = {
+        "mode": mode,
+        "command": "python benchmarks/run.py " + " ".join(sys.argv[1:] if argv is None else argv),
+        "machine": machine_info(),
+        "load": {"loadavg_start": os.getloadavg()},
+        "sections": needed,
+        "results": {},
+        "section_load": {},
+    }
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     for name in needed:
@@ -260,7 +377,8 @@ def main(argv=None) -> dict:
 def write(report: dict, out: Path) -> str:
     report["load"]["loadavg_end"] = os.getloadavg()
     report["noisy"] = report["load"]["loadavg_start"][0] > NOISY_CORES or any(
-        m["noisy"] for m in report["section_load"].values())
+        m["noisy"] for m in report["section_load"].values()
+    )
     report["targets"] = targets(report["results"])
     md = markdown(report)
     (out / "results.json").write_text(json.dumps(report, indent=1, default=str))

@@ -1,10 +1,10 @@
 """Command line.
 
-    marljax train CONFIG [key=value ...]         train (resumes RUN_DIR's newest checkpoint)
-    marljax eval CONFIG [--search] [key=value ...]  held-out evaluation of the newest checkpoint
-    marljax export RUN_DIR --policy NAME OUT_DIR a policy's trained weights as an HF directory
-    marljax plot RUN_DIR                         metric curves to RUN_DIR/plots/*.png
-    marljax demo [...]                           the embedded demonstration
+marljax train CONFIG [key=value ...]         train (resumes RUN_DIR's newest checkpoint)
+marljax eval CONFIG [--search] [key=value ...]  held-out evaluation of the newest checkpoint
+marljax export RUN_DIR --policy NAME OUT_DIR a policy's trained weights as an HF directory
+marljax plot RUN_DIR                         metric curves to RUN_DIR/plots/*.png
+marljax demo [...]                           the embedded demonstration
 """
 
 from __future__ import annotations
@@ -78,14 +78,19 @@ def main(argv: list[str] | None = None) -> int:
         argv = sys.argv[1:]
     parser = argparse.ArgumentParser(prog="marljax", description="JAX-native multi-agent RL for LLM teams")
     commands = parser.add_subparsers(dest="command", required=True)
-    for name, fn, what in (("train", cmd_train, "train from a YAML config"),
-                           ("eval", cmd_eval, "evaluate the newest checkpoint on held-out problems")):
+    for name, fn, what in (
+        ("train", cmd_train, "train from a YAML config"),
+        ("eval", cmd_eval, "evaluate the newest checkpoint on held-out problems"),
+    ):
         p = commands.add_parser(name, help=what)
         p.add_argument("config", help="YAML file under configs/")
         p.add_argument("overrides", nargs="*", help="dotted.key=value, e.g. policies.main.optimizer.lr=1e-6")
         if name == "eval":
-            p.add_argument("--search", action="store_true",
-                           help="MARS2-T+: tree search with error feedback on public tests (mars2 workflow)")
+            p.add_argument(
+                "--search",
+                action="store_true",
+                help="MARS2-T+: tree search with error feedback on public tests (mars2 workflow)",
+            )
         p.set_defaults(fn=fn)
     p = commands.add_parser("export", help="write a policy's weights as a Hugging Face directory")
     p.add_argument("run_dir")

@@ -83,4 +83,6 @@ if __name__ == "__main__":  # python -m marljax.host_memory: show the settings a
     import json
 
     restart_with_kept_memory(["-m", "marljax.host_memory", *sys.argv[1:]])
-    print(json.dumps({**{k: os.environ.get(k) for k in (*ENV, SWITCH)}, "refault_pages_256mb": refault_pages()}))
+    print(
+        json.dumps({**{k: os.environ.get(k) for k in (*ENV, SWITCH)}, "refault_pages_256mb": refault_pages()})
+    )

@@ -8,7 +8,8 @@ the one place where those derivations are written.
 
 from __future__ import annotations
 
-from typing import Callable, Literal
+from collections.abc import Callable
+from typing import Literal
 
 import numpy as np
 

@@ -35,6 +35,9 @@ class StrictModel(BaseModel):
     @classmethod
     def _no_bool_numbers(cls, v, info):
         # Lax mode would read `true` as 1 for a number; in a config that is a mistake.
-        if isinstance(v, bool) and resolve_annotation(cls.model_fields[info.field_name].annotation) in (int, float):
+        if isinstance(v, bool) and resolve_annotation(cls.model_fields[info.field_name].annotation) in (
+            int,
+            float,
+        ):
             raise ValueError("expected a number, not a boolean")
         return v

@@ -45,7 +45,8 @@ def checkpoint(tmp_path_factory):
         if key not in made:
             family, overrides = testing.CASES[name]
             made[key] = testing.make_tiny_checkpoint(
-                tmp_path_factory.mktemp(name), family, **{**overrides, **extra})
+                tmp_path_factory.mktemp(name), family, **{**overrides, **extra}
+            )
         return made[key]
 
     return get
@@ -61,8 +62,12 @@ def run_on_fake_devices():
     root = Path(__file__).resolve().parents[1]
 
     def run(*python_args: str, devices: int = 8) -> subprocess.CompletedProcess:
-        env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}", JAX_PLATFORMS="cpu")
+        env = dict(
+            os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}", JAX_PLATFORMS="cpu"
+        )
         env["PYTHONPATH"] = os.pathsep.join([str(root), env.get("PYTHONPATH", "")])
-        return subprocess.run([sys.executable, *python_args], env=env, capture_output=True, text=True, timeout=600)
+        return subprocess.run(
+            [sys.executable, *python_args], env=env, capture_output=True, text=True, timeout=600
+        )
 
     return run

@@ -20,8 +20,14 @@ ROOT = Path(__file__).resolve().parents[1]
 @pytest.mark.slow
 def test_harness_smoke(tmp_path):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
-    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "run.py"), "--smoke", "--out", str(tmp_path)],
-                          check=False, capture_output=True, text=True, env=env, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "run.py"), "--smoke", "--out", str(tmp_path)],
+        check=False,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads((tmp_path / "results.json").read_text())
     res = report["results"]
@@ -57,9 +63,11 @@ def test_targets_table():
     spec = importlib.util.spec_from_file_location("marljax_benchmarks_run", ROOT / "benchmarks" / "run.py")
     run = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(run)
-    results = {"kernels": {"speedup_vs_verl": 5.0, "speedup_vs_verl_vectorized": 2.0},
-               "train": {"rows": [{"size": "tiny", "speedup": 2.5}]},
-               "rl": {"breakdown": {"grpo_tiny": {"outside_sampling_and_update": 0.3}}}}
+    results = {
+        "kernels": {"speedup_vs_verl": 5.0, "speedup_vs_verl_vectorized": 2.0},
+        "train": {"rows": [{"size": "tiny", "speedup": 2.5}]},
+        "rl": {"breakdown": {"grpo_tiny": {"outside_sampling_and_update": 0.3}}},
+    }
     status = {t["target"]: t["status"] for t in run.targets(results)}
     assert status["kernels vs verl (GRPO loop estimator) >= 3x"] == "met"
     assert status["kernels vs verl (vectorised GRPO) >= 3x"] == "NOT met"

@@ -13,7 +13,9 @@ def test_demo_team_learns(capsys):
 
     assert demo.main(["--steps", "80", "--seed", "3"]) == 0
     out = capsys.readouterr().out
-    first, last = (float(x) for x in out.rsplit("first 10 steps ", 1)[1].split(" (")[0].split(" -> last 10 steps "))
+    first, last = (
+        float(x) for x in out.rsplit("first 10 steps ", 1)[1].split(" (")[0].split(" -> last 10 steps ")
+    )
     assert first < 0.4 and last > 0.8, out
 
 
@@ -40,7 +42,9 @@ def test_embedded_demo_quick_run(tmp_path, capsys):
         assert 0.0 <= r["before"] <= 1.0 and 0.0 <= r["after"] <= 1.0
         assert f"| {r['label']} |" in out and f"{100 * r['after']:.1f}%" in out
     # two families of different sizes, as transformers reads them
-    qwen, llama = (transformers.AutoConfig.from_pretrained(tmp_path / "models" / n) for n in ("qwen3", "llama"))
+    qwen, llama = (
+        transformers.AutoConfig.from_pretrained(tmp_path / "models" / n) for n in ("qwen3", "llama")
+    )
     assert (qwen.model_type, llama.model_type) == ("qwen3", "llama")
     assert qwen.hidden_size != llama.hidden_size
     # SFT lowered the loss and its export differs from the base checkpoint
@@ -96,4 +100,9 @@ def test_notebook_executes(name):
     nbclient = pytest.importorskip("nbclient", reason="notebook tests need the [test] extra")
     notebook = nbformat.read(ROOT / "notebooks" / name, as_version=4)
     # Any failed assert in a cell raises CellExecutionError here.
-    nbclient.NotebookClient(notebook, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(ROOT / "notebooks")}}).execute()
+    nbclient.NotebookClient(
+        notebook,
+        timeout=600,
+        kernel_name="python3",
+        resources={"metadata": {"path": str(ROOT / "notebooks")}},
+    ).execute()

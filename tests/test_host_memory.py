@@ -10,14 +10,22 @@ import pytest
 
 from marljax.host_memory import ENV, SWITCH
 
-pytestmark = pytest.mark.skipif(sys.platform != "linux" or platform.libc_ver()[0] != "glibc",
-                                reason="the settings are glibc malloc's; elsewhere the entry points do not restart")
+pytestmark = pytest.mark.skipif(
+    sys.platform != "linux" or platform.libc_ver()[0] != "glibc",
+    reason="the settings are glibc malloc's; elsewhere the entry points do not restart",
+)
 
 
 def show(**env) -> dict:
     clean = {k: v for k, v in os.environ.items() if k not in (*ENV, SWITCH)}
-    out = subprocess.run([sys.executable, "-m", "marljax.host_memory"], env={**clean, **env}, check=True,
-                         capture_output=True, text=True, timeout=120).stdout
+    out = subprocess.run(
+        [sys.executable, "-m", "marljax.host_memory"],
+        env={**clean, **env},
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    ).stdout
     return json.loads(out)
 
 
@@ -39,7 +47,8 @@ def test_a_setting_the_user_made_is_left_alone():
 
 
 def test_marljax_demo_subcommand_reaches_the_demo():
-    res = subprocess.run([sys.executable, "-m", "marljax.cli", "demo", "--help"], capture_output=True, text=True,
-                         timeout=120)
+    res = subprocess.run(
+        [sys.executable, "-m", "marljax.cli", "demo", "--help"], capture_output=True, text=True, timeout=120
+    )
     assert res.returncode == 0, res.stderr
     assert "python -m marljax.demo" in res.stdout and "--quick" in res.stdout

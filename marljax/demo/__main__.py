@@ -35,8 +35,15 @@ from marljax.demo.pipeline import METHODS, DemoSettings, train_method, warm_star
 from marljax.demo.report import results_table, write_plots  # noqa: E402
 from marljax.rewards import SandboxPool  # noqa: E402
 
-QUICK = dict(sft_steps=16, rl_steps=1, n_train=32, n_eval=8, problems_per_step=2, samples_per_problem=4,
-             refine_examples=8)
+QUICK = dict(
+    sft_steps=16,
+    rl_steps=1,
+    n_train=32,
+    n_eval=8,
+    problems_per_step=2,
+    samples_per_problem=4,
+    refine_examples=8,
+)
 
 
 def quiet() -> None:
@@ -74,16 +81,23 @@ def main(argv=None) -> int:
 
         restart_with_kept_memory(["-m", "marljax.demo", *sys.argv[1:]])
     parser = argparse.ArgumentParser(prog="python -m marljax.demo", description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, help="output directory, reused on rerun (default: runs/demo, "
-                        "runs/demo-quick with --quick)")
-    parser.add_argument("--quick", action="store_true", help="a few steps of each stage (a smoke run, no learning)")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        help="output directory, reused on rerun (default: runs/demo, runs/demo-quick with --quick)",
+    )
+    parser.add_argument(
+        "--quick", action="store_true", help="a few steps of each stage (a smoke run, no learning)"
+    )
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     settings = DemoSettings(seed=args.seed, **(QUICK if args.quick else {}))
     args.out = args.out or Path("runs/demo-quick" if args.quick else "runs/demo")
     if not same_settings(args.out, settings):
-        parser.error(f"{args.out} holds a run with other settings ({args.out / 'settings.json'}): a rerun reuses "
-                     "its models and checkpoints, so give another --out or delete that directory")
+        parser.error(
+            f"{args.out} holds a run with other settings ({args.out / 'settings.json'}): a rerun reuses "
+            "its models and checkpoints, so give another --out or delete that directory"
+        )
     quiet()
     compilation_cache(args.out / "xla_cache")
     start = time.perf_counter()
@@ -99,8 +113,11 @@ def main(argv=None) -> int:
     table = results_table(results, settings, minutes)
     print("3/3 RL done\n\n" + table, flush=True)
     (args.out / "results.md").write_text(table + "\n")
-    (args.out / "results.json").write_text(json.dumps(
-        {"settings": dataclasses.asdict(settings), "minutes": minutes, "results": results}, indent=1))
+    (args.out / "results.json").write_text(
+        json.dumps(
+            {"settings": dataclasses.asdict(settings), "minutes": minutes, "results": results}, indent=1
+        )
+    )
     for png in write_plots(args.out, results):
         print(f"wrote {png}")
     return 0

@@ -35,7 +35,9 @@ def init_policies(key):
 
 def task(seed=0):
     rng = np.random.default_rng(seed)
-    return jnp.asarray(rng.integers(0, VOCAB, (PROBLEMS, LENGTH))), jnp.asarray(rng.integers(0, VOCAB, (PROBLEMS,)))
+    return jnp.asarray(rng.integers(0, VOCAB, (PROBLEMS, LENGTH))), jnp.asarray(
+        rng.integers(0, VOCAB, (PROBLEMS,))
+    )
 
 
 def rollout(params, secret, hint, key):
@@ -43,7 +45,9 @@ def rollout(params, secret, hint, key):
     problems = jnp.repeat(jnp.arange(PROBLEMS), GROUP)
     k0, k1 = jax.random.split(key)
     proposal = jax.random.categorical(k0, params["proposer"][problems])
-    reviser_logits = jnp.take_along_axis(params["reviser"][problems], proposal[..., None, None], axis=2)[:, :, 0]
+    reviser_logits = jnp.take_along_axis(params["reviser"][problems], proposal[..., None, None], axis=2)[
+        :, :, 0
+    ]
     correction = jax.random.categorical(k1, reviser_logits)
     joint = jnp.mean((proposal + correction) % VOCAB == secret[problems], axis=1)
     process = jnp.mean(proposal == hint[problems][:, None], axis=1)
@@ -62,7 +66,9 @@ def make_step(optimizer):
         agents = jnp.tile(jnp.arange(2), PROBLEMS * GROUP)
         groups = jnp.repeat(problems, 2)
         # Dr. MAS: each agent normalised with its own statistics inside each problem group.
-        adv, metrics = K.dr_mas_advantages(rewards.reshape(-1), agents, 2, group_ids=groups, num_groups=PROBLEMS)
+        adv, metrics = K.dr_mas_advantages(
+            rewards.reshape(-1), agents, 2, group_ids=groups, num_groups=PROBLEMS
+        )
         adv = adv.reshape(-1, 2)
 
         def loss_fn(p):
@@ -70,13 +76,19 @@ def make_step(optimizer):
             total = 0.0
             for i, tokens in enumerate((proposal, correction)):
                 logp = K.logprobs_from_logits(logits[i], tokens)
-                loss, _ = K.policy_loss(logp, jax.lax.stop_gradient(logp), adv[:, i], jnp.ones_like(tokens, bool))
+                loss, _ = K.policy_loss(
+                    logp, jax.lax.stop_gradient(logp), adv[:, i], jnp.ones_like(tokens, bool)
+                )
                 total = total + loss
             return total
 
         grads = jax.grad(loss_fn)(params)
         updates, opt_state = optimizer.update(grads, opt_state, params)
-        stats = {"joint": rewards[:, 1].mean(), "proposer": rewards[:, 0].mean(), "amplification": metrics["amplification"]}
+        stats = {
+            "joint": rewards[:, 1].mean(),
+            "proposer": rewards[:, 0].mean(),
+            "amplification": metrics["amplification"],
+        }
         return optax.apply_updates(params, updates), opt_state, stats
 
     return step
@@ -91,7 +103,9 @@ def show_estimators():
         "GRPO (one group)": K.grpo_advantages(rewards, zeros, 1),
         "Dr.GRPO": K.dr_grpo_advantages(rewards, zeros, 1),
         "RLOO": K.rloo_advantages(rewards, zeros, 1),
-        "AT-GRPO (per agent)": K.at_grpo_advantages(rewards, zeros, zeros, agents, num_problems=1, num_turns=1, num_agents=2),
+        "AT-GRPO (per agent)": K.at_grpo_advantages(
+            rewards, zeros, zeros, agents, num_problems=1, num_turns=1, num_agents=2
+        ),
         "Dr. MAS": K.dr_mas_advantages(rewards, agents, 2)[0],
     }
     print("rewards".ljust(22), np.array2string(np.asarray(rewards), precision=2))
@@ -114,16 +128,23 @@ def main(argv=None):
     step = make_step(optimizer)
     key = jax.random.key(args.seed + 1)
     start, history = time.time(), []
-    print(f"\ntraining a proposer + reviser team for {args.steps} steps ({PROBLEMS} problems x {GROUP} samples)")
+    print(
+        f"\ntraining a proposer + reviser team for {args.steps} steps ({PROBLEMS} problems x {GROUP} samples)"
+    )
     for i in range(args.steps):
         key, sub = jax.random.split(key)
         params, opt_state, stats = step(params, opt_state, secret, hint, sub)
         history.append(float(stats["joint"]))
         if i % 25 == 0 or i == args.steps - 1:
             amp = np.array2string(np.asarray(stats["amplification"]), precision=2)
-            print(f"step {i:4d}  joint reward {history[-1]:.3f}  proposer reward {float(stats['proposer']):.3f}  Dr. MAS amplification {amp}")
+            print(
+                f"step {i:4d}  joint reward {history[-1]:.3f}  proposer reward {float(stats['proposer']):.3f}"
+                f"  Dr. MAS amplification {amp}"
+            )
     first, last = np.mean(history[:10]), np.mean(history[-10:])
-    print(f"joint reward: first 10 steps {first:.3f} -> last 10 steps {last:.3f} ({time.time() - start:.1f}s)")
+    print(
+        f"joint reward: first 10 steps {first:.3f} -> last 10 steps {last:.3f} ({time.time() - start:.1f}s)"
+    )
     return 0 if last > first else 1
 
 

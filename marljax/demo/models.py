@@ -12,16 +12,35 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-
 VOCAB = 512
 # (family, HF config overrides): a 4-layer Qwen3 and a smaller 3-layer Llama. Both use plain rope
 # with base 10,000: with Qwen3's 1,000,000 most rotary frequencies barely turn over the demo's short
 # sequences, and SFT learns far less.
 FAMILIES = {
-    "qwen3": ("qwen3", dict(hidden_size=128, intermediate_size=384, num_hidden_layers=4, num_attention_heads=4,
-                            num_key_value_heads=2, head_dim=32, rope_theta=10000.0)),
-    "llama": ("llama", dict(hidden_size=96, intermediate_size=256, num_hidden_layers=3, num_attention_heads=4,
-                            num_key_value_heads=2, head_dim=24, rope_scaling=None)),
+    "qwen3": (
+        "qwen3",
+        dict(
+            hidden_size=128,
+            intermediate_size=384,
+            num_hidden_layers=4,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=32,
+            rope_theta=10000.0,
+        ),
+    ),
+    "llama": (
+        "llama",
+        dict(
+            hidden_size=96,
+            intermediate_size=256,
+            num_hidden_layers=3,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=24,
+            rope_scaling=None,
+        ),
+    ),
 }
 TOKENIZER_SEED = 10_000_000  # task seeds the tokenizer corpus is drawn from (disjoint from train / eval)
 
@@ -42,7 +61,9 @@ def task_corpus(pool, n: int = 2000, n_refine: int = 100, steps: int = 3) -> lis
     from marljax.workflows.base import Agent
 
     problems = steps_problems(n, TOKENIZER_SEED, steps)
-    corpus = [text for p in problems for text in (p.prompt, reference_completion(p), teacher_completion(p, 1.0))]
+    corpus = [
+        text for p in problems for text in (p.prompt, reference_completion(p), teacher_completion(p, 1.0))
+    ]
     return corpus + [q for q, _ in refine_examples(problems[:n_refine], Agent("demo", "demo"), pool)]
 
 
@@ -56,8 +77,16 @@ def ensure_models(root: Path, pool, seed: int = 0) -> dict[str, Path]:
         return paths
     tokenizer = make_tokenizer(vocab_size=VOCAB, corpus=task_corpus(pool))
     for k, (name, (family, overrides)) in enumerate(FAMILIES.items()):
-        write_random_checkpoint(paths[name], family, seed=seed + k, std=0.02, tokenizer=False, vocab_size=VOCAB,
-                                max_position_embeddings=512, **overrides)
+        write_random_checkpoint(
+            paths[name],
+            family,
+            seed=seed + k,
+            std=0.02,
+            tokenizer=False,
+            vocab_size=VOCAB,
+            max_position_embeddings=512,
+            **overrides,
+        )
         tokenizer.save_pretrained(str(paths[name]))
     done.write_text(json.dumps({name: str(p) for name, p in paths.items()}, indent=1))  # written last
     return paths

@@ -62,46 +62,96 @@ METHODS = {
     "mars2_homogeneous": {"alice": "qwen3", "bob": "qwen3"},
     "mars2_heterogeneous": {"alice": "qwen3", "bob": "llama"},
 }
-LABELS = {"grpo": "single-agent GRPO (Qwen3)", "mars2_homogeneous": "MARS2, homogeneous (Qwen3 x2)",
-          "mars2_heterogeneous": "MARS2, heterogeneous (Qwen3 + Llama)"}
+LABELS = {
+    "grpo": "single-agent GRPO (Qwen3)",
+    "mars2_homogeneous": "MARS2, homogeneous (Qwen3 x2)",
+    "mars2_heterogeneous": "MARS2, heterogeneous (Qwen3 + Llama)",
+}
 
 
-def run_config(name: str, run_dir: Path, models: dict[str, Path], agents: dict[str, str], s: DemoSettings,
-               *, sft: bool = False) -> RunConfig:
+def run_config(
+    name: str,
+    run_dir: Path,
+    models: dict[str, Path],
+    agents: dict[str, str],
+    s: DemoSettings,
+    *,
+    sft: bool = False,
+) -> RunConfig:
     used = sorted(set(agents.values()))
     per_policy = s.samples_per_step // len(used)  # each policy updates once per step's worth of its samples
-    policies = {p: {"model": {"path": str(models[p])},
-                    # SFT decays its rate so that the exported model is not caught mid-oscillation
-                    "optimizer": ({"lr": s.sft_lr, "warmup_steps": 10, "schedule": "cosine",
-                                   "decay_steps": max(s.sft_steps, 1), "min_lr_ratio": 0.1} if sft
-                                  else {"lr": s.llama_rl_lr if p == "llama" else s.rl_lr}),
-                    # every sample weighs the same: with token-mean, long garbled refinements dominated
-                    # MARS2's updates (homogeneous team +2 points instead of +12, one run each)
-                    "loss": {"type": "ppo", "agg_mode": "seq-mean-token-mean"},
-                    "buffer": {"threshold": per_policy}, "micro_batch_size": 16,
-                    "mini_batches": 1 if sft else s.mini_batches}
-                for p in used}
+    policies = {
+        p: {
+            "model": {"path": str(models[p])},
+            # SFT decays its rate so that the exported model is not caught mid-oscillation
+            "optimizer": (
+                {
+                    "lr": s.sft_lr,
+                    "warmup_steps": 10,
+                    "schedule": "cosine",
+                    "decay_steps": max(s.sft_steps, 1),
+                    "min_lr_ratio": 0.1,
+                }
+                if sft
+                else {"lr": s.llama_rl_lr if p == "llama" else s.rl_lr}
+            ),
+            # every sample weighs the same: with token-mean, long garbled refinements dominated
+            # MARS2's updates (homogeneous team +2 points instead of +12, one run each)
+            "loss": {"type": "ppo", "agg_mode": "seq-mean-token-mean"},
+            "buffer": {"threshold": per_policy},
+            "micro_batch_size": 16,
+            "mini_batches": 1 if sft else s.mini_batches,
+        }
+        for p in used
+    }
     if len(agents) == 1:
         workflow = {"kind": "grpo", "group_size": s.samples_per_problem, "reward": s.reward}
     else:  # a team of two models normalises per agent inside each tree: with one group per tree the
         # weaker model's advantages are negative on average and it collapses
-        workflow = {"kind": "mars2", "agents": sorted(agents), "max_nodes": s.samples_per_problem,
-                    "expansions_per_round": s.samples_per_problem // 2, "stop_on_solve": False,
-                    "reward": s.reward, "normalization": "tree" if len(used) == 1 else "agent"}
-    return config_from_dict({
-        "name": name, "run_dir": str(run_dir), "seed": s.seed, "policies": policies,
-        "agents": {a: {"policy": p} for a, p in agents.items()},
-        # SFT sees each of its own tasks once; RL and evaluation use other tasks (seed ranges apart)
-        "data": {"synthetic": {"n_train": s.sft_steps * s.sft_batch if sft else s.n_train, "n_eval": s.n_eval,
-                               "difficulty": s.max_steps_per_task, "style": "steps",
-                               "seed": s.seed + SFT_SEED_OFFSET if sft else s.seed},
-                 "batch_size": s.sft_batch if sft else s.problems_per_step},
-        "sampler": {"max_new_tokens": s.max_new_tokens, "temperature": 1.0, "min_prompt_bucket": 64,
-                    "min_batch_bucket": 32},
-        "workflow": workflow,
-        "train": {"steps": max(s.rl_steps, 1), "save_every": max(s.rl_steps, 1), "eval_every": None,
-                  "tensorboard": False, "keep_checkpoints": 1},
-    }, source=f"<demo {name}>")
+        workflow = {
+            "kind": "mars2",
+            "agents": sorted(agents),
+            "max_nodes": s.samples_per_problem,
+            "expansions_per_round": s.samples_per_problem // 2,
+            "stop_on_solve": False,
+            "reward": s.reward,
+            "normalization": "tree" if len(used) == 1 else "agent",
+        }
+    return config_from_dict(
+        {
+            "name": name,
+            "run_dir": str(run_dir),
+            "seed": s.seed,
+            "policies": policies,
+            "agents": {a: {"policy": p} for a, p in agents.items()},
+            # SFT sees each of its own tasks once; RL and evaluation use other tasks (seed ranges apart)
+            "data": {
+                "synthetic": {
+                    "n_train": s.sft_steps * s.sft_batch if sft else s.n_train,
+                    "n_eval": s.n_eval,
+                    "difficulty": s.max_steps_per_task,
+                    "style": "steps",
+                    "seed": s.seed + SFT_SEED_OFFSET if sft else s.seed,
+                },
+                "batch_size": s.sft_batch if sft else s.problems_per_step,
+            },
+            "sampler": {
+                "max_new_tokens": s.max_new_tokens,
+                "temperature": 1.0,
+                "min_prompt_bucket": 64,
+                "min_batch_bucket": 32,
+            },
+            "workflow": workflow,
+            "train": {
+                "steps": max(s.rl_steps, 1),
+                "save_every": max(s.rl_steps, 1),
+                "eval_every": None,
+                "tensorboard": False,
+                "keep_checkpoints": 1,
+            },
+        },
+        source=f"<demo {name}>",
+    )
 
 
 def warm_start(out: Path, models: dict[str, Path], s: DemoSettings) -> dict[str, Path]:
@@ -118,11 +168,17 @@ def warm_start(out: Path, models: dict[str, Path], s: DemoSettings) -> dict[str,
         trainer = Trainer(cfg)
         try:
             if refine is None:  # the same broken attempts for both models
-                refine = refine_examples(trainer.train_problems[:s.refine_examples], trainer.agents["solver"],
-                                         trainer.pool, seed=s.seed, target=target)
+                refine = refine_examples(
+                    trainer.train_problems[: s.refine_examples],
+                    trainer.agents["solver"],
+                    trainer.pool,
+                    seed=s.seed,
+                    target=target,
+                )
             with MetricsWriter(trainer.run_dir, tensorboard=False) as writer:
-                run_sft(trainer, s.sft_steps, writer, desc=f"SFT {name}", extra={"solver": refine},
-                        target=target)
+                run_sft(
+                    trainer, s.sft_steps, writer, desc=f"SFT {name}", extra={"solver": refine}, target=target
+                )
             trainer.policies[name].export(dest)
         finally:
             trainer.close()
@@ -138,8 +194,9 @@ def pass_at_1(trainer: Trainer, s: DemoSettings, known: dict[str, float] | None 
             out[policy] = known[policy]
             continue
         agent = next(a for a in trainer.agents.values() if a.policy == policy)
-        gens = trainer.generator.generate([(agent, agent.render(p.prompt)) for p in problems], s.eval_samples,
-                                          seed=s.seed + 12345)
+        gens = trainer.generator.generate(
+            [(agent, agent.render(p.prompt)) for p in problems], s.eval_samples, seed=s.seed + 12345
+        )
         flat = [(p, g) for p, group in zip(problems, gens) for g in group]
         scores = trainer.verifier.score([p for p, _ in flat], [g.text for _, g in flat])
         out[policy] = float(np.mean([sc.passed for sc in scores]))
@@ -151,8 +208,9 @@ def team_score(per_policy: dict[str, float], agents: dict[str, str]) -> float:
     return float(np.mean([per_policy[p] for p in agents.values()]))
 
 
-def train_method(out: Path, method: str, sft_models: dict[str, Path], s: DemoSettings,
-                 warm: dict[str, float] | None = None) -> dict[str, Any]:
+def train_method(
+    out: Path, method: str, sft_models: dict[str, Path], s: DemoSettings, warm: dict[str, float] | None = None
+) -> dict[str, Any]:
     """One RL run with pass@1 before and after; `warm` caches the warm-started models' pass@1
     across methods (the same checkpoints and sampling seed give the same answers)."""
     agents = METHODS[method]
@@ -165,7 +223,12 @@ def train_method(out: Path, method: str, sft_models: dict[str, Path], s: DemoSet
         after = pass_at_1(trainer, s)  # which the next use reopens
     finally:
         trainer.close()
-    return {"method": method, "label": LABELS[method], "agents": agents, "policies": {"before": before, "after": after},
-            "before": team_score(before, agents), "after": team_score(after, agents),
-            "samples": s.rl_steps * s.samples_per_step}
-
+    return {
+        "method": method,
+        "label": LABELS[method],
+        "agents": agents,
+        "policies": {"before": before, "after": after},
+        "before": team_score(before, agents),
+        "after": team_score(after, agents),
+        "samples": s.rl_steps * s.samples_per_step,
+    }

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import random
 import re
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from marljax.rewards import error_feedback, score_texts
 from marljax.train.sft import reference_completion
@@ -38,11 +39,19 @@ def break_program(code: str, rng: random.Random, names: bool = False) -> str:
     return "\n".join(lines) + "\n"
 
 
-def refine_examples(problems: Sequence[Any], agent: Agent, pool: Any, seed: int = 0,
-                    target: Callable[[Any], str | None] = reference_completion) -> list[tuple[str, str]]:
+def refine_examples(
+    problems: Sequence[Any],
+    agent: Agent,
+    pool: Any,
+    seed: int = 0,
+    target: Callable[[Any], str | None] = reference_completion,
+) -> list[tuple[str, str]]:
     """(refinement prompt, `target` answer) for each problem whose broken attempt fails its tests."""
     rng = random.Random(seed)
     attempts = [break_program(p.fields["solution"], rng) for p in problems]
     scores = score_texts(problems, [f"```python\n{a}```" for a in attempts], pool)
-    return [(refine_prompt(agent, p, a, error_feedback(s.result)), target(p))
-            for p, a, s in zip(problems, attempts, scores) if not s.passed and s.result is not None]
+    return [
+        (refine_prompt(agent, p, a, error_feedback(s.result)), target(p))
+        for p, a, s in zip(problems, attempts, scores)
+        if not s.passed and s.result is not None
+    ]

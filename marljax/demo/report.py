@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -12,15 +13,21 @@ from marljax.train.metrics import read_metrics
 
 def results_table(results: Sequence[dict[str, Any]], settings: Any, minutes: float) -> str:
     s = settings
-    lines = [f"Held-out pass@1 on {s.n_eval} unseen tasks ({s.eval_samples} sampled answers per task at "
-             f"temperature 1, hidden tests), before and after {s.rl_steps} RL steps of "
-             f"{s.samples_per_step} samples each:", "",
-             "| method | agents -> policy | pass@1 before | pass@1 after | change |", "|---|---|---|---|---|"]
+    lines = [
+        f"Held-out pass@1 on {s.n_eval} unseen tasks ({s.eval_samples} sampled answers per task at "
+        f"temperature 1, hidden tests), before and after {s.rl_steps} RL steps of "
+        f"{s.samples_per_step} samples each:",
+        "",
+        "| method | agents -> policy | pass@1 before | pass@1 after | change |",
+        "|---|---|---|---|---|",
+    ]
     for r in results:
         agents = ", ".join(f"{a} -> {p}" for a, p in r["agents"].items())
         change = 100 * (r["after"] - r["before"])
-        lines.append(f"| {r['label']} | {agents} | {100 * r['before']:.1f}% | {100 * r['after']:.1f}% | "
-                     f"{change:+.1f} points |")
+        lines.append(
+            f"| {r['label']} | {agents} | {100 * r['before']:.1f}% | {100 * r['after']:.1f}% | "
+            f"{change:+.1f} points |"
+        )
     lines += ["", f"Total wall time {minutes:.1f} min (models, SFT, RL, evaluation)."]
     return "\n".join(lines)
 

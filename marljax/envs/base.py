@@ -8,7 +8,8 @@ once and moves each problem to its next state along its best branch.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Protocol, Sequence, TypeVar
+from collections.abc import Sequence
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 
@@ -37,8 +38,13 @@ class Env(Protocol[State]):
     def request(self, problem: Problem, state: State, role: str, turn: int) -> tuple[str, str, str]:
         """(problem text, feedback, history) of `role`'s prompt at `state`."""
 
-    def step(self, problems: Sequence[Problem], states: Sequence[State],
-             texts: Sequence[dict[str, list[str]]], verifier: Verifier) -> list[TurnResult]:
+    def step(
+        self,
+        problems: Sequence[Problem],
+        states: Sequence[State],
+        texts: Sequence[dict[str, list[str]]],
+        verifier: Verifier,
+    ) -> list[TurnResult]:
         """Score each problem's candidates (`texts[i][role]`, K each) and continue its best branch."""
 
 

@@ -19,15 +19,25 @@ from __future__ import annotations
 
 import ast
 import dataclasses
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
 from marljax.envs.base import TurnResult, best_branch
-from marljax.rewards import AssertTest, ExecutionResult, Problem, Program, Verifier, extract_code, public_feedback
+from marljax.rewards import (
+    AssertTest,
+    ExecutionResult,
+    Problem,
+    Program,
+    Verifier,
+    extract_code,
+    public_feedback,
+)
 
-TESTER_TASK = ("\n\nDo not solve the problem: write Python `assert` statements that a correct solution "
-               "passes and a wrong one fails, in a ```python block.")
+TESTER_TASK = (
+    "\n\nDo not solve the problem: write Python `assert` statements that a correct solution "
+    "passes and a wrong one fails, in a ```python block."
+)
 
 
 def parse_asserts(text: str, limit: int) -> list[str]:
@@ -47,7 +57,9 @@ def parse_asserts(text: str, limit: int) -> list[str]:
     return [a for a in found if a][:limit]
 
 
-def _assert_summary(asserts: Sequence[str], result: ExecutionResult | None, whose: str, limit: int = 3) -> str:
+def _assert_summary(
+    asserts: Sequence[str], result: ExecutionResult | None, whose: str, limit: int = 3
+) -> str:
     """How the tester's asserts fared on the code: the count and the first failing ones."""
     if not asserts or result is None:
         return f"{whose} tests: none."
@@ -98,21 +110,34 @@ class CodeEnv:
         if s.code is None:
             return problem.prompt + TESTER_TASK, "", ""
         tests = "```python\n" + "\n".join(s.tests) + "\n```" if s.tests else "(none)"
-        return problem.prompt + TESTER_TASK, _assert_summary(s.tests, s.test_result, "Your"), \
-            f"The coder's current code:\n{code}\nYour previous tests:\n{tests}"
+        return (
+            problem.prompt + TESTER_TASK,
+            _assert_summary(s.tests, s.test_result, "Your"),
+            f"The coder's current code:\n{code}\nYour previous tests:\n{tests}",
+        )
 
-    def step(self, problems: Sequence[Problem], states: Sequence[CodeState], texts: Sequence[dict[str, list[str]]],
-             verifier: Verifier) -> list[TurnResult]:
+    def step(
+        self,
+        problems: Sequence[Problem],
+        states: Sequence[CodeState],
+        texts: Sequence[dict[str, list[str]]],
+        verifier: Verifier,
+    ) -> list[TurnResult]:
         P, K = len(problems), len(texts[0][self.coder])
         codes = [[extract_code(t).code for t in cand[self.coder]] for cand in texts]
-        scores = verifier.score([p for p in problems for _ in range(K)], [t for c in texts for t in c[self.coder]])
-        scores = [scores[i * K:(i + 1) * K] for i in range(P)]
+        scores = verifier.score(
+            [p for p in problems for _ in range(K)], [t for c in texts for t in c[self.coder]]
+        )
+        scores = [scores[i * K : (i + 1) * K] for i in range(P)]
         best = [best_branch([s.reward for s in row]) for row in scores]
         tester = self._score_tests(problems, texts, codes, scores, best, verifier) if self.tester else None
         out = []
         for i in range(P):
             b = best[i]
-            rewards, passed = {self.coder: [s.reward for s in scores[i]]}, {self.coder: [s.passed for s in scores[i]]}
+            rewards, passed = (
+                {self.coder: [s.reward for s in scores[i]]},
+                {self.coder: [s.passed for s in scores[i]]},
+            )
             chosen, asserts, test_result = {self.coder: b}, (), None
             if tester is not None:
                 rewards[self.tester], passed[self.tester], runs = tester[i]

@@ -38,17 +38,21 @@ def helper_prompt(problem: Problem) -> str:
     entry = problem.entry_point
     target = f"the main function `{entry}`" if entry else "the main program"
     own = f" Do not write `{entry}`." if entry else ""
-    return (f"{problem.prompt}\n\nYou are the helper. Write a helper function `{AUX}(...)` that {target} "
-            f"can use; choose its arguments.{own} Reply with `{AUX}` in a ```python block.")
+    return (
+        f"{problem.prompt}\n\nYou are the helper. Write a helper function `{AUX}(...)` that {target} "
+        f"can use; choose its arguments.{own} Reply with `{AUX}` in a ```python block."
+    )
 
 
 def main_prompt(problem: Problem) -> str:
     """The main agent's {problem} text: the task plus the promise of a helper."""
     entry = problem.entry_point
     what = f"Write the function `{entry}`" if entry else "Write the program"
-    return (f"{problem.prompt}\n\nYou are the main agent. {what}. A teammate writes a helper function "
-            f"`{AUX}(...)` that is defined before your code: call it and use its result. Do not define "
-            f"`{AUX}` yourself. Reply in a ```python block.")
+    return (
+        f"{problem.prompt}\n\nYou are the main agent. {what}. A teammate writes a helper function "
+        f"`{AUX}(...)` that is defined before your code: call it and use its result. Do not define "
+        f"`{AUX}` yourself. Reply in a ```python block."
+    )
 
 
 def defines(code: str, name: str, top_level: bool = True) -> bool:
@@ -68,13 +72,24 @@ def uses_result(code: str, entry: str | None, callee: str = AUX) -> bool:
         return False
     scope: ast.AST | None = tree
     if entry is not None:
-        scope = next((n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
-                      and n.name == entry), None)
+        scope = next(
+            (
+                n
+                for n in ast.walk(tree)
+                if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == entry
+            ),
+            None,
+        )
         if scope is None:
             return False
     discarded = {id(n.value) for n in ast.walk(scope) if isinstance(n, ast.Expr)}
-    return any(isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == callee
-               and id(n) not in discarded for n in ast.walk(scope))
+    return any(
+        isinstance(n, ast.Call)
+        and isinstance(n.func, ast.Name)
+        and n.func.id == callee
+        and id(n) not in discarded
+        for n in ast.walk(scope)
+    )
 
 
 def _compile_error(code: str) -> str | None:
@@ -97,8 +112,14 @@ class CoopScore:
     result: ExecutionResult | None = None
 
 
-def _feedback(entry: str | None, has_aux: bool, has_entry: bool, error: str | None,
-              result: ExecutionResult | None, coop: bool) -> str:
+def _feedback(
+    entry: str | None,
+    has_aux: bool,
+    has_entry: bool,
+    error: str | None,
+    result: ExecutionResult | None,
+    coop: bool,
+) -> str:
     lines = [f"Helper defines `{AUX}`: {'yes' if has_aux else 'no'}."]
     if entry:
         lines.append(f"Main defines `{entry}`: {'yes' if has_entry else 'no'}.")
@@ -110,12 +131,15 @@ def _feedback(entry: str | None, has_aux: bool, has_entry: bool, error: str | No
     return "\n".join(lines)
 
 
-def score_pairs(problems: Sequence[Problem], helper_texts: Sequence[str], main_texts: Sequence[str],
-                verifier: Verifier) -> list[CoopScore]:
+def score_pairs(
+    problems: Sequence[Problem], helper_texts: Sequence[str], main_texts: Sequence[str], verifier: Verifier
+) -> list[CoopScore]:
     """Level rewards of `(helper_texts[i], main_texts[i])` on `problems[i]`; all programs that
     compile run in one batch."""
     if not len(problems) == len(helper_texts) == len(main_texts):
-        raise ValueError(f"{len(problems)} problems, {len(helper_texts)} helper and {len(main_texts)} main texts")
+        raise ValueError(
+            f"{len(problems)} problems, {len(helper_texts)} helper and {len(main_texts)} main texts"
+        )
     if any(p.is_math for p in problems):
         raise ValueError("the coop_code task needs code problems, got a math problem")
     parts = []
@@ -128,21 +152,32 @@ def score_pairs(problems: Sequence[Problem], helper_texts: Sequence[str], main_t
     results: dict[int, ExecutionResult] = {}
     if runnable:
         # samples often repeat a (helper, main) pair: run each (problem, combined code) once
-        ran = verifier.run([parts[k][0].program(parts[k][3]) for k in runnable],
-                           [(id(parts[k][0]), parts[k][3]) for k in runnable])
+        ran = verifier.run(
+            [parts[k][0].program(parts[k][3]) for k in runnable],
+            [(id(parts[k][0]), parts[k][3]) for k in runnable],
+        )
         results = dict(zip(runnable, ran))
     scores = []
-    for k, (p, hc, mc, combined, error) in enumerate(parts):
+    for k, (p, hc, mc, _combined, error) in enumerate(parts):
         entry = p.entry_point
         has_aux = defines(hc, AUX)
         has_entry = defines(mc, entry, top_level=False) if entry else bool(mc.strip())
         result = results.get(k)
         frac = result.pass_fraction() if result is not None else 0.0
         coop = has_aux and not defines(mc, AUX, top_level=False) and uses_result(mc, entry)
-        levels = {"structure": WEIGHTS["structure"] * (has_aux and has_entry),
-                  "syntax": WEIGHTS["syntax"] * (error is None),
-                  "tests": WEIGHTS["tests"] * frac,
-                  "cooperation": WEIGHTS["cooperation"] * (coop and frac > 0)}
-        scores.append(CoopScore(float(sum(levels.values())), frac == 1.0, levels,
-                                _feedback(entry, has_aux, has_entry, error, result, coop), result))
+        levels = {
+            "structure": WEIGHTS["structure"] * (has_aux and has_entry),
+            "syntax": WEIGHTS["syntax"] * (error is None),
+            "tests": WEIGHTS["tests"] * frac,
+            "cooperation": WEIGHTS["cooperation"] * (coop and frac > 0),
+        }
+        scores.append(
+            CoopScore(
+                float(sum(levels.values())),
+                frac == 1.0,
+                levels,
+                _feedback(entry, has_aux, has_entry, error, result, coop),
+                result,
+            )
+        )
     return scores

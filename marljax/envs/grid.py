@@ -22,7 +22,8 @@ import dataclasses
 import random
 import re
 from collections import deque
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from marljax.envs.base import TurnResult, best_branch
 from marljax.rewards import Problem, Verifier
@@ -38,8 +39,9 @@ class GridProblem(Problem):
     """A `Problem` of schema ``plan``: ``fields`` holds size, walls [[r, c], ...], start, goal,
     distance, solution."""
 
-    def __init__(self, id: str, prompt: str, fields: Mapping[str, Any], schema: str = "plan",
-                 source: str = "<grid>"):
+    def __init__(
+        self, id: str, prompt: str, fields: Mapping[str, Any], schema: str = "plan", source: str = "<grid>"
+    ):
         super().__init__(id, prompt, schema, source, fields)
 
 
@@ -76,7 +78,7 @@ def parse_plan(text: str) -> str:
     """The moves in an answer: after the last ``Moves:`` (any case) if there is one, else anywhere;
     the first run of U/D/L/R letters not inside a word, separators dropped ('' if none)."""
     marks = list(_MARK.finditer(text or ""))
-    segment = (text or "")[marks[-1].end():] if marks else (text or "")
+    segment = (text or "")[marks[-1].end() :] if marks else (text or "")
     m = _PLAN.search(segment)
     return re.sub(r"[ ,]", "", m.group(0)) if m else ""
 
@@ -115,16 +117,20 @@ def plan_reward(fields: Mapping[str, Any], pos: Sequence[int], moves: str) -> fl
 def grid_text(fields: Mapping[str, Any], pos: Sequence[int]) -> str:
     """One line per row: ``#`` wall, ``.`` free, ``A`` the agent, ``G`` the goal."""
     walls, goal, size = {tuple(w) for w in fields["walls"]}, tuple(fields["goal"]), fields["size"]
+
     def cell(rc):
         return "A" if rc == tuple(pos) else "G" if rc == goal else "#" if rc in walls else "."
+
     return "\n".join("".join(cell((r, c)) for c in range(size)) for r in range(size))
 
 
 def grid_prompt(fields: Mapping[str, Any], pos: Sequence[int]) -> str:
-    return ("Grid path planning. Move A to G. Row 0 is the top; '#' is a wall, '.' is free.\n"
-            f"{grid_text(fields, pos)}\n"
-            "Moves: U (up), D (down), L (left), R (right). A move into a wall or off the grid ends the plan.\n"
-            "Reply with your moves on one line, like `Moves: RRD`.")
+    return (
+        "Grid path planning. Move A to G. Row 0 is the top; '#' is a wall, '.' is free.\n"
+        f"{grid_text(fields, pos)}\n"
+        "Moves: U (up), D (down), L (left), R (right). A move into a wall or off the grid ends the plan.\n"
+        "Reply with your moves on one line, like `Moves: RRD`."
+    )
 
 
 def make_grid_problems(n: int, seed: int = 0, size: int = 5, wall_prob: float = 0.3) -> list[GridProblem]:
@@ -136,7 +142,12 @@ def make_grid_problems(n: int, seed: int = 0, size: int = 5, wall_prob: float = 
             cells = [(r, c) for r in range(size) for c in range(size)]
             start, goal = rng.sample(cells, 2)
             walls = sorted(x for x in cells if x not in (start, goal) and rng.random() < wall_prob)
-            fields = {"size": size, "walls": [list(w) for w in walls], "start": list(start), "goal": list(goal)}
+            fields = {
+                "size": size,
+                "walls": [list(w) for w in walls],
+                "start": list(start),
+                "goal": list(goal),
+            }
             d = bfs_distances(fields).get(start)
             if d is not None and d >= 2:
                 break
@@ -160,8 +171,10 @@ class PlanEnv:
 
     def start(self, problem: Problem) -> PlanState:
         if problem.schema != "plan":
-            raise ValueError(f"task 'plan' needs grid problems (schema 'plan', from make_grid_problems); "
-                             f"problem {problem.id!r} has schema {problem.schema!r}")
+            raise ValueError(
+                f"task 'plan' needs grid problems (schema 'plan', from make_grid_problems); "
+                f"problem {problem.id!r} has schema {problem.schema!r}"
+            )
         return PlanState(tuple(problem.fields["start"]))
 
     def request(self, problem: Problem, state: PlanState, role: str, turn: int) -> tuple[str, str, str]:
@@ -171,11 +184,19 @@ class PlanEnv:
             return text, "", ""
         d = bfs_distances(problem.fields)[state.pos]
         how = "was stopped by a wall or the edge" if state.last.illegal else "ended"
-        return text, f"Your last plan {how} at row {state.pos[0]}, column {state.pos[1]}: {d} moves from G.", \
-            f"Moves so far: {state.moves or '(none)'}"
+        return (
+            text,
+            f"Your last plan {how} at row {state.pos[0]}, column {state.pos[1]}: {d} moves from G.",
+            f"Moves so far: {state.moves or '(none)'}",
+        )
 
-    def step(self, problems: Sequence[Problem], states: Sequence[PlanState], texts: Sequence[dict[str, list[str]]],
-             verifier: Verifier) -> list[TurnResult]:
+    def step(
+        self,
+        problems: Sequence[Problem],
+        states: Sequence[PlanState],
+        texts: Sequence[dict[str, list[str]]],
+        verifier: Verifier,
+    ) -> list[TurnResult]:
         del verifier  # plans are checked by running them on the grid
         out = []
         (role,) = self.roles
@@ -184,7 +205,10 @@ class PlanEnv:
             runs = [run_plan(problem.fields, state.pos, p) for p in plans]
             rewards = [plan_reward(problem.fields, state.pos, p) for p in plans]
             b = best_branch(rewards)
-            new = PlanState(runs[b].pos, state.moves + plans[b][:runs[b].used], runs[b])
-            out.append(TurnResult({role: rewards}, {role: [r.reached for r in runs]}, {role: b}, new,
-                                  runs[b].reached))
+            new = PlanState(runs[b].pos, state.moves + plans[b][: runs[b].used], runs[b])
+            out.append(
+                TurnResult(
+                    {role: rewards}, {role: [r.reached for r in runs]}, {role: b}, new, runs[b].reached
+                )
+            )
         return out

@@ -9,7 +9,8 @@ carry.
 from __future__ import annotations
 
 import dataclasses
-from typing import Protocol, Sequence
+from collections.abc import Sequence
+from typing import Protocol
 
 from marljax.envs import coop_code
 from marljax.rewards import Problem, Verifier, error_feedback
@@ -26,8 +27,9 @@ class JointTask(Protocol):
     def problem_text(self, problem: Problem, agent_index: int) -> str:
         """The `{problem}` text of agent `agent_index`'s prompt."""
 
-    def judge(self, problems: Sequence[Problem], answers: Sequence[Sequence[str]],
-              verifier: Verifier) -> list[Judgement]:
+    def judge(
+        self, problems: Sequence[Problem], answers: Sequence[Sequence[str]], verifier: Verifier
+    ) -> list[Judgement]:
         """The judgement of each joint answer `answers[i]` to `problems[i]`."""
 
 
@@ -37,8 +39,9 @@ class CoopCodeTask:
     def problem_text(self, problem: Problem, agent_index: int) -> str:
         return coop_code.helper_prompt(problem) if agent_index == 0 else coop_code.main_prompt(problem)
 
-    def judge(self, problems: Sequence[Problem], answers: Sequence[Sequence[str]],
-              verifier: Verifier) -> list[Judgement]:
+    def judge(
+        self, problems: Sequence[Problem], answers: Sequence[Sequence[str]], verifier: Verifier
+    ) -> list[Judgement]:
         scores = coop_code.score_pairs(problems, [a[0] for a in answers], [a[1] for a in answers], verifier)
         return [Judgement(s.reward, s.passed, s.feedback) for s in scores]
 
@@ -49,11 +52,20 @@ class LastAnswerTask:
     def problem_text(self, problem: Problem, agent_index: int) -> str:
         return problem.prompt
 
-    def judge(self, problems: Sequence[Problem], answers: Sequence[Sequence[str]],
-              verifier: Verifier) -> list[Judgement]:
+    def judge(
+        self, problems: Sequence[Problem], answers: Sequence[Sequence[str]], verifier: Verifier
+    ) -> list[Judgement]:
         scores = verifier.score(problems, [a[-1] for a in answers])
-        return [Judgement(s.reward, s.passed, error_feedback(s.result) if s.result is not None
-                          else ("" if s.passed else "The answer is incorrect.")) for s in scores]
+        return [
+            Judgement(
+                s.reward,
+                s.passed,
+                error_feedback(s.result)
+                if s.result is not None
+                else ("" if s.passed else "The answer is incorrect."),
+            )
+            for s in scores
+        ]
 
 
 TASKS: dict[str, type[JointTask]] = {"coop_code": CoopCodeTask, "score": LastAnswerTask}

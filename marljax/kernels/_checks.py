@@ -6,7 +6,8 @@ cost nothing inside a compiled function, and every message names the argument.
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 import chex
 import jax
@@ -51,7 +52,11 @@ def boolean_or_none(x: chex.Array | None, name: str) -> None:
 
 
 def static_int(value: Any, name: str, minimum: int = 1) -> int:
-    if isinstance(value, jax.core.Tracer) or not isinstance(value, (int, np.integer)) or isinstance(value, bool):
+    if (
+        isinstance(value, jax.core.Tracer)
+        or not isinstance(value, (int, np.integer))
+        or isinstance(value, bool)
+    ):
         raise TypeError(f"{_tag(name)} must be a static Python int, got {type(value).__name__}")
     if value < minimum:
         raise ValueError(f"{_tag(name)} must be >= {minimum}, got {value}")

@@ -125,7 +125,14 @@ def _ragged(rewards, group_ids, num_groups, mask, center, scale, eps, ddof):
         return lambda x: reduce(x, segment, num_segments=num_groups + 1)[segment]
 
     adv = _advantages(
-        rewards, valid, per_group(jax.ops.segment_sum), per_group(jax.ops.segment_max), center, scale, eps, ddof
+        rewards,
+        valid,
+        per_group(jax.ops.segment_sum),
+        per_group(jax.ops.segment_max),
+        center,
+        scale,
+        eps,
+        ddof,
     )
     return jnp.where(mask & ~in_range, jnp.nan, adv).astype(rewards.dtype)
 

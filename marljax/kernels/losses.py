@@ -24,7 +24,12 @@ from marljax.kernels.losses_surrogate import (
     log_ratio,
     surrogate_metrics,
 )
-from marljax.kernels.losses_terms import entropy_from_logits, kl_penalty, logprobs_from_logits, overlong_penalty
+from marljax.kernels.losses_terms import (
+    entropy_from_logits,
+    kl_penalty,
+    logprobs_from_logits,
+    overlong_penalty,
+)
 from marljax.kernels.losses_tis import tis_weights
 
 __all__ = [
@@ -118,8 +123,11 @@ def _check_policy_args(logp, logp_old, advantages, response_mask, importance_wei
     if importance_weights is not None:
         _checks.floating(importance_weights, "importance_weights")
         _checks.rank(importance_weights, {1, 2}, "importance_weights")
-        _checks.shape(importance_weights, (n,) if jnp.ndim(importance_weights) == 1 else (n, length),
-                      "importance_weights")
+        _checks.shape(
+            importance_weights,
+            (n,) if jnp.ndim(importance_weights) == 1 else (n, length),
+            "importance_weights",
+        )
     return mask
 
 
@@ -186,8 +194,9 @@ def policy_loss_per_token(
     loss = jnp.where(mask, loss, jnp.zeros((), dtype))
 
     token_lr = log_ratio(logp, logp_old, mask, loss_type="ppo", clamp=log_ratio_clamp)
-    metrics = surrogate_metrics(ratio, adv, token_lr, mask, clip_low=clip_low, clip_high=clip_high,
-                                dual_clip=dual_clip)
+    metrics = surrogate_metrics(
+        ratio, adv, token_lr, mask, clip_low=clip_low, clip_high=clip_high, dual_clip=dual_clip
+    )
     return loss, metrics
 
 

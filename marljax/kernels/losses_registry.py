@@ -7,7 +7,8 @@ and the code that dispatches on the name does not change.
 
 from __future__ import annotations
 
-from typing import Callable, Generic, TypeVar
+from collections.abc import Callable
+from typing import Generic, TypeVar
 
 from marljax.kernels import _checks
 

@@ -12,7 +12,8 @@ responses, L response positions) with a boolean mask `[N, L]`.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import chex
 import jax
@@ -177,7 +178,11 @@ def surrogate_metrics(
     clip_low, clip_high, dual_clip = check_clip_options(clip_low, clip_high, dual_clip)
 
     sg = jax.lax.stop_gradient
-    ratio, adv, token_lr = sg(jnp.asarray(ratio)), sg(jnp.asarray(advantages)), sg(jnp.asarray(token_log_ratio))
+    ratio, adv, token_lr = (
+        sg(jnp.asarray(ratio)),
+        sg(jnp.asarray(advantages)),
+        sg(jnp.asarray(token_log_ratio)),
+    )
     dtype = ratio.dtype
     unclipped, clipped = _negated_objectives(ratio, adv, clip_low, clip_high)
     is_clipped = clipped > unclipped

@@ -12,8 +12,7 @@ import chex
 import jax
 import jax.numpy as jnp
 
-from marljax.kernels import _checks
-from marljax.kernels import losses_util
+from marljax.kernels import _checks, losses_util
 
 KL_KINDS = ("k1", "k2", "k3")
 
@@ -85,7 +84,9 @@ def entropy_from_logits(logits: chex.Array) -> jax.Array:
     return jnp.log(total[..., 0]) - jnp.sum(exp / total * finite, axis=-1)
 
 
-def kl_penalty(logp: chex.Array, ref_logp: chex.Array, kind: str = "k1", clamp: float | None = None) -> jax.Array:
+def kl_penalty(
+    logp: chex.Array, ref_logp: chex.Array, kind: str = "k1", clamp: float | None = None
+) -> jax.Array:
     """Per-token sample estimate of KL(pi || pi_ref) from tokens sampled from pi.
 
     Shapes: `logp`, `ref_logp` `[N, L]` (any equal shapes) -> same shape.

@@ -8,8 +8,7 @@ import chex
 import jax
 import jax.numpy as jnp
 
-from marljax.kernels import _checks
-from marljax.kernels import losses_util
+from marljax.kernels import _checks, losses_util
 
 TIS_LEVELS = ("token", "sequence")
 TIS_MODES = ("truncate", "mask")

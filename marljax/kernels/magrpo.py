@@ -131,9 +131,7 @@ def magrpo_advantages(
         credit = jax.ops.segment_sum(jnp.where(mask, returns, 0.0), completion, num_completions)
         present = jax.ops.segment_sum(mask.astype(jnp.int32), completion, num_completions) > 0
         siblings = jnp.arange(num_completions) // group_size
-        adv = group_advantages(
-            credit, siblings, num_completions // group_size, present, scale=scale, eps=eps
-        )
+        adv = group_advantages(credit, siblings, num_completions // group_size, present, scale=scale, eps=eps)
         columns.append(jnp.where(mask, adv[completion], 0.0))
     return jnp.stack(columns, axis=1)
 
@@ -160,7 +158,5 @@ def magrpo_node_advantages(
     else:
         num_agents = jnp.ndim(joint_returns)
         all_axes = tuple(range(num_agents))
-        credits = jnp.stack(
-            [jnp.sum(joint_returns, axis=all_axes[:i] + all_axes[i + 1 :]) for i in all_axes]
-        )
+        credits = jnp.stack([jnp.sum(joint_returns, axis=all_axes[:i] + all_axes[i + 1 :]) for i in all_axes])
     return jax.vmap(lambda c: normalize_group(c, scale=scale, eps=eps))(credits)

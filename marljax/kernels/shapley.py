@@ -10,7 +10,7 @@ team, ``v[2^K - 1]`` the full one).
 from __future__ import annotations
 
 import math
-from typing import Callable
+from collections.abc import Callable
 
 import chex
 import jax
@@ -31,7 +31,9 @@ def _num_agents_of_table(values) -> int:
             f"argument `values` must have a last axis of size 2^K (one entry per coalition), got {size}"
         )
     if num_agents > MAX_EXACT_AGENTS:
-        raise ValueError(f"argument `values` has K={num_agents} agents; use sampled_shapley_values beyond {MAX_EXACT_AGENTS}")
+        raise ValueError(
+            f"argument `values` has K={num_agents} agents; use sampled_shapley_values beyond {MAX_EXACT_AGENTS}"
+        )
     return num_agents
 
 
@@ -131,7 +133,11 @@ def sampled_shapley_values(
     if antithetic:
         marginal = 0.5 * (marginal[:num_permutations] + marginal[num_permutations:])
     estimate = jnp.mean(marginal, axis=0)
-    stderr = jnp.std(marginal, axis=0, ddof=1) / jnp.sqrt(num_permutations) if num_permutations > 1 else jnp.full_like(estimate, jnp.inf)
+    stderr = (
+        jnp.std(marginal, axis=0, ddof=1) / jnp.sqrt(num_permutations)
+        if num_permutations > 1
+        else jnp.full_like(estimate, jnp.inf)
+    )
     return estimate, stderr
 
 

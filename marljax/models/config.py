@@ -12,8 +12,10 @@ activations other than SiLU, ...) is refused with an error naming the key.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import ml_dtypes  # noqa: F401  (registers bfloat16 with numpy)
 import numpy as np
@@ -91,14 +93,27 @@ class ModelConfig:
                 f"unsupported architecture {self.architecture!r}; supported: "
                 f"{sorted(SUPPORTED_ARCHITECTURES)}"
             )
-        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers",
-                     "num_heads", "num_kv_heads", "head_dim", "max_position_embeddings",
-                     "rope_original_max_position_embeddings"):
+        for name in (
+            "vocab_size",
+            "hidden_size",
+            "intermediate_size",
+            "num_layers",
+            "num_heads",
+            "num_kv_heads",
+            "head_dim",
+            "max_position_embeddings",
+            "rope_original_max_position_embeddings",
+        ):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
                 raise ValueError(f"ModelConfig.{name} must be a positive int, got {v!r}")
-        for name in ("rms_norm_eps", "rope_theta", "rope_factor", "rope_low_freq_factor",
-                     "rope_high_freq_factor"):
+        for name in (
+            "rms_norm_eps",
+            "rope_theta",
+            "rope_factor",
+            "rope_low_freq_factor",
+            "rope_high_freq_factor",
+        ):
             v = getattr(self, name)
             if not isinstance(v, (int, float)) or isinstance(v, bool) or not v > 0:
                 raise ValueError(f"ModelConfig.{name} must be a positive number, got {v!r}")
@@ -121,10 +136,8 @@ class ModelConfig:
         for name in ("dtype", "param_dtype"):
             value = getattr(self, name)
             if not isinstance(value, str):  # accept jnp.bfloat16, np.float32, ...
-                try:
+                with contextlib.suppress(TypeError):
                     object.__setattr__(self, name, np.dtype(value).name)
-                except TypeError:
-                    pass
             if getattr(self, name) not in DTYPES:
                 raise ValueError(f"ModelConfig.{name} must be one of {DTYPES}, got {getattr(self, name)!r}")
         if self.remat not in REMAT_POLICIES:
@@ -146,7 +159,7 @@ class ModelConfig:
         """Query heads per key/value head (the GQA ratio)."""
         return self.num_heads // self.num_kv_heads
 
-    def replace(self, **changes: Any) -> "ModelConfig":
+    def replace(self, **changes: Any) -> ModelConfig:
         """A copy with some fields changed (validated again)."""
         unknown = set(changes) - {f.name for f in dataclasses.fields(self)}
         if unknown:
@@ -164,7 +177,7 @@ class ModelConfig:
 
     # ------------------------------------------------------------- HF configs
     @classmethod
-    def from_hf(cls, hf_config: Any, **runtime: Any) -> "ModelConfig":
+    def from_hf(cls, hf_config: Any, **runtime: Any) -> ModelConfig:
         """Build from a transformers `PretrainedConfig` (or its `to_dict()`).
 
         `runtime` sets `dtype`, `param_dtype`, `remat`, `attention_impl`, `scan_layers`.
@@ -207,8 +220,9 @@ class ModelConfig:
             raise ValueError("unsupported config value use_sliding_window=True (sliding-window attention)")
         layer_types = d.get("layer_types")
         if layer_types and any(t != "full_attention" for t in layer_types):
-            raise ValueError(f"unsupported config value layer_types={sorted(set(layer_types))} "
-                             "(only 'full_attention')")
+            raise ValueError(
+                f"unsupported config value layer_types={sorted(set(layer_types))} (only 'full_attention')"
+            )
         if float(d.get("attention_dropout", 0.0) or 0.0) != 0.0:
             raise ValueError("unsupported config value attention_dropout != 0")
         if int(d.get("pretraining_tp", 1) or 1) != 1:
@@ -232,10 +246,11 @@ class ModelConfig:
                 raise ValueError(f"rope_scaling type {rope_type!r} needs key 'factor'")
             rope_kw["rope_factor"] = float(rope["factor"])
         if rope_type == "llama3":
-            for key, field in (("low_freq_factor", "rope_low_freq_factor"),
-                               ("high_freq_factor", "rope_high_freq_factor"),
-                               ("original_max_position_embeddings",
-                                "rope_original_max_position_embeddings")):
+            for key, field in (
+                ("low_freq_factor", "rope_low_freq_factor"),
+                ("high_freq_factor", "rope_high_freq_factor"),
+                ("original_max_position_embeddings", "rope_original_max_position_embeddings"),
+            ):
                 if key not in rope:
                     raise ValueError(f"rope_scaling type 'llama3' needs key {key!r}")
                 rope_kw[field] = rope[key] if key.startswith("original") else float(rope[key])
@@ -287,7 +302,8 @@ class ModelConfig:
             "max_position_embeddings": self.max_position_embeddings,
             "tie_word_embeddings": self.tie_word_embeddings,
             "bos_token_id": self.bos_token_id,
-            "eos_token_id": list(self.eos_token_id) if isinstance(self.eos_token_id, tuple)
+            "eos_token_id": list(self.eos_token_id)
+            if isinstance(self.eos_token_id, tuple)
             else self.eos_token_id,
             "pad_token_id": self.pad_token_id,
         }
@@ -304,9 +320,11 @@ class ModelConfig:
         if self.rope_type in ("linear", "llama3"):
             rope["factor"] = self.rope_factor
         if self.rope_type == "llama3":
-            rope.update(low_freq_factor=self.rope_low_freq_factor,
-                        high_freq_factor=self.rope_high_freq_factor,
-                        original_max_position_embeddings=self.rope_original_max_position_embeddings)
+            rope.update(
+                low_freq_factor=self.rope_low_freq_factor,
+                high_freq_factor=self.rope_high_freq_factor,
+                original_max_position_embeddings=self.rope_original_max_position_embeddings,
+            )
         d["rope_parameters"] = rope
         # transformers<5 spelling of the same information
         d["rope_theta"] = self.rope_theta
@@ -332,33 +350,71 @@ class ModelConfig:
 
     # ---------------------------------------------------------------- presets
     @classmethod
-    def preset(cls, name: str, **changes: Any) -> "ModelConfig":
+    def preset(cls, name: str, **changes: Any) -> ModelConfig:
         """A named config (see `PRESETS`), optionally with fields changed."""
         if name not in PRESETS:
             raise ValueError(f"unknown preset {name!r}; known: {sorted(PRESETS)}")
         return dataclasses.replace(PRESETS[name], **changes) if changes else PRESETS[name]
 
 
-_TINY = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_layers=2,
-             num_heads=4, num_kv_heads=2, head_dim=16, max_position_embeddings=512)
+_TINY = dict(
+    vocab_size=512,
+    hidden_size=64,
+    intermediate_size=128,
+    num_layers=2,
+    num_heads=4,
+    num_kv_heads=2,
+    head_dim=16,
+    max_position_embeddings=512,
+)
 
 PRESETS: dict[str, ModelConfig] = {
     # tiny random models for tests and demos (about 0.1M parameters)
     "tiny-qwen2": ModelConfig(architecture="Qwen2ForCausalLM", qkv_bias=True, **_TINY),
-    "tiny-qwen3": ModelConfig(architecture="Qwen3ForCausalLM", qk_norm=True,
-                              tie_word_embeddings=True, rope_theta=1e6,
-                              **{**_TINY, "head_dim": 32}),
-    "tiny-llama": ModelConfig(architecture="LlamaForCausalLM", rope_theta=500000.0,
-                              rope_type="llama3", rope_factor=8.0, rope_low_freq_factor=1.0,
-                              rope_high_freq_factor=4.0,
-                              rope_original_max_position_embeddings=64, **_TINY),
+    "tiny-qwen3": ModelConfig(
+        architecture="Qwen3ForCausalLM",
+        qk_norm=True,
+        tie_word_embeddings=True,
+        rope_theta=1e6,
+        **{**_TINY, "head_dim": 32},
+    ),
+    "tiny-llama": ModelConfig(
+        architecture="LlamaForCausalLM",
+        rope_theta=500000.0,
+        rope_type="llama3",
+        rope_factor=8.0,
+        rope_low_freq_factor=1.0,
+        rope_high_freq_factor=4.0,
+        rope_original_max_position_embeddings=64,
+        **_TINY,
+    ),
     # shapes of real checkpoints, for memory planning and benchmarks
-    "qwen3-0.6b": ModelConfig(architecture="Qwen3ForCausalLM", vocab_size=151936, hidden_size=1024,
-                              intermediate_size=3072, num_layers=28, num_heads=16, num_kv_heads=8,
-                              head_dim=128, rope_theta=1e6, qk_norm=True, tie_word_embeddings=True,
-                              max_position_embeddings=40960),
-    "qwen2.5-0.5b": ModelConfig(architecture="Qwen2ForCausalLM", vocab_size=151936, hidden_size=896,
-                                intermediate_size=4864, num_layers=24, num_heads=14, num_kv_heads=2,
-                                head_dim=64, rope_theta=1e6, qkv_bias=True, tie_word_embeddings=True,
-                                max_position_embeddings=32768),
+    "qwen3-0.6b": ModelConfig(
+        architecture="Qwen3ForCausalLM",
+        vocab_size=151936,
+        hidden_size=1024,
+        intermediate_size=3072,
+        num_layers=28,
+        num_heads=16,
+        num_kv_heads=8,
+        head_dim=128,
+        rope_theta=1e6,
+        qk_norm=True,
+        tie_word_embeddings=True,
+        max_position_embeddings=40960,
+    ),
+    "qwen2.5-0.5b": ModelConfig(
+        architecture="Qwen2ForCausalLM",
+        vocab_size=151936,
+        hidden_size=896,
+        intermediate_size=4864,
+        num_layers=24,
+        num_heads=14,
+        num_kv_heads=2,
+        head_dim=64,
+        rope_theta=1e6,
+        qkv_bias=True,
+        tie_word_embeddings=True,
+        max_position_embeddings=32768,
+    ),
 }

@@ -46,6 +46,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+from operator import itemgetter
 from typing import Any
 
 import jax
@@ -81,8 +82,14 @@ class DecoderLayers(nnx.Module):
 
     def __init__(self, config: ModelConfig, rngs: nnx.Rngs):
         c = config
-        L, D, F, N, K, H = (c.num_layers, c.hidden_size, c.intermediate_size, c.num_heads,
-                            c.num_kv_heads, c.head_dim)
+        L, D, F, N, K, H = (
+            c.num_layers,
+            c.hidden_size,
+            c.intermediate_size,
+            c.num_heads,
+            c.num_kv_heads,
+            c.head_dim,
+        )
         pd = _dtype(c.param_dtype)
         p = functools.partial(_param, rngs, dtype=pd)
         self.attn_norm = p((L, D), ("layers", "norm"), init="ones")
@@ -123,21 +130,44 @@ class Decoder(nnx.Module):
         if not config.tie_word_embeddings:
             self.lm_head = _param(rngs, (D, V), ("embed", "vocab"), pd)
 
-    def __call__(self, input_ids, positions=None, attention_mask=None, segment_ids=None,
-                 cache: "KVCache | None" = None):
+    def __call__(
+        self, input_ids, positions=None, attention_mask=None, segment_ids=None, cache: KVCache | None = None
+    ):
         """Logits `[B, T, V]` float32 and the updated cache (None without one)."""
-        return forward(get_params(self), input_ids, config=self.config, positions=positions,
-                       attention_mask=attention_mask, segment_ids=segment_ids, cache=cache)
+        return forward(
+            get_params(self),
+            input_ids,
+            config=self.config,
+            positions=positions,
+            attention_mask=attention_mask,
+            segment_ids=segment_ids,
+            cache=cache,
+        )
 
-    def token_logprobs(self, input_ids, labels, positions=None, attention_mask=None,
-                       segment_ids=None, temperature=1.0, chunk_size: int = 256):
+    def token_logprobs(
+        self,
+        input_ids,
+        labels,
+        positions=None,
+        attention_mask=None,
+        segment_ids=None,
+        temperature=1.0,
+        chunk_size: int = 256,
+    ):
         """Per-token log-probs `[B, T]` of `labels`; see `token_logprobs`."""
-        return token_logprobs(get_params(self), input_ids, labels, config=self.config,
-                              positions=positions, attention_mask=attention_mask,
-                              segment_ids=segment_ids, temperature=temperature,
-                              chunk_size=chunk_size)
+        return token_logprobs(
+            get_params(self),
+            input_ids,
+            labels,
+            config=self.config,
+            positions=positions,
+            attention_mask=attention_mask,
+            segment_ids=segment_ids,
+            temperature=temperature,
+            chunk_size=chunk_size,
+        )
 
-    def init_cache(self, batch_size: int, max_len: int) -> "KVCache":
+    def init_cache(self, batch_size: int, max_len: int) -> KVCache:
         return init_cache(self.config, batch_size, max_len)
 
 
@@ -204,8 +234,12 @@ def init_cache(config: ModelConfig, batch_size: int, max_len: int, dtype=None) -
     """An empty `KVCache` for `batch_size` rows and `max_len` slots."""
     dtype = _dtype(config.dtype) if dtype is None else dtype
     shape = (config.num_layers, batch_size, max_len, config.num_kv_heads, config.head_dim)
-    return KVCache(k=jnp.zeros(shape, dtype), v=jnp.zeros(shape, dtype),
-                   mask=jnp.zeros((batch_size, max_len), bool), index=jnp.zeros((), jnp.int32))
+    return KVCache(
+        k=jnp.zeros(shape, dtype),
+        v=jnp.zeros(shape, dtype),
+        mask=jnp.zeros((batch_size, max_len), bool),
+        index=jnp.zeros((), jnp.int32),
+    )
 
 
 def param_dict_shardings(config: ModelConfig, mesh: Mesh, rules: LogicalRules | None = None) -> dict:
@@ -217,18 +251,19 @@ def param_dict_shardings(config: ModelConfig, mesh: Mesh, rules: LogicalRules | 
     return nnx.to_pure_dict(param_shardings(abstract, mesh, rules))
 
 
-def cache_sharding(mesh: Mesh, cache: KVCache | None = None,
-                   rules: LogicalRules | None = None) -> KVCache:
+def cache_sharding(mesh: Mesh, cache: KVCache | None = None, rules: LogicalRules | None = None) -> KVCache:
     """Shardings for a `KVCache`: k/v `[L, B, S, K, H]`, mask `[B, S]`, index `[]`.
 
     Pass the (possibly abstract) `cache` so that dimensions the mesh does not
     divide (e.g. fewer kv heads than `tensor`) are replicated.
     """
     shape = None if cache is None else cache.k.shape
-    kv = NamedSharding(mesh, logical_to_spec(("layers", "batch", "cache_seq", "kv_heads", "head_dim"),
-                                             shape, mesh, rules))
-    return KVCache(k=kv, v=kv, mask=batch_sharding(mesh, 2, rules),
-                   index=NamedSharding(mesh, PartitionSpec()))
+    kv = NamedSharding(
+        mesh, logical_to_spec(("layers", "batch", "cache_seq", "kv_heads", "head_dim"), shape, mesh, rules)
+    )
+    return KVCache(
+        k=kv, v=kv, mask=batch_sharding(mesh, 2, rules), index=NamedSharding(mesh, PartitionSpec())
+    )
 
 
 def positions_from_mask(attention_mask: jax.Array) -> jax.Array:
@@ -280,16 +315,19 @@ def project_qkv(p: Params, x: jax.Array, positions: jax.Array, *, config: ModelC
     """
     c = config
     N, K, H = c.num_heads, c.num_kv_heads, c.head_dim
-    w = lambda name: p[name].astype(x.dtype)  # noqa: E731
+
+    def w(name):
+        return p[name].astype(x.dtype)
+
     h = rms_norm(x, p["attn_norm"], c.rms_norm_eps)
     if "wqkv" in p:
         qkv = _matmul(h, w("wqkv"))
         if c.qkv_bias:
             qkv = qkv + w("bqkv")
         lead = qkv.shape[:-1]
-        q = qkv[..., :N * H].reshape(*lead, N, H)
-        k = qkv[..., N * H:(N + K) * H].reshape(*lead, K, H)
-        v = qkv[..., (N + K) * H:].reshape(*lead, K, H)
+        q = qkv[..., : N * H].reshape(*lead, N, H)
+        k = qkv[..., N * H : (N + K) * H].reshape(*lead, K, H)
+        v = qkv[..., (N + K) * H :].reshape(*lead, K, H)
     else:
         q, k, v = _matmul(h, w("wq")), _matmul(h, w("wk")), _matmul(h, w("wv"))
         if c.qkv_bias:
@@ -303,15 +341,19 @@ def project_qkv(p: Params, x: jax.Array, positions: jax.Array, *, config: ModelC
 def attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, *, config: ModelConfig) -> jax.Array:
     """Grouped-query attention `[B, T, N, H]` of queries `[B, T, N, H]` over keys and values
     `[B, S, K, H]`, where `mask` `[B, 1, T, S]` is set (query head n reads kv head n // (N / K))."""
-    return jax.nn.dot_product_attention(q, k, v, mask=mask, scale=1.0 / math.sqrt(config.head_dim),
-                                        implementation=config.attention_impl)
+    return jax.nn.dot_product_attention(
+        q, k, v, mask=mask, scale=1.0 / math.sqrt(config.head_dim), implementation=config.attention_impl
+    )
 
 
 def out_and_mlp(p: Params, x: jax.Array, attn: jax.Array, *, config: ModelConfig) -> jax.Array:
     """The rest of the layer: `x` `[..., D]` plus the output projection of `attn` `[..., N, H]`
     (+ bias), then plus the SwiGLU MLP of its RMSNorm. `p` as in `project_qkv`."""
     c = config
-    w = lambda name: p[name].astype(x.dtype)  # noqa: E731
+
+    def w(name):
+        return p[name].astype(x.dtype)
+
     out = _matmul(attn.reshape(*attn.shape[:-2], -1), w("wo").reshape(-1, c.hidden_size))
     if c.o_bias:
         out = out + w("bo")
@@ -344,9 +386,16 @@ _REMAT_POLICY = {
 }
 
 
-def hidden_states(params: Params, input_ids: jax.Array, *, config: ModelConfig,
-                  positions: jax.Array | None = None, attention_mask: jax.Array | None = None,
-                  segment_ids: jax.Array | None = None, cache: KVCache | None = None):
+def hidden_states(
+    params: Params,
+    input_ids: jax.Array,
+    *,
+    config: ModelConfig,
+    positions: jax.Array | None = None,
+    attention_mask: jax.Array | None = None,
+    segment_ids: jax.Array | None = None,
+    cache: KVCache | None = None,
+):
     """Final (normed) hidden states `[B, T, D]` in the compute dtype, and the new cache.
 
     input_ids: `[B, T]` int. positions: `[B, T]` int rotary positions (default
@@ -358,8 +407,11 @@ def hidden_states(params: Params, input_ids: jax.Array, *, config: ModelConfig,
     if input_ids.ndim != 2:
         raise ValueError(f"input_ids must be [B, T], got shape {input_ids.shape}")
     B, T = input_ids.shape
-    for name, arr in (("positions", positions), ("attention_mask", attention_mask),
-                      ("segment_ids", segment_ids)):
+    for name, arr in (
+        ("positions", positions),
+        ("attention_mask", attention_mask),
+        ("segment_ids", segment_ids),
+    ):
         if arr is not None and arr.shape != (B, T):
             raise ValueError(f"{name} must have the shape of input_ids {(B, T)}, got {arr.shape}")
     cd = _dtype(config.dtype)
@@ -386,18 +438,21 @@ def hidden_states(params: Params, input_ids: jax.Array, *, config: ModelConfig,
         mask = (slot[None, :] <= q_slot[:, None])[None] & new_mask[:, None, :]  # [B, T, S]
     mask = mask[:, None]  # [B, 1, T, S]: broadcast over heads
 
-    layer = functools.partial(_layer, config=config, positions=positions, mask=mask,
-                              inv_freq=inverse_frequencies(config))
+    layer = functools.partial(
+        _layer, config=config, positions=positions, mask=mask, inv_freq=inverse_frequencies(config)
+    )
     if config.remat != "none":
         layer = jax.checkpoint(layer, policy=_REMAT_POLICY[config.remat])
 
     if cache is None:
+
         def body(x, p):
             return layer(p, x, None)[0], None
 
         x, _ = _run_layers(body, x, params["layers"], config.scan_layers)
         new_cache = None
     else:
+
         def body(x, xs):
             p, k, v = xs
             x, kv = layer(p, x, (k, v, cache.index))
@@ -414,7 +469,7 @@ def _run_layers(body, x, xs, scan: bool):
         return jax.lax.scan(body, x, xs)
     ys = []
     for i in range(jax.tree.leaves(xs)[0].shape[0]):
-        x, y = body(x, jax.tree.map(lambda a: a[i], xs))
+        x, y = body(x, jax.tree.map(itemgetter(i), xs))
         ys.append(y)
     return x, None if ys[0] is None else jax.tree.map(lambda *a: jnp.stack(a), *ys)
 
@@ -426,23 +481,43 @@ def unembed(params: Params, h: jax.Array) -> jax.Array:
     return _matmul(h, w.astype(h.dtype), preferred_element_type=jnp.float32)
 
 
-def forward(params: Params, input_ids: jax.Array, *, config: ModelConfig,
-            positions: jax.Array | None = None, attention_mask: jax.Array | None = None,
-            segment_ids: jax.Array | None = None, cache: KVCache | None = None):
+def forward(
+    params: Params,
+    input_ids: jax.Array,
+    *,
+    config: ModelConfig,
+    positions: jax.Array | None = None,
+    attention_mask: jax.Array | None = None,
+    segment_ids: jax.Array | None = None,
+    cache: KVCache | None = None,
+):
     """Logits `[B, T, V]` (float32) and the new cache (None when `cache` is None).
 
     Arguments as in `hidden_states`. Pure: jit it with `config` static, e.g.
     `jax.jit(forward, static_argnames="config")`.
     """
-    h, new_cache = hidden_states(params, input_ids, config=config, positions=positions,
-                                 attention_mask=attention_mask, segment_ids=segment_ids,
-                                 cache=cache)
+    h, new_cache = hidden_states(
+        params,
+        input_ids,
+        config=config,
+        positions=positions,
+        attention_mask=attention_mask,
+        segment_ids=segment_ids,
+        cache=cache,
+    )
     return unembed(params, h), new_cache
 
 
-def logprobs_from_hidden(params: Params, hidden: jax.Array, labels: jax.Array, *,
-                         config: ModelConfig, temperature: float | jax.Array = 1.0,
-                         chunk_size: int = 256, return_entropy: bool = False):
+def logprobs_from_hidden(
+    params: Params,
+    hidden: jax.Array,
+    labels: jax.Array,
+    *,
+    config: ModelConfig,
+    temperature: float | jax.Array = 1.0,
+    chunk_size: int = 256,
+    return_entropy: bool = False,
+):
     """`log softmax(lm_head(hidden) / temperature)[labels]`, `[B, T]` float32.
 
     With `return_entropy`, also the entropy `[B, T]` of each position's
@@ -474,21 +549,35 @@ def logprobs_from_hidden(params: Params, hidden: jax.Array, labels: jax.Array, *
 
     temperature = jnp.asarray(temperature, jnp.float32)
     out = jax.lax.map(lambda xs: chunk_logprobs(head, xs[0], xs[1], temperature), (hs, ls))
-    unchunk = lambda x: x.swapaxes(0, 1).reshape(B, n * C)[:, :T]  # noqa: E731
-    return jax.tree.map(unchunk, out)
+    return jax.tree.map(lambda x: x.swapaxes(0, 1).reshape(B, n * C)[:, :T], out)
 
 
-def token_logprobs(params: Params, input_ids: jax.Array, labels: jax.Array, *,
-                   config: ModelConfig, positions: jax.Array | None = None,
-                   attention_mask: jax.Array | None = None, segment_ids: jax.Array | None = None,
-                   temperature: float | jax.Array = 1.0, chunk_size: int = 256) -> jax.Array:
+def token_logprobs(
+    params: Params,
+    input_ids: jax.Array,
+    labels: jax.Array,
+    *,
+    config: ModelConfig,
+    positions: jax.Array | None = None,
+    attention_mask: jax.Array | None = None,
+    segment_ids: jax.Array | None = None,
+    temperature: float | jax.Array = 1.0,
+    chunk_size: int = 256,
+) -> jax.Array:
     """Log-prob `[B, T]` (float32) of `labels[b, t]` under the model's next-token
     distribution at position t, at `temperature`, without building `[B, T, V]`.
 
     For the usual "log-prob of each response token", pass
     `labels = jnp.roll(input_ids, -1, axis=1)` and ignore the last column.
     """
-    h, _ = hidden_states(params, input_ids, config=config, positions=positions,
-                         attention_mask=attention_mask, segment_ids=segment_ids)
-    return logprobs_from_hidden(params, h, labels, config=config, temperature=temperature,
-                                chunk_size=chunk_size)
+    h, _ = hidden_states(
+        params,
+        input_ids,
+        config=config,
+        positions=positions,
+        attention_mask=attention_mask,
+        segment_ids=segment_ids,
+    )
+    return logprobs_from_hidden(
+        params, h, labels, config=config, temperature=temperature, chunk_size=chunk_size
+    )

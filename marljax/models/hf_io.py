@@ -16,8 +16,9 @@ import json
 import math
 import os
 import struct
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import jax
 import ml_dtypes
@@ -33,8 +34,12 @@ CONFIG_FILE = "config.json"
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
 
-_ST_DTYPES = {"F32": np.dtype(np.float32), "F16": np.dtype(np.float16),
-              "BF16": np.dtype(ml_dtypes.bfloat16), "F64": np.dtype(np.float64)}
+_ST_DTYPES = {
+    "F32": np.dtype(np.float32),
+    "F16": np.dtype(np.float16),
+    "BF16": np.dtype(ml_dtypes.bfloat16),
+    "F64": np.dtype(np.float64),
+}
 
 
 class CheckpointError(ValueError):
@@ -69,7 +74,7 @@ class _SafetensorsFile:
             self._mmap = np.memmap(self.path, dtype=np.uint8, mode="r")
         info = self.header[name]
         begin, end = info["data_offsets"]
-        raw = self._mmap[self.data_start + begin:self.data_start + end]
+        raw = self._mmap[self.data_start + begin : self.data_start + end]
         return raw.view(_ST_DTYPES[info["dtype"]]).reshape(info["shape"])
 
 
@@ -92,20 +97,34 @@ class _Tensor:
 def tensor_map(config: ModelConfig) -> list[_Tensor]:
     """The parameter <-> Hugging Face tensor-name table for `config`."""
     c = config
-    D, F, N, K, H, V = (c.hidden_size, c.intermediate_size, c.num_heads, c.num_kv_heads,
-                        c.head_dim, c.vocab_size)
-    ident = lambda x: x  # noqa: E731
-    tr = lambda x: x.T  # noqa: E731
+    D, F, N, K, H, V = (
+        c.hidden_size,
+        c.intermediate_size,
+        c.num_heads,
+        c.num_kv_heads,
+        c.head_dim,
+        c.vocab_size,
+    )
+
+    def ident(x):
+        return x
+
+    def tr(x):
+        return x.T
 
     def proj_in(n):  # [n*H, D] <-> [D, n, H]
-        return (lambda x: x.reshape(n, H, D).transpose(2, 0, 1),
-                lambda x: x.transpose(1, 2, 0).reshape(n * H, D))
+        return (
+            lambda x: x.reshape(n, H, D).transpose(2, 0, 1),
+            lambda x: x.transpose(1, 2, 0).reshape(n * H, D),
+        )
 
     def bias(n):  # [n*H] <-> [n, H]
         return (lambda x: x.reshape(n, H), lambda x: x.reshape(n * H))
 
-    o_proj = (lambda x: x.reshape(D, N, H).transpose(1, 2, 0),  # [D, N*H] <-> [N, H, D]
-              lambda x: x.transpose(2, 0, 1).reshape(D, N * H))
+    o_proj = (
+        lambda x: x.reshape(D, N, H).transpose(1, 2, 0),  # [D, N*H] <-> [N, H, D]
+        lambda x: x.transpose(2, 0, 1).reshape(D, N * H),
+    )
     L = "model.layers.{i}."
     out = [
         _Tensor(("embed",), "model.embed_tokens.weight", ident, ident, (V, D)),
@@ -123,14 +142,18 @@ def tensor_map(config: ModelConfig) -> list[_Tensor]:
     if not c.tie_word_embeddings:
         out.append(_Tensor(("lm_head",), "lm_head.weight", tr, tr, (V, D)))
     if c.qkv_bias:
-        out += [_Tensor(("layers", "bq"), L + "self_attn.q_proj.bias", *bias(N), (N * H,)),
-                _Tensor(("layers", "bk"), L + "self_attn.k_proj.bias", *bias(K), (K * H,)),
-                _Tensor(("layers", "bv"), L + "self_attn.v_proj.bias", *bias(K), (K * H,))]
+        out += [
+            _Tensor(("layers", "bq"), L + "self_attn.q_proj.bias", *bias(N), (N * H,)),
+            _Tensor(("layers", "bk"), L + "self_attn.k_proj.bias", *bias(K), (K * H,)),
+            _Tensor(("layers", "bv"), L + "self_attn.v_proj.bias", *bias(K), (K * H,)),
+        ]
     if c.o_bias:
         out.append(_Tensor(("layers", "bo"), L + "self_attn.o_proj.bias", ident, ident, (D,)))
     if c.qk_norm:
-        out += [_Tensor(("layers", "q_norm"), L + "self_attn.q_norm.weight", ident, ident, (H,)),
-                _Tensor(("layers", "k_norm"), L + "self_attn.k_norm.weight", ident, ident, (H,))]
+        out += [
+            _Tensor(("layers", "q_norm"), L + "self_attn.q_norm.weight", ident, ident, (H,)),
+            _Tensor(("layers", "k_norm"), L + "self_attn.k_norm.weight", ident, ident, (H,)),
+        ]
     return out
 
 
@@ -198,8 +221,10 @@ def _check_tensors(config: ModelConfig, where: dict[str, _SafetensorsFile], path
     missing = sorted(set(expected) - set(where))
     if missing:
         files = sorted({str(f.path) for f in where.values()}) or [str(path)]
-        raise CheckpointError(f"missing tensor(s) {missing[:8]}{' ...' if len(missing) > 8 else ''} "
-                              f"({len(missing)} in all) in {files}")
+        raise CheckpointError(
+            f"missing tensor(s) {missing[:8]}{' ...' if len(missing) > 8 else ''} "
+            f"({len(missing)} in all) in {files}"
+        )
     unexpected = sorted(set(where) - set(expected))
     if config.tie_word_embeddings and "lm_head.weight" in unexpected:
         unexpected.remove("lm_head.weight")  # some tied checkpoints store the copy; it is ignored
@@ -212,17 +237,28 @@ def _check_tensors(config: ModelConfig, where: dict[str, _SafetensorsFile], path
     for name, t in expected.items():
         f = where[name]
         if f.shape(name) != t.hf_shape:
-            raise CheckpointError(f"{f.path}: tensor {name!r} has shape {list(f.shape(name))}, "
-                                  f"expected {list(t.hf_shape)} from {CONFIG_FILE}")
+            raise CheckpointError(
+                f"{f.path}: tensor {name!r} has shape {list(f.shape(name))}, "
+                f"expected {list(t.hf_shape)} from {CONFIG_FILE}"
+            )
         if f.dtype(name) not in _ST_DTYPES:
-            raise CheckpointError(f"{f.path}: tensor {name!r} has dtype {f.dtype(name)}, "
-                                  f"expected one of {sorted(_ST_DTYPES)}")
+            raise CheckpointError(
+                f"{f.path}: tensor {name!r} has dtype {f.dtype(name)}, expected one of {sorted(_ST_DTYPES)}"
+            )
     return table
 
 
-def from_pretrained(path: str | os.PathLike, *, dtype: Any = "float32", param_dtype: Any = None,
-                    mesh: Mesh | None = None, rules: LogicalRules | None = None,
-                    remat: str = "none", attention_impl: str | None = None, scan_layers: bool = True):
+def from_pretrained(
+    path: str | os.PathLike,
+    *,
+    dtype: Any = "float32",
+    param_dtype: Any = None,
+    mesh: Mesh | None = None,
+    rules: LogicalRules | None = None,
+    remat: str = "none",
+    attention_impl: str | None = None,
+    scan_layers: bool = True,
+):
     """Load a Hugging Face Qwen2/Qwen2.5/Qwen3/Llama checkpoint directory.
 
     Args:
@@ -246,8 +282,14 @@ def from_pretrained(path: str | os.PathLike, *, dtype: Any = "float32", param_dt
     path = Path(path)
     if not path.is_dir():
         raise CheckpointError(f"{path}: not a directory")
-    config = _read_config(path, dtype=dtype, param_dtype=param_dtype or dtype, remat=remat,
-                          attention_impl=attention_impl, scan_layers=scan_layers)
+    config = _read_config(
+        path,
+        dtype=dtype,
+        param_dtype=param_dtype or dtype,
+        remat=remat,
+        attention_impl=attention_impl,
+        scan_layers=scan_layers,
+    )
     where = _open_weights(path)
     table = {t.path: t for t in _check_tensors(config, where, path)}
 
@@ -290,8 +332,9 @@ def _to_host(x: jax.Array) -> np.ndarray:
     return np.asarray(jax.device_get(x))
 
 
-def save_pretrained(model: Decoder, path: str | os.PathLike, *, tokenizer: Any = None,
-                    max_shard_size: int = 5 * 1024**3) -> Path:
+def save_pretrained(
+    model: Decoder, path: str | os.PathLike, *, tokenizer: Any = None, max_shard_size: int = 5 * 1024**3
+) -> Path:
     """Write `model` as a Hugging Face directory: `config.json` plus safetensors
     (one `model.safetensors`, or shards and `model.safetensors.index.json` above
     `max_shard_size` bytes), in the parameter dtype. Loadable by
@@ -345,8 +388,9 @@ def save_pretrained(model: Decoder, path: str | os.PathLike, *, tokenizer: Any =
             save_file(tensors, str(path / fname), metadata={"format": "pt"})
     if write and n > 1:
         total = sum(e[4] for e in entries)
-        (path / INDEX_FILE).write_text(json.dumps(
-            {"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2))
+        (path / INDEX_FILE).write_text(
+            json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2)
+        )
     if write and tokenizer is not None:
         tokenizer.save_pretrained(str(path))
     return path

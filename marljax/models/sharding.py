@@ -21,12 +21,14 @@ that carry `logical_axes`. The decoder's own helpers (`param_dict_shardings`,
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import jax
 import numpy as np
 from flax import nnx
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 MESH_AXES = ("data", "fsdp", "tensor")
 
@@ -49,8 +51,9 @@ LOGICAL_AXIS_RULES: dict[str, str | tuple[str, ...] | None] = {
 }
 
 
-def make_mesh(data: int = 1, fsdp: int = 1, tensor: int = 1,
-              devices: Sequence[jax.Device] | None = None) -> Mesh:
+def make_mesh(
+    data: int = 1, fsdp: int = 1, tensor: int = 1, devices: Sequence[jax.Device] | None = None
+) -> Mesh:
     """A `Mesh` of shape `(data, fsdp, tensor)` with axis names `MESH_AXES`.
 
     Uses the first `data * fsdp * tensor` of `devices` (default `jax.devices()`),
@@ -71,8 +74,12 @@ def make_mesh(data: int = 1, fsdp: int = 1, tensor: int = 1,
     return Mesh(np.array(devices[:n]).reshape(data, fsdp, tensor), MESH_AXES)
 
 
-def logical_to_spec(logical_axes: Sequence[str | None], shape: Sequence[int] | None = None,
-                    mesh: Mesh | None = None, rules: LogicalRules | None = None) -> P:
+def logical_to_spec(
+    logical_axes: Sequence[str | None],
+    shape: Sequence[int] | None = None,
+    mesh: Mesh | None = None,
+    rules: LogicalRules | None = None,
+) -> P:
     """`PartitionSpec` for one array from its logical axis names.
 
     With `shape` and `mesh`, dimensions not divisible by their mesh axes are
@@ -107,6 +114,7 @@ def param_specs(state: Any, mesh: Mesh | None = None, rules: LogicalRules | None
 
     Works on abstract states (`nnx.eval_shape`) as well as concrete ones.
     """
+
     def one(v):
         axes = v.get_metadata().get("logical_axes")
         if axes is None:
@@ -118,8 +126,9 @@ def param_specs(state: Any, mesh: Mesh | None = None, rules: LogicalRules | None
 
 def param_shardings(state: Any, mesh: Mesh, rules: LogicalRules | None = None) -> Any:
     """Pytree of `NamedSharding`s matching `state`."""
-    return jax.tree.map(lambda s: NamedSharding(mesh, s), param_specs(state, mesh, rules),
-                        is_leaf=lambda x: isinstance(x, P))
+    return jax.tree.map(
+        lambda s: NamedSharding(mesh, s), param_specs(state, mesh, rules), is_leaf=lambda x: isinstance(x, P)
+    )
 
 
 def shard_model(model: nnx.Module, mesh: Mesh, rules: LogicalRules | None = None) -> nnx.Module:
@@ -162,9 +171,12 @@ def reshard(tree: Any, shardings: Any) -> Any:
             out.append(jax.jit(_identity, out_shardings=s)(x))
             continue
         if not isinstance(s, NamedSharding) or s.mesh.size != len(src):
-            raise ValueError(f"reshard onto other devices needs a NamedSharding over {len(src)} devices, got {s}")
-        here = NamedSharding(Mesh(np.array(src, dtype=object).reshape(s.mesh.devices.shape), s.mesh.axis_names),
-                             s.spec)
+            raise ValueError(
+                f"reshard onto other devices needs a NamedSharding over {len(src)} devices, got {s}"
+            )
+        here = NamedSharding(
+            Mesh(np.array(src, dtype=object).reshape(s.mesh.devices.shape), s.mesh.axis_names), s.spec
+        )
         out.append(jax.device_put(jax.jit(_identity, out_shardings=here)(x), s))
     return jax.tree.unflatten(treedef, out)
 
@@ -195,14 +207,17 @@ def process_local_mesh(mesh: Mesh) -> tuple[Mesh, Mesh]:
 def to_local(tree: Any, local_specs: Any, staging: Mesh, local: Mesh) -> Any:
     """Per-process copies of global arrays: all-gather over processes on device
     (`reshard` to `staging`), then re-wrap this process's buffers as arrays on `local`."""
-    staged = reshard(tree, jax.tree.map(lambda s: NamedSharding(staging, s), local_specs,
-                                        is_leaf=lambda x: isinstance(x, P)))
+    staged = reshard(
+        tree,
+        jax.tree.map(lambda s: NamedSharding(staging, s), local_specs, is_leaf=lambda x: isinstance(x, P)),
+    )
 
     def wrap(a, spec):
         sharding = NamedSharding(local, spec)
         bufs = {sh.device: sh.data for sh in a.addressable_shards}
         return jax.make_array_from_single_device_arrays(
-            a.shape, sharding, [bufs[d] for d in sharding.addressable_devices_indices_map(a.shape)])
+            a.shape, sharding, [bufs[d] for d in sharding.addressable_devices_indices_map(a.shape)]
+        )
 
     return jax.tree.map(wrap, staged, local_specs, is_leaf=lambda x: isinstance(x, P))
 

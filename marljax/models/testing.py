@@ -23,7 +23,14 @@ from typing import Any
 import numpy as np
 
 from marljax.models.tiny import (  # noqa: F401 - re-exported for the tests
-    CHATML_TEMPLATE, EOS_ID, FAMILIES, IM_START_ID, PAD_ID, SPECIAL_TOKENS, hf_config, random_model,
+    CHATML_TEMPLATE,
+    EOS_ID,
+    FAMILIES,
+    IM_START_ID,
+    PAD_ID,
+    SPECIAL_TOKENS,
+    hf_config,
+    random_model,
 )
 from marljax.models.tiny import make_tokenizer as make_tiny_tokenizer
 
@@ -35,17 +42,30 @@ CASES: dict[str, tuple[str, dict[str, Any]]] = {
     "qwen2-untied-gqa2": ("qwen2", {}),
     "qwen2-tied-gqa4": ("qwen2", dict(tie_word_embeddings=True, num_key_value_heads=1)),
     "qwen3-tied-gqa2": ("qwen3", {}),
-    "qwen3-untied-gqa4-bias": ("qwen3", dict(tie_word_embeddings=False, num_key_value_heads=1,
-                                             attention_bias=True)),
+    "qwen3-untied-gqa4-bias": (
+        "qwen3",
+        dict(tie_word_embeddings=False, num_key_value_heads=1, attention_bias=True),
+    ),
     "llama3rope-gqa1": ("llama", dict(num_key_value_heads=4)),
-    "llama-linearrope-bias-tied": ("llama", dict(rope_scaling={"rope_type": "linear", "factor": 2.0},
-                                                 attention_bias=True, tie_word_embeddings=True)),
+    "llama-linearrope-bias-tied": (
+        "llama",
+        dict(
+            rope_scaling={"rope_type": "linear", "factor": 2.0}, attention_bias=True, tie_word_embeddings=True
+        ),
+    ),
 }
 
 
-def make_tiny_checkpoint(path: str | os.PathLike, family: str = "qwen3", *, seed: int = 0,
-                         std: float = 0.15, dtype: str = "float32", tokenizer: bool = True,
-                         **overrides: Any) -> Path:
+def make_tiny_checkpoint(
+    path: str | os.PathLike,
+    family: str = "qwen3",
+    *,
+    seed: int = 0,
+    std: float = 0.15,
+    dtype: str = "float32",
+    tokenizer: bool = True,
+    **overrides: Any,
+) -> Path:
     """Write a random tiny `family` checkpoint (+ tokenizer) to `path` and return it.
 
     family: "qwen2" | "qwen3" | "llama". overrides: HF config keys, e.g.
@@ -85,9 +105,12 @@ def torch_logits(path: str | os.PathLike, input_ids, attention_mask=None, positi
     import transformers
 
     model = transformers.AutoModelForCausalLM.from_pretrained(
-        str(path), dtype=torch.float32, attn_implementation="eager").eval()
-    t = lambda x: None if x is None else torch.tensor(np.array(x), dtype=torch.long)  # noqa: E731
+        str(path), dtype=torch.float32, attn_implementation="eager"
+    ).eval()
+
+    def t(x):
+        return None if x is None else torch.tensor(np.array(x), dtype=torch.long)
+
     with torch.no_grad():
-        out = model(input_ids=t(input_ids), attention_mask=t(attention_mask),
-                    position_ids=t(position_ids))
+        out = model(input_ids=t(input_ids), attention_mask=t(attention_mask), position_ids=t(position_ids))
     return out.logits.float().numpy()

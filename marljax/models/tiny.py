@@ -16,8 +16,9 @@ models, an independent reference for the parity tests.
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -33,21 +34,40 @@ CHATML_TEMPLATE = (
     "{%- if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{%- endif %}"
 )
 
-_BASE: dict[str, Any] = dict(vocab_size=512, hidden_size=64, intermediate_size=128,
-                             num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                             max_position_embeddings=512, rms_norm_eps=1e-6,
-                             bos_token_id=None, eos_token_id=EOS_ID, pad_token_id=PAD_ID)
+_BASE: dict[str, Any] = dict(
+    vocab_size=512,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=512,
+    rms_norm_eps=1e-6,
+    bos_token_id=None,
+    eos_token_id=EOS_ID,
+    pad_token_id=PAD_ID,
+)
 
 FAMILY_DEFAULTS: dict[str, dict[str, Any]] = {
     # Qwen2/2.5: q/k/v biases, untied embeddings by default
     "qwen2": dict(architectures=["Qwen2ForCausalLM"], tie_word_embeddings=False, rope_theta=10000.0),
     # Qwen3: q/k RMSNorm, head_dim (32) != hidden_size / heads (16), tied embeddings
-    "qwen3": dict(architectures=["Qwen3ForCausalLM"], head_dim=32, tie_word_embeddings=True,
-                  rope_theta=1000000.0),
+    "qwen3": dict(
+        architectures=["Qwen3ForCausalLM"], head_dim=32, tie_word_embeddings=True, rope_theta=1000000.0
+    ),
     # Llama 3.x: llama3 rope scaling whose bands fall inside the tiny head_dim
-    "llama": dict(architectures=["LlamaForCausalLM"], tie_word_embeddings=False, rope_theta=10000.0,
-                  rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-                                "high_freq_factor": 4.0, "original_max_position_embeddings": 32}),
+    "llama": dict(
+        architectures=["LlamaForCausalLM"],
+        tie_word_embeddings=False,
+        rope_theta=10000.0,
+        rope_scaling={
+            "rope_type": "llama3",
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 32,
+        },
+    ),
 }
 
 _CORPUS = [
@@ -98,9 +118,16 @@ def random_model(config, *, seed: int = 0, std: float = 0.15):
     return nnx.merge(graphdef, nnx.from_flat_state(flat))
 
 
-def write_random_checkpoint(path: str | os.PathLike, family: str = "qwen3", *, seed: int = 0,
-                            std: float = 0.15, dtype: str = "float32", tokenizer: bool = True,
-                            **overrides: Any) -> Path:
+def write_random_checkpoint(
+    path: str | os.PathLike,
+    family: str = "qwen3",
+    *,
+    seed: int = 0,
+    std: float = 0.15,
+    dtype: str = "float32",
+    tokenizer: bool = True,
+    **overrides: Any,
+) -> Path:
     """Write a random tiny `family` Hugging Face checkpoint (+ tokenizer) to `path` and return it.
 
     family: "qwen2" | "qwen3" | "llama". overrides: HF config keys, e.g.
@@ -118,8 +145,9 @@ def write_random_checkpoint(path: str | os.PathLike, family: str = "qwen3", *, s
     return Path(path)
 
 
-def make_tokenizer(path: str | os.PathLike | None = None, vocab_size: int = 320,
-                   corpus: Sequence[str] | None = None):
+def make_tokenizer(
+    path: str | os.PathLike | None = None, vocab_size: int = 320, corpus: Sequence[str] | None = None
+):
     """A byte-level BPE `PreTrainedTokenizerFast` with ChatML specials and chat template.
 
     Ids: `<|endoftext|>` = 0 (pad), `<|im_start|>` = 1, `<|im_end|>` = 2 (eos);
@@ -133,13 +161,19 @@ def make_tokenizer(path: str | os.PathLike | None = None, vocab_size: int = 320,
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=list(SPECIAL_TOKENS),
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-                                  show_progress=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=list(SPECIAL_TOKENS),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
     tok.train_from_iterator(_CORPUS if corpus is None else corpus, trainer=trainer)
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>",
-                                   pad_token="<|endoftext|>",
-                                   additional_special_tokens=["<|im_start|>"])
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        additional_special_tokens=["<|im_start|>"],
+    )
     fast.chat_template = CHATML_TEMPLATE
     if path is not None:
         fast.save_pretrained(str(path))

@@ -11,8 +11,18 @@ Pure Python + stdlib (sympy optional); independent of JAX and of the models.
 
 from .extract import ExtractedCode, extract_code
 from .feedback import error_feedback, public_feedback
-from .formats import (AssertTest, CallTest, Program, StdioTest, compare_stdout, compare_value, humaneval_program,
-                      io_program, load_humaneval, mbpp_program)
+from .formats import (
+    AssertTest,
+    CallTest,
+    Program,
+    StdioTest,
+    compare_stdout,
+    compare_value,
+    humaneval_program,
+    io_program,
+    load_humaneval,
+    mbpp_program,
+)
 from .math_verify import extract_answer, is_equivalent, math_reward, normalize_answer
 from .pool import SandboxPool, run_many
 from .problems import Problem
@@ -22,10 +32,42 @@ from .synthetic import SyntheticTask, make_step_task, make_task, make_tasks
 from .verifier import SandboxVerifier, Score, Verifier, score_texts
 
 __all__ = [
-    "AssertTest", "CallTest", "ExecutionResult", "ExtractedCode", "Isolation", "LEVELS", "Limits", "Problem",
-    "Program", "SandboxConfig", "SandboxPool", "SandboxVerifier", "Score", "Status", "StdioTest", "SyntheticTask",
-    "TestResult", "Verifier", "compare_stdout", "compare_value", "detect_isolation", "error_feedback",
-    "extract_answer", "extract_code", "humaneval_program", "io_program", "is_equivalent", "load_humaneval",
-    "make_step_task", "make_task", "make_tasks", "math_reward", "mbpp_program", "normalize_answer",
-    "public_feedback", "run_many", "run_program", "score_texts",
+    "AssertTest",
+    "CallTest",
+    "ExecutionResult",
+    "ExtractedCode",
+    "Isolation",
+    "LEVELS",
+    "Limits",
+    "Problem",
+    "Program",
+    "SandboxConfig",
+    "SandboxPool",
+    "SandboxVerifier",
+    "Score",
+    "Status",
+    "StdioTest",
+    "SyntheticTask",
+    "TestResult",
+    "Verifier",
+    "compare_stdout",
+    "compare_value",
+    "detect_isolation",
+    "error_feedback",
+    "extract_answer",
+    "extract_code",
+    "humaneval_program",
+    "io_program",
+    "is_equivalent",
+    "load_humaneval",
+    "make_step_task",
+    "make_task",
+    "make_tasks",
+    "math_reward",
+    "mbpp_program",
+    "normalize_answer",
+    "public_feedback",
+    "run_many",
+    "run_program",
+    "score_texts",
 ]

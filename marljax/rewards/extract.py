@@ -37,7 +37,7 @@ def extract_code(text: str) -> ExtractedCode:
         # A truncated answer: an opening python fence that never closes.
         opened = list(re.finditer(r"^[ \t]*```[ \t]*(python|py|python3)?[ \t]*\n", text, re.M))
         if opened and text.count("```") % 2 == 1:
-            code = text[opened[-1].end():]
+            code = text[opened[-1].end() :]
         elif blocks:  # only non-python blocks
             return ExtractedCode("", False, "no python code block", "none")
         else:

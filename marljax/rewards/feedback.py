@@ -32,11 +32,15 @@ def _describe(t: TestResult, field_chars: int) -> str:
             lines.append(f"Assertion message: {_clip(t.message, field_chars)}")
         return "\n".join(lines)
     if t.status is Status.TIMEOUT:
-        return (f"Time limit exceeded on input: {_clip(t.input, field_chars)}\n"
-                "The program did not finish in time: look for infinite loops or a too slow algorithm.")
+        return (
+            f"Time limit exceeded on input: {_clip(t.input, field_chars)}\n"
+            "The program did not finish in time: look for infinite loops or a too slow algorithm."
+        )
     if t.status is Status.MEMORY_EXCEEDED:
-        return (f"Memory limit exceeded on input: {_clip(t.input, field_chars)}\n"
-                "The program used too much memory.")
+        return (
+            f"Memory limit exceeded on input: {_clip(t.input, field_chars)}\n"
+            "The program used too much memory."
+        )
     head = f"Runtime error: {t.exc_type or 'error'}: {_clip(t.message, field_chars)}"
     lines = [head]
     if t.input:
@@ -46,8 +50,13 @@ def _describe(t: TestResult, field_chars: int) -> str:
     return "\n".join(lines)
 
 
-def error_feedback(result: ExecutionResult, max_chars: int = 2000, field_chars: int = 400,
-                   split: str | None = "public", max_failures: int = 1) -> str:
+def error_feedback(
+    result: ExecutionResult,
+    max_chars: int = 2000,
+    field_chars: int = 400,
+    split: str | None = "public",
+    max_failures: int = 1,
+) -> str:
     """Refinement prompt text for a failed ``result`` ('' when it passed).
 
     ``split``: which tests may be described (default public only; ``None`` all).
@@ -60,7 +69,9 @@ def error_feedback(result: ExecutionResult, max_chars: int = 2000, field_chars: 
     if st is Status.NO_CODE:
         text = "No code was found in the answer. Reply with a complete Python program in a ```python block."
     elif st is Status.SYNTAX_ERROR:
-        text = f"Syntax error: {result.error_type or 'SyntaxError'}: {_clip(result.error_message, field_chars)}"
+        text = (
+            f"Syntax error: {result.error_type or 'SyntaxError'}: {_clip(result.error_message, field_chars)}"
+        )
         if result.error_traceback:
             text += "\n" + _clip(result.error_traceback, 2 * field_chars)
     else:

@@ -20,6 +20,7 @@ under ``unshare``, a throw-away uid per program) qualify: ``isolation.forks_prog
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
@@ -49,8 +50,10 @@ class ForkServer:
 
     def __init__(self, config: SandboxConfig, isolation: Isolation, max_jobs: int = 1000) -> None:
         if not forks_programs(isolation):
-            raise ValueError(f"ForkServer cannot keep the promises of isolation level {isolation.level!r} "
-                             f"(privileges dropped: {isolation.privileges_dropped}); see isolation.forks_programs")
+            raise ValueError(
+                f"ForkServer cannot keep the promises of isolation level {isolation.level!r} "
+                f"(privileges dropped: {isolation.privileges_dropped}); see isolation.forks_programs"
+            )
         self.config, self.isolation, self.max_jobs = config, isolation, max_jobs
         self._proc: subprocess.Popen | None = None
         self._sock: socket.socket | None = None
@@ -65,9 +68,17 @@ class ForkServer:
         argv, env = self._argv(theirs.fileno())
         try:
             # stderr stays unread unless start-up fails: only bwrap's and the zygote's own errors go there.
-            self._proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                          stderr=subprocess.PIPE, pass_fds=(theirs.fileno(),), cwd=self._workdir,
-                                          env=env, start_new_session=True, close_fds=True)
+            self._proc = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                pass_fds=(theirs.fileno(),),
+                cwd=self._workdir,
+                env=env,
+                start_new_session=True,
+                close_fds=True,
+            )
         except BaseException:
             ours.close()
             rmtree(self._base)
@@ -82,19 +93,33 @@ class ForkServer:
                 os.killpg(self._proc.pid, signal.SIGKILL)
             err = self._proc.stderr.read()
             self.close()
-            raise RuntimeError(f"the sandbox's fork server did not start ({self.isolation.level} + zygote.py): "
-                               + err.decode("utf-8", "replace")[-2000:])
+            raise RuntimeError(
+                f"the sandbox's fork server did not start ({self.isolation.level} + zygote.py): "
+                + err.decode("utf-8", "replace")[-2000:]
+            )
 
     def _argv(self, fd: int) -> tuple[list[str], dict | None]:
         """The zygote's command line and environment at this server's isolation level."""
         drop = self.isolation.privileges_dropped
         if self.isolation.level == "bwrap":
             files = {"/.marljax_harness.py": HARNESS_PATH, "/.marljax_zygote.py": ZYGOTE_PATH}
-            return bwrap_argv(self.config, self._workdir, drop, files,
-                              ["/.marljax_zygote.py", "/.marljax_harness.py", str(fd)], caps=("CAP_KILL",),
-                              env=(_BIND_NOW,)), None
+            return bwrap_argv(
+                self.config,
+                self._workdir,
+                drop,
+                files,
+                ["/.marljax_zygote.py", "/.marljax_harness.py", str(fd)],
+                caps=("CAP_KILL",),
+                env=(_BIND_NOW,),
+            ), None
         args = [ZYGOTE_PATH, HARNESS_PATH, str(fd), json.dumps(jail_spec(self.config, drop))]
-        env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": "/tmp", "TMPDIR": "/tmp", _BIND_NOW[0]: _BIND_NOW[1]}
+        env = {
+            "PATH": "/usr/bin:/bin",
+            "LANG": "C.UTF-8",
+            "HOME": "/tmp",
+            "TMPDIR": "/tmp",
+            _BIND_NOW[0]: _BIND_NOW[1],
+        }
         return unshare_argv(self.config, args), env
 
     def close(self) -> None:
@@ -103,10 +128,8 @@ class ForkServer:
             self._sock.close()
             self._sock = None
         if self._proc is not None:
-            try:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(self._proc.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
             self._proc.wait()
             self._proc.stderr.close()
             self._proc = None
@@ -114,7 +137,7 @@ class ForkServer:
             rmtree(self._base)
             self._base = ""
 
-    def __enter__(self) -> "ForkServer":
+    def __enter__(self) -> ForkServer:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -205,7 +228,5 @@ class ForkServer:
             if entry.is_dir(follow_symlinks=False):
                 rmtree(entry.path)
             else:
-                try:
+                with contextlib.suppress(FileNotFoundError):
                     os.unlink(entry.path)
-                except FileNotFoundError:
-                    pass

@@ -19,11 +19,13 @@ reports what the program produced and :func:`compare_stdout` /
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 SPLITS = ("public", "private")
 
@@ -82,7 +84,9 @@ class Program:
         object.__setattr__(self, "tests", tuple(self.tests))
         kinds = {type(t) for t in self.tests}
         if len(kinds) > 1:
-            raise ValueError(f"all tests of a program must be one kind, got {sorted(k.__name__ for k in kinds)}")
+            raise ValueError(
+                f"all tests of a program must be one kind, got {sorted(k.__name__ for k in kinds)}"
+            )
         for t in self.tests:
             if type(t) not in _MODE_OF:
                 raise TypeError(f"unknown test type {type(t).__name__}")
@@ -93,7 +97,7 @@ class Program:
     def mode(self) -> str:
         return _MODE_OF[type(self.tests[0])] if self.tests else "assert"
 
-    def with_code(self, code: str) -> "Program":
+    def with_code(self, code: str) -> Program:
         return Program(code=code, tests=self.tests, setup=self.setup, fn_name=self.fn_name)
 
 
@@ -115,8 +119,13 @@ def humaneval_program(problem: Mapping[str, Any], completion: str, split: str = 
     return Program(code=code, tests=(test,))
 
 
-def mbpp_program(code: str, test_list: Sequence[str], setup: str = "",
-                 challenge_tests: Sequence[str] = (), test_imports: Sequence[str] = ()) -> Program:
+def mbpp_program(
+    code: str,
+    test_list: Sequence[str],
+    setup: str = "",
+    challenge_tests: Sequence[str] = (),
+    test_imports: Sequence[str] = (),
+) -> Program:
     """MBPP: each ``assert`` is one public test; ``challenge_test_list`` are private."""
     setup_code = "\n".join(list(test_imports) + ([setup] if setup else []))
     tests = [AssertTest(t, "public") for t in test_list]
@@ -124,9 +133,15 @@ def mbpp_program(code: str, test_list: Sequence[str], setup: str = "",
     return Program(code=code, tests=tuple(tests), setup=setup_code)
 
 
-def io_program(code: str, inputs: Sequence[Any], outputs: Sequence[Any], fn_name: str | None = None,
-               public: int | None = None, private_inputs: Sequence[Any] = (),
-               private_outputs: Sequence[Any] = ()) -> Program:
+def io_program(
+    code: str,
+    inputs: Sequence[Any],
+    outputs: Sequence[Any],
+    fn_name: str | None = None,
+    public: int | None = None,
+    private_inputs: Sequence[Any] = (),
+    private_outputs: Sequence[Any] = (),
+) -> Program:
     """LiveCodeBench / CodeContests / APPS style cases.
 
     Without ``fn_name``: each input is stdin text and each output the expected
@@ -146,12 +161,14 @@ def io_program(code: str, inputs: Sequence[Any], outputs: Sequence[Any], fn_name
         if fn_name is None:
             tests.append(StdioTest(str(inp), str(out), split))
         else:
-            args = [json.loads(line) for line in inp.splitlines() if line.strip()] if isinstance(inp, str) else list(inp)
+            args = (
+                [json.loads(line) for line in inp.splitlines() if line.strip()]
+                if isinstance(inp, str)
+                else list(inp)
+            )
             if isinstance(out, str):
-                try:
+                with contextlib.suppress(json.JSONDecodeError):
                     out = json.loads(out)
-                except json.JSONDecodeError:
-                    pass
             tests.append(CallTest(tuple(args), out, split))
     return Program(code=code, tests=tuple(tests), fn_name=fn_name)
 

@@ -28,6 +28,7 @@ are part of the test code, so the verdict is computed here; see
 """
 
 import builtins
+import contextlib
 import io
 import json
 import os
@@ -67,12 +68,12 @@ class _Capture(io.TextIOBase):
             room = max(0, self._cap - len(self._data))
             self._data += b[:room]
             self.overflow = True
-            raise OutputLimitExceeded("output exceeded %d bytes" % self._cap)
+            raise OutputLimitExceeded(f"output exceeded {self._cap} bytes")
         self._data += b
 
     def write(self, s):
         if not isinstance(s, str):
-            raise TypeError("write() argument must be str, not %s" % type(s).__name__)
+            raise TypeError(f"write() argument must be str, not {type(s).__name__}")
         self._add(s.encode("utf-8", "backslashreplace"))
         return len(s)
 
@@ -114,14 +115,14 @@ def _limit(text, n):
     if text is None:
         return None
     text = str(text)
-    return text if len(text) <= n else text[: n // 2] + "\n...[truncated]...\n" + text[-n // 2:]
+    return text if len(text) <= n else text[: n // 2] + "\n...[truncated]...\n" + text[-n // 2 :]
 
 
 def _safe_repr(value, n):
     try:
         return _limit(repr(value), n)
     except BaseException as exc:  # noqa: BLE001 - a hostile __repr__
-        return "<unrepresentable %s: %s>" % (type(value).__name__, type(exc).__name__)
+        return f"<unrepresentable {type(value).__name__}: {type(exc).__name__}>"
 
 
 def _format_tb(exc, n_chars):
@@ -131,8 +132,7 @@ def _format_tb(exc, n_chars):
 
     for name, src in _SOURCES.items():
         linecache.cache[name] = (len(src), None, src.splitlines(True), name)
-    frames = [f for f in traceback.extract_tb(exc.__traceback__)
-              if f.filename in (_SOLUTION, _SETUP, _TEST)]
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename in (_SOLUTION, _SETUP, _TEST)]
     lines = ["Traceback (most recent call last):\n"]
     lines += traceback.format_list(frames[-8:])
     lines += traceback.format_exception_only(type(exc), exc)
@@ -151,16 +151,20 @@ _LIBC = []  # (ctypes, libc) once loaded: a fork server's children reuse its han
 def _libc():
     if not _LIBC:
         import ctypes
+
         _LIBC.append((ctypes, ctypes.CDLL(None, use_errno=True)))
     return _LIBC[0]
 
 
 def _mount(libc_pair, src, target, fstype, flags, data=None):
     ctypes, libc = libc_pair
-    enc = lambda s: None if s is None else os.fsencode(s)  # noqa: E731
+
+    def enc(s):
+        return None if s is None else os.fsencode(s)
+
     if libc.mount(enc(src), enc(target), enc(fstype), ctypes.c_ulong(flags), enc(data)) != 0:
         err = ctypes.get_errno()
-        raise OSError(err, "mount %s on %s: %s" % (src, target, os.strerror(err)))
+        raise OSError(err, f"mount {src} on {target}: {os.strerror(err)}")
 
 
 def _mounts():
@@ -318,10 +322,8 @@ def _explain_assert(exc, test_src, n_chars):
 def read_payload(path):
     with open(path, "rb") as f:
         cfg = json.loads(f.read())
-    try:  # where the payload is a plain file (not a read-only bind), remove it
+    with contextlib.suppress(OSError):  # where the payload is a plain file (not a read-only bind), remove it
         os.unlink(path)
-    except OSError:
-        pass
     return cfg
 
 
@@ -344,9 +346,22 @@ def warm_up():
     saved = signal.getsignal(signal.SIGALRM), sys.stdin
     try:
         for _ in range(10):
-            main({"nonce": "0" * 32, "result_fd": w, "mode": "call", "program": _WARM_PROGRAM, "setup": "",
-                  "fn_name": "f", "tests": [{"args": [1]}, {"args": [-1]}, {"args": [2]}], "limits": {},
-                  "test_timeout_s": 10.0, "max_output_bytes": 1000, "max_message_chars": 200}, confine=False)
+            main(
+                {
+                    "nonce": "0" * 32,
+                    "result_fd": w,
+                    "mode": "call",
+                    "program": _WARM_PROGRAM,
+                    "setup": "",
+                    "fn_name": "f",
+                    "tests": [{"args": [1]}, {"args": [-1]}, {"args": [2]}],
+                    "limits": {},
+                    "test_timeout_s": 10.0,
+                    "max_output_bytes": 1000,
+                    "max_message_chars": 200,
+                },
+                confine=False,
+            )
             os.read(r, 1 << 16)  # ~1.5 kB of records
     finally:
         signal.signal(signal.SIGALRM, saved[0])
@@ -418,13 +433,17 @@ def main(cfg, confine=True):
                 status = "memory_exceeded"
             else:
                 status = "runtime_error"
-        return {"status": status, "exc_type": type(exc).__name__ if not isinstance(exc, _TestTimeout) else "Timeout",
-                "message": _limit(_safe_msg(exc), n_chars), "traceback": _safe_tb(exc, n_chars)}
+        return {
+            "status": status,
+            "exc_type": type(exc).__name__ if not isinstance(exc, _TestTimeout) else "Timeout",
+            "message": _limit(_safe_msg(exc), n_chars),
+            "traceback": _safe_tb(exc, n_chars),
+        }
 
-    def run_timed(fn):
+    def run_timed(fn, *args):
         signal.setitimer(signal.ITIMER_REAL, test_timeout)
         try:
-            return fn()
+            return fn(*args)
         finally:
             signal.setitimer(signal.ITIMER_REAL, 0)
 
@@ -435,9 +454,13 @@ def main(cfg, confine=True):
     except (SyntaxError, ValueError, OverflowError, RecursionError, MemoryError) as exc:
         import traceback
 
-        rec = {"e": "load", "status": "syntax_error", "exc_type": type(exc).__name__,
-               "message": _limit(_safe_msg(exc), n_chars),
-               "traceback": _limit("".join(traceback.format_exception_only(type(exc), exc)), n_chars)}
+        rec = {
+            "e": "load",
+            "status": "syntax_error",
+            "exc_type": type(exc).__name__,
+            "message": _limit(_safe_msg(exc), n_chars),
+            "traceback": _limit("".join(traceback.format_exception_only(type(exc), exc)), n_chars),
+        }
         record(rec)
         return
     ns = {"__name__": "__main__" if mode == "stdin" else "solution", "__builtins__": builtins}
@@ -449,9 +472,9 @@ def main(cfg, confine=True):
         try:
             t0 = time.perf_counter()
             record({"e": "load_start"})
-            run_timed(lambda: exec(code, ns))
+            run_timed(exec, code, ns)
             if setup_code is not None:
-                run_timed(lambda: exec(setup_code, ns))
+                run_timed(exec, setup_code, ns)
             rec = {"e": "load", "status": "ok", "time_s": time.perf_counter() - t0}
         except BaseException as exc:  # noqa: BLE001 - untrusted code may raise anything
             rec = {"e": "load"}
@@ -500,11 +523,12 @@ def main(cfg, confine=True):
                 if mfd != 0:  # fd 0 may be free: a previous test's open(0) closed it
                     os.dup2(mfd, 0)
                     os.close(mfd)
-                sys.stdin = io.TextIOWrapper(io.BufferedReader(io.FileIO(0, "r", closefd=False)),
-                                             encoding="utf-8", errors="replace")
+                sys.stdin = io.TextIOWrapper(
+                    io.BufferedReader(io.FileIO(0, "r", closefd=False)), encoding="utf-8", errors="replace"
+                )
                 tns = {"__name__": "__main__", "__builtins__": builtins}
                 try:
-                    run_timed(lambda: exec(code, tns))
+                    run_timed(exec, code, tns)
                 except SystemExit as exc:
                     if exc.code not in (None, 0):
                         raise
@@ -512,9 +536,9 @@ def main(cfg, confine=True):
             elif mode == "call":
                 sys.stdin = io.StringIO("")
                 if target is None:
-                    raise NameError("function %r is not defined" % cfg["fn_name"])
+                    raise NameError("function {!r} is not defined".format(cfg["fn_name"]))
                 args = test["args"]
-                value = run_timed(lambda: target(*args))
+                value = run_timed(target, *args)
                 try:
                     rec.update(status="ok", actual=json.dumps(value), json=True)
                 except (TypeError, ValueError):
@@ -524,10 +548,10 @@ def main(cfg, confine=True):
                 src = test["code"]
                 _SOURCES[_TEST] = src
                 tcode = compile(src, _TEST, "exec", dont_inherit=True)
-                run_timed(lambda: exec(tcode, ns))
+                run_timed(exec, tcode, ns)
                 rec.update(status="passed")
             if out.overflow:
-                raise OutputLimitExceeded("output exceeded %d bytes" % cap)
+                raise OutputLimitExceeded(f"output exceeded {cap} bytes")
         except AssertionError as exc:
             tb = exc.__traceback__
             last = None
@@ -535,10 +559,11 @@ def main(cfg, confine=True):
                 last = tb.tb_frame.f_code.co_filename
                 tb = tb.tb_next
             if mode == "assert" and last == _TEST:
-                rec.update(status="wrong_answer", exc_type="AssertionError",
-                           message=_limit(_safe_msg(exc), n_chars))
+                rec.update(
+                    status="wrong_answer", exc_type="AssertionError", message=_limit(_safe_msg(exc), n_chars)
+                )
                 try:
-                    info = run_timed(lambda: _explain_assert(exc, test["code"], n_chars))
+                    info = run_timed(_explain_assert, exc, test["code"], n_chars)
                 except BaseException:  # noqa: BLE001
                     info = None
                 if info:
@@ -569,7 +594,7 @@ def _safe_msg(exc):
     try:
         return str(exc)
     except BaseException:  # noqa: BLE001
-        return "<unprintable %s>" % type(exc).__name__
+        return f"<unprintable {type(exc).__name__}>"
 
 
 def run_and_exit(load):

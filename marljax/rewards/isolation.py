@@ -61,7 +61,9 @@ class SandboxConfig:
 
     def __post_init__(self) -> None:
         if self.isolation not in ("auto",) + LEVELS:
-            raise ValueError(f"SandboxConfig.isolation must be 'auto' or one of {LEVELS}, got {self.isolation!r}")
+            raise ValueError(
+                f"SandboxConfig.isolation must be 'auto' or one of {LEVELS}, got {self.isolation!r}"
+            )
 
 
 def is_root() -> bool:
@@ -71,8 +73,12 @@ def is_root() -> bool:
 def _prefixes(config: SandboxConfig) -> list[str]:
     """Directories the child interpreter needs to read (deduplicated, outermost)."""
     exe = os.path.realpath(config.python)
-    paths = {os.path.dirname(exe), os.path.realpath(sys.base_prefix), os.path.realpath(sys.prefix),
-             os.path.realpath(sys.exec_prefix)}
+    paths = {
+        os.path.dirname(exe),
+        os.path.realpath(sys.base_prefix),
+        os.path.realpath(sys.prefix),
+        os.path.realpath(sys.exec_prefix),
+    }
     paths.add(os.path.realpath(sysconfig.get_paths()["stdlib"]))
     if config.site_packages:
         for key in ("purelib", "platlib"):
@@ -104,16 +110,31 @@ def _blocked_ancestor(path: str) -> str | None:
 _SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 
 
-def bwrap_argv(config: SandboxConfig, workdir: str, drop: bool, files: dict[str, str], args: list[str],
-               caps: tuple[str, ...] = (), env: tuple[tuple[str, str], ...] = ()) -> list[str]:
+def bwrap_argv(
+    config: SandboxConfig,
+    workdir: str,
+    drop: bool,
+    files: dict[str, str],
+    args: list[str],
+    caps: tuple[str, ...] = (),
+    env: tuple[tuple[str, str], ...] = (),
+) -> list[str]:
     """bubblewrap around ``python args...``; ``files`` maps read-only binds (inside path -> host path);
     ``env``: extra environment variables.
 
     With ``drop`` (as root) the sandbox keeps CAP_SETUID/CAP_SETGID so the harness can
     switch to the throw-away uid, plus any extra ``caps``; bwrap drops every other one.
     """
-    argv = ["bwrap", "--die-with-parent", "--new-session", "--unshare-net", "--unshare-pid",
-            "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try"]
+    argv = [
+        "bwrap",
+        "--die-with-parent",
+        "--new-session",
+        "--unshare-net",
+        "--unshare-pid",
+        "--unshare-ipc",
+        "--unshare-uts",
+        "--unshare-cgroup-try",
+    ]
     if is_root():
         if drop:
             for cap in ("CAP_SETUID", "CAP_SETGID") + caps:
@@ -127,7 +148,11 @@ def bwrap_argv(config: SandboxConfig, workdir: str, drop: bool, files: dict[str,
             argv += ["--ro-bind", d, d]
     made: set[str] = {"/"}
     for p in _prefixes(config):
-        if any(p == d or p.startswith(d + "/") for d in _SYSTEM_DIRS if os.path.isdir(d) and not os.path.islink(d)):
+        if any(
+            p == d or p.startswith(d + "/")
+            for d in _SYSTEM_DIRS
+            if os.path.isdir(d) and not os.path.islink(d)
+        ):
             continue
         parts = Path(p).parts
         for k in range(2, len(parts)):
@@ -136,12 +161,37 @@ def bwrap_argv(config: SandboxConfig, workdir: str, drop: bool, files: dict[str,
                 argv += ["--perms", "0755", "--dir", anc]
                 made.add(anc)
         argv += ["--ro-bind", p, p]
-    argv += ["--dev", "/dev", "--proc", "/proc",
-             "--bind", workdir, "/sandbox", "--bind", workdir, "/tmp", "--chdir", "/sandbox"]
+    argv += [
+        "--dev",
+        "/dev",
+        "--proc",
+        "/proc",
+        "--bind",
+        workdir,
+        "/sandbox",
+        "--bind",
+        workdir,
+        "/tmp",
+        "--chdir",
+        "/sandbox",
+    ]
     for inside, host in files.items():
         argv += ["--ro-bind", host, inside]
-    argv += ["--clearenv", "--setenv", "PATH", "/usr/bin:/bin", "--setenv", "HOME", "/sandbox",
-             "--setenv", "TMPDIR", "/tmp", "--setenv", "LANG", "C.UTF-8"]
+    argv += [
+        "--clearenv",
+        "--setenv",
+        "PATH",
+        "/usr/bin:/bin",
+        "--setenv",
+        "HOME",
+        "/sandbox",
+        "--setenv",
+        "TMPDIR",
+        "/tmp",
+        "--setenv",
+        "LANG",
+        "C.UTF-8",
+    ]
     for name, value in env:
         argv += ["--setenv", name, value]
     argv += ["--"]
@@ -165,8 +215,18 @@ def python_argv(config: SandboxConfig, args: list[str]) -> list[str]:
 def unshare_argv(config: SandboxConfig, args: list[str]) -> list[str]:
     """``python args...`` as pid 1 of fresh pid/net/mount/ipc/uts namespaces (and a user namespace
     when not root), killed when ``unshare`` dies."""
-    argv = ["unshare", "--net", "--pid", "--fork", "--kill-child", "--mount", "--propagation", "private",
-            "--ipc", "--uts"]
+    argv = [
+        "unshare",
+        "--net",
+        "--pid",
+        "--fork",
+        "--kill-child",
+        "--mount",
+        "--propagation",
+        "private",
+        "--ipc",
+        "--uts",
+    ]
     if not is_root():
         argv += ["--user", "--map-root-user"]
     return argv + python_argv(config, args)
@@ -189,16 +249,27 @@ def _others_can_read(config: SandboxConfig) -> bool:
     return all(_blocked_ancestor(p) is None for p in _prefixes(config))
 
 
-
 def level_isolation(level: str, config: SandboxConfig) -> Isolation:
     drop = will_drop(level, config)
     if level == "bwrap":
         return Isolation("bwrap", True, True, drop, True, "bubblewrap namespaces; read-only system view")
     if level == "unshare":
-        return Isolation("unshare", True, True, drop, drop or not is_root(),
-                         "util-linux unshare: net/pid/mount namespaces; private /tmp")
-    return Isolation("none", False, False, drop, False,
-                     "rlimits + scrubbed env + process-group kill only; network NOT denied")
+        return Isolation(
+            "unshare",
+            True,
+            True,
+            drop,
+            drop or not is_root(),
+            "util-linux unshare: net/pid/mount namespaces; private /tmp",
+        )
+    return Isolation(
+        "none",
+        False,
+        False,
+        drop,
+        False,
+        "rlimits + scrubbed env + process-group kill only; network NOT denied",
+    )
 
 
 def forks_programs(isolation: Isolation) -> bool:

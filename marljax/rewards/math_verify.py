@@ -10,6 +10,7 @@ never fed arbitrary text (``sympify`` evaluates Python).
 
 from __future__ import annotations
 
+import importlib.util
 import re
 from fractions import Fraction
 
@@ -24,7 +25,7 @@ def _boxed_contents(text: str) -> list[str]:
             depth += {"{": 1, "}": -1}.get(text[i], 0)
             i += 1
         if depth == 0:
-            out.append(text[m.end(): i - 1])
+            out.append(text[m.end() : i - 1])
     return out
 
 
@@ -68,8 +69,9 @@ def normalize_answer(ans: str) -> str:
 
 def _to_fraction(s: str) -> Fraction | None:
     s = s.replace(" ", "")
-    m = re.fullmatch(r"(-?)\\frac\{(-?\d+(?:\.\d+)?)\}\{(-?\d+(?:\.\d+)?)\}", s) or \
-        re.fullmatch(r"(-?)\\frac(\d)(\d)", s)
+    m = re.fullmatch(r"(-?)\\frac\{(-?\d+(?:\.\d+)?)\}\{(-?\d+(?:\.\d+)?)\}", s) or re.fullmatch(
+        r"(-?)\\frac(\d)(\d)", s
+    )
     try:
         if m:
             val = Fraction(m.group(2)) / Fraction(m.group(3))
@@ -89,9 +91,7 @@ _SYMPY_NAMES = {"sqrt", "pi", "E", "I", "sin", "cos", "tan", "log", "exp"}
 
 
 def _to_sympy(s: str):
-    try:
-        import sympy
-    except ImportError:
+    if importlib.util.find_spec("sympy") is None:
         return None
     t = s
     for _ in range(5):  # \frac{a}{b} -> (a)/(b), innermost first
@@ -100,7 +100,13 @@ def _to_sympy(s: str):
         if t2 == t:
             break
         t = t2
-    t = t.replace("\\pi", "pi").replace("\\cdot", "*").replace("\\times", "*").replace("{", "(").replace("}", ")")
+    t = (
+        t.replace("\\pi", "pi")
+        .replace("\\cdot", "*")
+        .replace("\\times", "*")
+        .replace("{", "(")
+        .replace("}", ")")
+    )
     t = re.sub(r"\\(sin|cos|tan|log|exp)", r"\1", t)
     if "\\" in t or "__" in t or not _SYMPY_OK.match(t) or len(t) > 200:
         return None
@@ -108,10 +114,18 @@ def _to_sympy(s: str):
         if len(name) > 1 and name not in _SYMPY_NAMES:
             return None
     try:
-        from sympy.parsing.sympy_parser import (convert_xor, implicit_multiplication_application, parse_expr,
-                                                standard_transformations)
-        return parse_expr(t, transformations=standard_transformations + (implicit_multiplication_application, convert_xor),
-                          evaluate=True)
+        from sympy.parsing.sympy_parser import (
+            convert_xor,
+            implicit_multiplication_application,
+            parse_expr,
+            standard_transformations,
+        )
+
+        return parse_expr(
+            t,
+            transformations=standard_transformations + (implicit_multiplication_application, convert_xor),
+            evaluate=True,
+        )
     except Exception:  # noqa: BLE001 - anything unparsable is simply not comparable
         return None
 

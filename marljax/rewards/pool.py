@@ -15,8 +15,8 @@ from __future__ import annotations
 import os
 import queue
 import threading
+from collections.abc import Iterable
 from concurrent.futures import Future
-from typing import Iterable
 
 from .fork_server import ForkServer
 from .formats import Program
@@ -37,8 +37,13 @@ def default_workers() -> int:
 class SandboxPool:
     """``with SandboxPool() as pool: results = pool.map(programs)``."""
 
-    def __init__(self, max_workers: int | None = None, max_queue: int | None = None,
-                 limits: Limits | None = None, config: SandboxConfig | None = None) -> None:
+    def __init__(
+        self,
+        max_workers: int | None = None,
+        max_queue: int | None = None,
+        limits: Limits | None = None,
+        config: SandboxConfig | None = None,
+    ) -> None:
         self.max_workers = int(max_workers or default_workers())
         if self.max_workers < 1:
             raise ValueError(f"max_workers must be >= 1, got {max_workers!r}")
@@ -49,8 +54,10 @@ class SandboxPool:
         self._queue: queue.Queue = queue.Queue(maxsize=self.max_queue)
         self._closed = False
         self._lock = threading.Lock()
-        self._threads = [threading.Thread(target=self._worker, name=f"marljax-sandbox-{k}", daemon=True)
-                         for k in range(self.max_workers)]
+        self._threads = [
+            threading.Thread(target=self._worker, name=f"marljax-sandbox-{k}", daemon=True)
+            for k in range(self.max_workers)
+        ]
         for t in self._threads:
             t.start()
 
@@ -75,8 +82,9 @@ class SandboxPool:
             if server is not None:
                 server.close()
 
-    def submit(self, program: Program, limits: Limits | None = None, block: bool = True,
-               timeout: float | None = None) -> Future:
+    def submit(
+        self, program: Program, limits: Limits | None = None, block: bool = True, timeout: float | None = None
+    ) -> Future:
         """Queue one program; blocks while the queue is full (back-pressure)."""
         with self._lock:
             if self._closed:
@@ -101,15 +109,19 @@ class SandboxPool:
         for t in self._threads:
             t.join()
 
-    def __enter__(self) -> "SandboxPool":
+    def __enter__(self) -> SandboxPool:
         return self
 
     def __exit__(self, *exc) -> None:
         self.close()
 
 
-def run_many(programs: Iterable[Program], limits: Limits | None = None, config: SandboxConfig | None = None,
-             max_workers: int | None = None) -> list[ExecutionResult]:
+def run_many(
+    programs: Iterable[Program],
+    limits: Limits | None = None,
+    config: SandboxConfig | None = None,
+    max_workers: int | None = None,
+) -> list[ExecutionResult]:
     """One-shot convenience: run ``programs`` through a temporary pool."""
     with SandboxPool(max_workers=max_workers, limits=limits, config=config) as pool:
         return pool.map(programs)

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from .formats import Program, humaneval_program, io_program, mbpp_program
 
@@ -33,13 +34,21 @@ class Problem:
         if self.schema == "humaneval":
             return humaneval_program(f, code)
         if self.schema == "mbpp":
-            return mbpp_program(code, f["test_list"], setup=f.get("test_setup_code") or "",
-                                challenge_tests=f.get("challenge_test_list") or (),
-                                test_imports=f.get("test_imports") or ())
+            return mbpp_program(
+                code,
+                f["test_list"],
+                setup=f.get("test_setup_code") or "",
+                challenge_tests=f.get("challenge_test_list") or (),
+                test_imports=f.get("test_imports") or (),
+            )
         if self.schema == "stdio":
-            return io_program(code, f["inputs"], f["outputs"], fn_name=f.get("fn_name"), public=f.get("public"))
-        raise ValueError(f"{self.source}: {self.schema} problems have no program (problem {self.id!r}); "
-                         "score them with .answer")
+            return io_program(
+                code, f["inputs"], f["outputs"], fn_name=f.get("fn_name"), public=f.get("public")
+            )
+        raise ValueError(
+            f"{self.source}: {self.schema} problems have no program (problem {self.id!r}); "
+            "score them with .answer"
+        )
 
     @property
     def is_math(self) -> bool:

@@ -6,7 +6,7 @@ import enum
 from dataclasses import dataclass, field
 
 
-class Status(str, enum.Enum):
+class Status(enum.StrEnum):
     """Outcome class of one test or of a whole program.
 
     ``not_run`` only appears on tests: the program was killed (e.g. an earlier

@@ -31,6 +31,7 @@ are handled.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -45,15 +46,27 @@ import time
 from dataclasses import dataclass, replace
 
 from .formats import AssertTest, CallTest, Program, StdioTest
-from .isolation import (HARNESS_PATH, LEVELS, SandboxConfig, bwrap_harness_argv, is_root, jail_spec, kill_uid,
-                        level_isolation, python_argv, unshare_argv)
+from .isolation import (
+    HARNESS_PATH,
+    LEVELS,
+    SandboxConfig,
+    bwrap_harness_argv,
+    is_root,
+    jail_spec,
+    kill_uid,
+    level_isolation,
+    python_argv,
+    unshare_argv,
+)
 from .results import ExecutionResult, Isolation, Status
 from .verdicts import classify, not_run
 
 __all__ = ["HARNESS_PATH", "LEVELS", "Limits", "SandboxConfig", "detect_isolation", "run_program"]
 
 _GRACE_S = 0.5  # parent-side slack on top of the child's own per-test alarm
-_decode = json.JSONDecoder().decode  # json.loads of bytes also guesses their encoding: ~30 records per program
+_decode = (
+    json.JSONDecoder().decode
+)  # json.loads of bytes also guesses their encoding: ~30 records per program
 _MAX_CODE_CHARS = 1 << 20
 
 
@@ -72,8 +85,16 @@ class Limits:
     max_message_chars: int = 2000  # tracebacks, reprs in records
 
     def __post_init__(self) -> None:
-        for name in ("test_timeout_s", "program_timeout_s", "memory_mb", "max_processes",
-                     "max_output_bytes", "max_file_bytes", "max_open_files", "max_message_chars"):
+        for name in (
+            "test_timeout_s",
+            "program_timeout_s",
+            "memory_mb",
+            "max_processes",
+            "max_output_bytes",
+            "max_file_bytes",
+            "max_open_files",
+            "max_message_chars",
+        ):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or value <= 0:
                 raise ValueError(f"Limits.{name} must be a positive number, got {value!r}")
@@ -83,6 +104,8 @@ class Limits:
 
 _detect_lock = threading.Lock()
 _detected: dict[tuple, Isolation] = {}
+
+
 def detect_isolation(config: SandboxConfig | None = None) -> Isolation:
     """Strongest isolation that actually works here (probed once per config, cached)."""
     config = config or SandboxConfig()
@@ -125,8 +148,9 @@ def _check_syntax(code: str) -> tuple[str, str] | None:
     return None
 
 
-def run_program(program: Program, limits: Limits | None = None, config: SandboxConfig | None = None,
-                server=None) -> ExecutionResult:
+def run_program(
+    program: Program, limits: Limits | None = None, config: SandboxConfig | None = None, server=None
+) -> ExecutionResult:
     """Run ``program`` once in a fresh sandboxed process and classify every test.
 
     ``server``: a ``ForkServer`` to fork the process from (pools pass their worker's);
@@ -137,8 +161,12 @@ def run_program(program: Program, limits: Limits | None = None, config: SandboxC
     if not program.code or not program.code.strip():
         return ExecutionResult(Status.NO_CODE, not_run(program), error_message="no code to run")
     if len(program.code) > _MAX_CODE_CHARS:
-        return ExecutionResult(Status.SYNTAX_ERROR, not_run(program), error_type="CodeTooLong",
-                               error_message=f"program longer than {_MAX_CODE_CHARS} characters")
+        return ExecutionResult(
+            Status.SYNTAX_ERROR,
+            not_run(program),
+            error_type="CodeTooLong",
+            error_message=f"program longer than {_MAX_CODE_CHARS} characters",
+        )
     bad = _check_syntax(program.code)
     if bad is not None:
         return ExecutionResult(Status.SYNTAX_ERROR, not_run(program), error_type=bad[0], error_message=bad[1])
@@ -158,13 +186,25 @@ def build_payload(program: Program, limits: Limits, nonce: str, rfd: int, drop_i
         else:
             tests.append({"args": list(t.args)})
     return {
-        "nonce": nonce, "result_fd": rfd, "mode": program.mode, "program": program.code,
-        "setup": program.setup, "fn_name": program.fn_name, "tests": tests,
-        "limits": {"cpu_s": math.ceil(cpu), "as_bytes": int(limits.memory_mb) << 20,
-                   "fsize_bytes": int(limits.max_file_bytes), "nofile": int(limits.max_open_files),
-                   "nproc": int(limits.max_processes) if drop_ids or not is_root() else None},
-        "drop": drop_ids, "jail": jail, "pdeathsig": pdeathsig,
-        "test_timeout_s": float(limits.test_timeout_s), "max_output_bytes": int(limits.max_output_bytes),
+        "nonce": nonce,
+        "result_fd": rfd,
+        "mode": program.mode,
+        "program": program.code,
+        "setup": program.setup,
+        "fn_name": program.fn_name,
+        "tests": tests,
+        "limits": {
+            "cpu_s": math.ceil(cpu),
+            "as_bytes": int(limits.memory_mb) << 20,
+            "fsize_bytes": int(limits.max_file_bytes),
+            "nofile": int(limits.max_open_files),
+            "nproc": int(limits.max_processes) if drop_ids or not is_root() else None,
+        },
+        "drop": drop_ids,
+        "jail": jail,
+        "pdeathsig": pdeathsig,
+        "test_timeout_s": float(limits.test_timeout_s),
+        "max_output_bytes": int(limits.max_output_bytes),
         "max_message_chars": int(limits.max_message_chars),
     }
 
@@ -228,18 +268,25 @@ def _run(program: Program, limits: Limits, config: SandboxConfig, iso: Isolation
             argv = python_argv(config, [HARNESS_PATH, ppath])
         env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": workdir, "TMPDIR": workdir}
         t_spawn = time.perf_counter()
-        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                cwd=workdir, env=env, pass_fds=(wfd,), start_new_session=True, close_fds=True)
+        proc = subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            cwd=workdir,
+            env=env,
+            pass_fds=(wfd,),
+            start_new_session=True,
+            close_fds=True,
+        )
         os.close(wfd)
         wfd = -1
         outcome = collect(proc.stdout.fileno(), rfd, nonce, program, limits)
         outcome["spawn_s"] = time.perf_counter() - t_spawn
     finally:
         if proc is not None:
-            try:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(proc.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
             proc.wait()
             if proc.stdout is not None:
                 proc.stdout.close()
@@ -311,7 +358,7 @@ def collect(out_fd: int, rfd: int, nonce: str, program: Program, limits: Limits)
                 if not line.startswith(tag):
                     continue
                 try:
-                    rec = _decode(line[len(tag):].decode())
+                    rec = _decode(line[len(tag) :].decode())
                 except ValueError:  # UnicodeDecodeError included
                     continue
                 if not isinstance(rec, dict):
@@ -332,5 +379,9 @@ def collect(out_fd: int, rfd: int, nonce: str, program: Program, limits: Limits)
                     open_fds.clear()  # everything we need has arrived
         if killed:
             break
-    return {"records": records, "killed": killed, "output": bytes(out).decode("utf-8", "replace"),
-            "collect_s": time.monotonic() - t0}
+    return {
+        "records": records,
+        "killed": killed,
+        "output": bytes(out).decode("utf-8", "replace"),
+        "collect_s": time.monotonic() - t0,
+    }

@@ -24,8 +24,8 @@ Outputs are computed in the parent by composing Python closures, never by
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from .formats import CallTest, Program, StdioTest
 
@@ -44,14 +44,20 @@ class SyntheticTask:
     def program(self, code: str, io: str = "call") -> Program:
         """Tests for ``code``: call-based (default) or stdin/stdout (one argument per line)."""
         if io == "call":
-            tests = [CallTest(a, o, "public") for a, o in self.public] + \
-                    [CallTest(a, o, "private") for a, o in self.private]
+            tests = [CallTest(a, o, "public") for a, o in self.public] + [
+                CallTest(a, o, "private") for a, o in self.private
+            ]
             return Program(code=code, tests=tuple(tests), fn_name=self.fn_name)
         if io == "stdin":
+
             def fmt(args):
-                return "\n".join(" ".join(map(str, a)) if isinstance(a, list) else str(a) for a in args) + "\n"
-            tests = [StdioTest(fmt(a), f"{o}\n", "public") for a, o in self.public] + \
-                    [StdioTest(fmt(a), f"{o}\n", "private") for a, o in self.private]
+                return (
+                    "\n".join(" ".join(map(str, a)) if isinstance(a, list) else str(a) for a in args) + "\n"
+                )
+
+            tests = [StdioTest(fmt(a), f"{o}\n", "public") for a, o in self.public] + [
+                StdioTest(fmt(a), f"{o}\n", "private") for a, o in self.private
+            ]
             return Program(code=code, tests=tuple(tests))
         raise ValueError(f"io must be 'call' or 'stdin', got {io!r}")
 
@@ -79,8 +85,10 @@ def _ops(rng: random.Random) -> tuple[str, Callable[[int], int]]:
     if kind == "min":
         return f"min({{}}, {c})", lambda v: min(v, c)
     d = rng.randint(1, 5)
-    return (f"(({{v}}) // 2 if ({{v}}) % 2 == 0 else ({{v}}) * 3 + {d})",
-            lambda v: v // 2 if v % 2 == 0 else v * 3 + d)
+    return (
+        f"(({{v}}) // 2 if ({{v}}) % 2 == 0 else ({{v}}) * 3 + {d})",
+        lambda v: v // 2 if v % 2 == 0 else v * 3 + d,
+    )
 
 
 def _compose(rng: random.Random, depth: int) -> tuple[str, Callable[[int], int]]:
@@ -88,7 +96,7 @@ def _compose(rng: random.Random, depth: int) -> tuple[str, Callable[[int], int]]
     for _ in range(depth):
         tmpl, op = _ops(rng)
         expr = tmpl.format(v=expr) if "{v}" in tmpl else tmpl.replace("{}", expr)
-        fn = (lambda f, g: (lambda v: g(f(v))))(fn, op)
+        fn = (lambda f, g: lambda v: g(f(v)))(fn, op)
     return expr, fn
 
 
@@ -107,12 +115,18 @@ def make_task(seed: int, difficulty: int = 2, n_public: int = 4, n_private: int 
         agg = rng.choice(["sum", "count"])
         if agg == "sum":
             body = f"sum({expr} for x in xs)"
-            fn = lambda xs: sum(g(v) for v in xs)  # noqa: E731
+
+            def fn(xs, g=g):
+                return sum(g(v) for v in xs)
+
             what = "a list of integers `xs`"
         else:
             k = rng.randint(2, 4)
             body = f"sum(1 for x in xs if {expr} % {k} == 0)"
-            fn = lambda xs: sum(1 for v in xs if g(v) % k == 0)  # noqa: E731
+
+            def fn(xs, g=g, k=k):
+                return sum(1 for v in xs if g(v) % k == 0)
+
             what = "a list of integers `xs`"
         reference = f"def f(xs):\n    return {body}\n"
         seen, args = set(), []
@@ -133,11 +147,21 @@ def make_task(seed: int, difficulty: int = 2, n_public: int = 4, n_private: int 
     cases = tuple((a, fn(*a)) for a in args)
     public, private = cases[:n_public], cases[n_public:]
     shown = "\n".join(f"f({', '.join(map(repr, a))}) == {o!r}" for a, o in public)
-    prompt = (f"Write a Python function `{sig}` that takes {what} and returns an integer, "
-              f"matching these examples:\n{shown}\n"
-              "It will also be checked on held-out inputs. Reply with the function in a ```python block.")
-    return SyntheticTask(task_id=f"synthetic/{difficulty}/{seed}", prompt=prompt, fn_name="f",
-                         reference=reference, public=public, private=private, difficulty=difficulty, seed=seed)
+    prompt = (
+        f"Write a Python function `{sig}` that takes {what} and returns an integer, "
+        f"matching these examples:\n{shown}\n"
+        "It will also be checked on held-out inputs. Reply with the function in a ```python block."
+    )
+    return SyntheticTask(
+        task_id=f"synthetic/{difficulty}/{seed}",
+        prompt=prompt,
+        fn_name="f",
+        reference=reference,
+        public=public,
+        private=private,
+        difficulty=difficulty,
+        seed=seed,
+    )
 
 
 def make_tasks(n: int, seed: int = 0, difficulty: int = 2, **kwargs) -> list[SyntheticTask]:
@@ -177,6 +201,13 @@ def make_step_task(seed: int, steps: int = 2, n_public: int = 3, n_private: int 
     cases = tuple(((v,), fn(v)) for v in values)
     body = "".join(f"    {line}\n" for _, line, _ in ops)
     prompt = f"Write f(x): {', then '.join(p for p, _, _ in ops)}; return x.\n"
-    return SyntheticTask(task_id=f"steps/{steps}/{seed}", prompt=prompt, fn_name="f",
-                         reference=f"def f(x):\n{body}    return x\n", public=cases[:n_public],
-                         private=cases[n_public:], difficulty=steps, seed=seed)
+    return SyntheticTask(
+        task_id=f"steps/{steps}/{seed}",
+        prompt=prompt,
+        fn_name="f",
+        reference=f"def f(x):\n{body}    return x\n",
+        public=cases[:n_public],
+        private=cases[n_public:],
+        difficulty=steps,
+        seed=seed,
+    )

@@ -27,7 +27,9 @@ def _signal_of(returncode: int | None) -> int | None:
     return None
 
 
-def classify(program: Program, outcome: dict, iso: Isolation, returncode: int | None, wall: float) -> ExecutionResult:
+def classify(
+    program: Program, outcome: dict, iso: Isolation, returncode: int | None, wall: float
+) -> ExecutionResult:
     records = outcome["records"]
     killed = outcome["killed"]
     load = next((r for r in records if r.get("e") == "load"), None)
@@ -40,9 +42,14 @@ def classify(program: Program, outcome: dict, iso: Isolation, returncode: int | 
     done = any(r.get("e") == "done" for r in records)
     tail = outcome["output"][-2000:]
     sig = _signal_of(returncode) if not killed else None
-    common = dict(isolation=iso, wall_s=wall, exit_code=returncode, output_tail=tail,
-                  startup_s=float(ready.get("startup_s", 0.0)) if ready else 0.0,
-                  extra={"spawn_s": outcome.get("spawn_s", 0.0), "collect_s": outcome.get("collect_s", 0.0)})
+    common = dict(
+        isolation=iso,
+        wall_s=wall,
+        exit_code=returncode,
+        output_tail=tail,
+        startup_s=float(ready.get("startup_s", 0.0)) if ready else 0.0,
+        extra={"spawn_s": outcome.get("spawn_s", 0.0), "collect_s": outcome.get("collect_s", 0.0)},
+    )
 
     # Why the process stopped, when it stopped early.
     def abnormal() -> tuple[Status, str, str]:
@@ -62,12 +69,22 @@ def classify(program: Program, outcome: dict, iso: Isolation, returncode: int | 
             except ValueError:
                 name = f"signal {sig}"
             return Status.RUNTIME_ERROR, name, f"process died with {name}"
-        return Status.RUNTIME_ERROR, "EarlyExit", f"process exited (code {returncode}) before the tests finished"
+        return (
+            Status.RUNTIME_ERROR,
+            "EarlyExit",
+            f"process exited (code {returncode}) before the tests finished",
+        )
 
     if load is not None and load.get("status") != "ok":
         st = Status(load["status"])
-        return ExecutionResult(st, not_run(program), error_type=load.get("exc_type"),
-                               error_message=load.get("message"), error_traceback=load.get("traceback"), **common)
+        return ExecutionResult(
+            st,
+            not_run(program),
+            error_type=load.get("exc_type"),
+            error_message=load.get("message"),
+            error_traceback=load.get("traceback"),
+            **common,
+        )
 
     tests: list[TestResult] = []
     prog_err = None if done else abnormal()
@@ -81,8 +98,11 @@ def classify(program: Program, outcome: dict, iso: Isolation, returncode: int | 
             st, et, msg = prog_err
             tests.append(TestResult(i, spec.split, st, input=_input_text(spec), exc_type=et, message=msg))
         else:
-            tests.append(TestResult(i, spec.split, Status.NOT_RUN,
-                                    message="not run: the process ended before this test"))
+            tests.append(
+                TestResult(
+                    i, spec.split, Status.NOT_RUN, message="not run: the process ended before this test"
+                )
+            )
     failures = [t for t in tests if not t.passed]
     if failures and failures[0].status is not Status.NOT_RUN:
         status = failures[0].status
@@ -91,7 +111,9 @@ def classify(program: Program, outcome: dict, iso: Isolation, returncode: int | 
     else:
         status = Status.PASSED
     err = prog_err or (None, None, None)
-    return ExecutionResult(status, tuple(tests), error_type=err[1], error_message=err[2], tests_s=tests_s, **common)
+    return ExecutionResult(
+        status, tuple(tests), error_type=err[1], error_message=err[2], tests_s=tests_s, **common
+    )
 
 
 def _input_text(spec) -> str:
@@ -115,14 +137,30 @@ def _test_result(i: int, spec, rec: dict, mode: str) -> TestResult:
             expected = json.dumps(spec.output)
         if ok:
             return TestResult(i, spec.split, Status.PASSED, time_s=t)
-        return TestResult(i, spec.split, Status.WRONG_ANSWER, input=_input_text(spec), expected=expected,
-                          actual=actual, time_s=t)
+        return TestResult(
+            i,
+            spec.split,
+            Status.WRONG_ANSWER,
+            input=_input_text(spec),
+            expected=expected,
+            actual=actual,
+            time_s=t,
+        )
     try:
         st = Status(status)
     except ValueError:
         st = Status.RUNTIME_ERROR
     if st is Status.PASSED and not isinstance(spec, AssertTest):
         st = Status.RUNTIME_ERROR  # the child never judges stdio/call tests
-    return TestResult(i, spec.split, st, input=rec.get("input") or (None if st is Status.PASSED else _input_text(spec)),
-                      expected=rec.get("expected"), actual=rec.get("actual"), exc_type=rec.get("exc_type"),
-                      message=rec.get("message"), traceback=rec.get("traceback"), time_s=t)
+    return TestResult(
+        i,
+        spec.split,
+        st,
+        input=rec.get("input") or (None if st is Status.PASSED else _input_text(spec)),
+        expected=rec.get("expected"),
+        actual=rec.get("actual"),
+        exc_type=rec.get("exc_type"),
+        message=rec.get("message"),
+        traceback=rec.get("traceback"),
+        time_s=t,
+    )

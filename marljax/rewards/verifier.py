@@ -9,7 +9,8 @@ repeated asserts), and repeats share the first run's result.
 from __future__ import annotations
 
 import dataclasses
-from typing import Hashable, Protocol, Sequence
+from collections.abc import Hashable, Sequence
+from typing import Protocol
 
 from .extract import extract_code
 from .formats import Program
@@ -35,15 +36,20 @@ class Score:
 
 
 class Verifier(Protocol):
-    def run(self, programs: Sequence[Program], keys: Sequence[Hashable] | None = None) -> list[ExecutionResult]:
+    def run(
+        self, programs: Sequence[Program], keys: Sequence[Hashable] | None = None
+    ) -> list[ExecutionResult]:
         """Each program's result, in order; programs with equal keys (default: equal programs) run once."""
 
-    def score(self, problems: Sequence[Problem], texts: Sequence[str], split: str | None = None) -> list[Score]:
+    def score(
+        self, problems: Sequence[Problem], texts: Sequence[str], split: str | None = None
+    ) -> list[Score]:
         """`texts[i]` scored against `problems[i]` on all tests (split None) or one split."""
 
 
-def map_once(pool: ProgramRunner | None, programs: Sequence[Program],
-             keys: Sequence[Hashable] | None = None) -> list[ExecutionResult]:
+def map_once(
+    pool: ProgramRunner | None, programs: Sequence[Program], keys: Sequence[Hashable] | None = None
+) -> list[ExecutionResult]:
     """`pool.map(programs)`, running each distinct key once; its repeats get the same result object.
 
     keys: one per program, equal for programs that must give the same result; default the
@@ -63,8 +69,9 @@ def map_once(pool: ProgramRunner | None, programs: Sequence[Program],
     return [ran[key] for key in keys]
 
 
-def score_texts(problems: Sequence[Problem], texts: Sequence[str], pool: ProgramRunner | None,
-                split: str | None = None) -> list[Score]:
+def score_texts(
+    problems: Sequence[Problem], texts: Sequence[str], pool: ProgramRunner | None, split: str | None = None
+) -> list[Score]:
     """Score `texts[i]` against `problems[i]`; code runs in parallel in `pool`, each distinct
     (problem object, extracted program) once, and its repeats share that verdict.
 
@@ -84,8 +91,11 @@ def score_texts(problems: Sequence[Problem], texts: Sequence[str], pool: Program
         if pool is None:
             raise ValueError("code problems need a SandboxPool")
         codes = [extract_code(texts[i]).code for i in code_idx]
-        ran = map_once(pool, [problems[i].program(c) for i, c in zip(code_idx, codes)],
-                       [(id(problems[i]), c) for i, c in zip(code_idx, codes)])
+        ran = map_once(
+            pool,
+            [problems[i].program(c) for i, c in zip(code_idx, codes)],
+            [(id(problems[i]), c) for i, c in zip(code_idx, codes)],
+        )
         for i, res in zip(code_idx, ran):
             frac = res.pass_fraction(split)
             scores[i] = Score(frac, frac == 1.0, res)
@@ -98,8 +108,12 @@ class SandboxVerifier:
     def __init__(self, pool: ProgramRunner | None = None):
         self.pool = pool
 
-    def run(self, programs: Sequence[Program], keys: Sequence[Hashable] | None = None) -> list[ExecutionResult]:
+    def run(
+        self, programs: Sequence[Program], keys: Sequence[Hashable] | None = None
+    ) -> list[ExecutionResult]:
         return map_once(self.pool, programs, keys)
 
-    def score(self, problems: Sequence[Problem], texts: Sequence[str], split: str | None = None) -> list[Score]:
+    def score(
+        self, problems: Sequence[Problem], texts: Sequence[str], split: str | None = None
+    ) -> list[Score]:
         return score_texts(problems, texts, self.pool, split)

@@ -27,6 +27,7 @@ If the zygote cannot kill everything within a few seconds it exits, and the kern
 (pid 1 gone) or bwrap tears the whole namespace down with it.
 """
 
+import contextlib
 import gc
 import importlib.util
 import json
@@ -74,7 +75,7 @@ def _read_end(sock):
 
 
 def _state(pid):
-    with open("/proc/%d/stat" % pid, "rb") as f:
+    with open(f"/proc/{pid}/stat", "rb") as f:
         return f.read().rsplit(b")", 1)[1].split()[0]
 
 
@@ -180,22 +181,21 @@ def main():
         os.close(out_fd)
         os.close(rec_fd)
         _read_end(sock)
-        try:
+        with contextlib.suppress(OSError):
             os.killpg(pid, signal.SIGKILL)
-        except OSError:
-            pass
         _, status = os.waitpid(pid, 0)
         if not _only_me_left():  # something of the job outlived it: kill everything, then reap it
             if not _sweep():
                 os._exit(3)
             _only_me_left()
-        reply = b'{"exit": %d, "dirty": %s}\n' % (os.waitstatus_to_exitcode(status), b"true" if _dirty() else b"false")
+        reply = b'{"exit": %d, "dirty": %s}\n' % (
+            os.waitstatus_to_exitcode(status),
+            b"true" if _dirty() else b"false",
+        )
         sock.sendall(reply)
 
 
 if __name__ == "__main__":
-    try:
+    with contextlib.suppress(EOFError):
         main()
-    except EOFError:
-        pass
     os._exit(0)

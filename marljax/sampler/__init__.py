@@ -17,7 +17,17 @@ from marljax.sampler.engine import REASONS, Buckets, Engine, EngineStats, get_en
 from marljax.sampler.sampling import argmax_first, sample_tokens, truncation_mask
 
 __all__ = [
-    "SamplerOutput", "TextOutput", "generate", "generate_text",
-    "REASONS", "Buckets", "Engine", "EngineStats", "get_engine", "next_bucket",
-    "argmax_first", "sample_tokens", "truncation_mask",
+    "SamplerOutput",
+    "TextOutput",
+    "generate",
+    "generate_text",
+    "REASONS",
+    "Buckets",
+    "Engine",
+    "EngineStats",
+    "get_engine",
+    "next_bucket",
+    "argmax_first",
+    "sample_tokens",
+    "truncation_mask",
 ]

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import jax
 import numpy as np
@@ -65,8 +66,10 @@ def _resolve(model: Any, params: Any) -> tuple[ModelConfig, Any]:
         return model, params
     if isinstance(model, tuple) and len(model) == 2 and isinstance(model[1], ModelConfig):
         return _resolve(model[1], get_params(model[0]) if params is None else params)  # (model, config)
-    raise TypeError(f"model must be a Decoder, a ModelConfig (with params=) or (Decoder, "
-                    f"ModelConfig), got {type(model).__name__}")
+    raise TypeError(
+        f"model must be a Decoder, a ModelConfig (with params=) or (Decoder, "
+        f"ModelConfig), got {type(model).__name__}"
+    )
 
 
 def _eos_ids(eos_ids, config: ModelConfig) -> list[int]:
@@ -91,13 +94,26 @@ def _as_prompts(prompt_ids) -> list[list[int]]:
     return prompts
 
 
-def generate(model: Any, prompt_ids: Any, *, max_new_tokens: int, temperature: float = 1.0,
-             top_p: float = 1.0, top_k: int = 0, stop: Sequence[Sequence[int]] | None = None,
-             eos_ids: int | Sequence[int] | None = None, n: int = 1, seed: int = 0,
-             params: Any = None, return_sampling_logprobs: bool = False,
-             pad_id: int | None = None, mesh: Mesh | None = None, buckets: Buckets | None = None,
-             topk_bound: int = DEFAULT_BOUND,
-             fuse_projections: bool | None = None) -> SamplerOutput:
+def generate(
+    model: Any,
+    prompt_ids: Any,
+    *,
+    max_new_tokens: int,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    top_k: int = 0,
+    stop: Sequence[Sequence[int]] | None = None,
+    eos_ids: int | Sequence[int] | None = None,
+    n: int = 1,
+    seed: int = 0,
+    params: Any = None,
+    return_sampling_logprobs: bool = False,
+    pad_id: int | None = None,
+    mesh: Mesh | None = None,
+    buckets: Buckets | None = None,
+    topk_bound: int = DEFAULT_BOUND,
+    fuse_projections: bool | None = None,
+) -> SamplerOutput:
     """Sample `n` completions for each prompt from one set of parameters.
 
     Args:
@@ -167,8 +183,8 @@ def generate(model: Any, prompt_ids: Any, *, max_new_tokens: int, temperature: f
     mask = np.zeros((Bp, P), bool)
     mask[B:, -1] = True  # padding rows: one dummy token, so attention is never empty
     for i, p in enumerate(prompts):
-        ids[i, P - len(p):] = p
-        mask[i, P - len(p):] = True
+        ids[i, P - len(p) :] = p
+        mask[i, P - len(p) :] = True
     cache, logits = engine.prefill(params, ids, mask, cache_len=P + M)
 
     src = np.zeros((Bd,), np.int32)
@@ -179,7 +195,7 @@ def generate(model: Any, prompt_ids: Any, *, max_new_tokens: int, temperature: f
     eos = _eos_ids(eos_ids, config)
     E = next_bucket(max(len(eos), 1), engine.buckets.min_eos)
     eos_arr = np.full((E,), -1, np.int32)
-    eos_arr[:len(eos)] = eos
+    eos_arr[: len(eos)] = eos
     stop = [list(map(int, s)) for s in (stop or [])]
     if any(len(s) == 0 for s in stop):
         raise ValueError("stop sequences must be non-empty")
@@ -188,33 +204,60 @@ def generate(model: Any, prompt_ids: Any, *, max_new_tokens: int, temperature: f
     stop_seqs = np.full((NS, Ls), -2, np.int32)
     stop_valid = np.zeros((NS, Ls), bool)
     for j, s in enumerate(stop):
-        stop_seqs[j, Ls - len(s):] = s
-        stop_valid[j, Ls - len(s):] = True
+        stop_seqs[j, Ls - len(s) :] = s
+        stop_valid[j, Ls - len(s) :] = True
     stop_active = np.arange(NS) < len(stop)
 
     greedy = temperature == 0
     toks, lps, slps, lengths, reason, steps = engine.decode(
-        params, cache, logits, src=src, prompt_len=lens[src], live=live, seed=int(seed),
-        temperature=np.full((Bd,), temperature, np.float32), top_k=np.full((Bd,), top_k, np.int32),
-        top_p=np.full((Bd,), top_p, np.float32), eos=eos_arr, stop_seqs=stop_seqs,
-        stop_valid=stop_valid, stop_active=stop_active, max_new=int(max_new_tokens),
-        new_tokens_bucket=M, greedy=greedy, want_sampling_lp=return_sampling_logprobs,
-        broadcast=not (n == 1 and Bd == Bp), pad_id=pad)
+        params,
+        cache,
+        logits,
+        src=src,
+        prompt_len=lens[src],
+        live=live,
+        seed=int(seed),
+        temperature=np.full((Bd,), temperature, np.float32),
+        top_k=np.full((Bd,), top_k, np.int32),
+        top_p=np.full((Bd,), top_p, np.float32),
+        eos=eos_arr,
+        stop_seqs=stop_seqs,
+        stop_valid=stop_valid,
+        stop_active=stop_active,
+        max_new=int(max_new_tokens),
+        new_tokens_bucket=M,
+        greedy=greedy,
+        want_sampling_lp=return_sampling_logprobs,
+        broadcast=not (n == 1 and Bd == Bp),
+        pad_id=pad,
+    )
     toks, lps, slps, lengths, reason, steps = jax.device_get((toks, lps, slps, lengths, reason, steps))
     engine.stats.last_steps = int(steps)
     T = int(max_new_tokens)
     return SamplerOutput(
-        tokens=np.asarray(toks[:N, :T]), lengths=np.asarray(lengths[:N]),
+        tokens=np.asarray(toks[:N, :T]),
+        lengths=np.asarray(lengths[:N]),
         finish_reason=np.array([REASONS[int(r)] for r in reason[:N]]),
         logprobs=np.asarray(lps[:N, :T]),
         sampling_logprobs=np.asarray(slps[:N, :T]) if return_sampling_logprobs else None,
-        prompt_index=np.arange(N, dtype=np.int32) // n, steps=int(steps))
+        prompt_index=np.arange(N, dtype=np.int32) // n,
+        steps=int(steps),
+    )
 
 
-def generate_text(model: Any, tokenizer: Any, prompts: Sequence[Any], *, max_new_tokens: int,
-                  chat: bool = True, system: str | None = None,
-                  stop: Sequence[str] | None = None, eos_ids: Any = None,
-                  skip_special_tokens: bool = True, **kwargs: Any) -> TextOutput:
+def generate_text(
+    model: Any,
+    tokenizer: Any,
+    prompts: Sequence[Any],
+    *,
+    max_new_tokens: int,
+    chat: bool = True,
+    system: str | None = None,
+    stop: Sequence[str] | None = None,
+    eos_ids: Any = None,
+    skip_special_tokens: bool = True,
+    **kwargs: Any,
+) -> TextOutput:
     """Text in, text out, through `tokenizer` (a transformers tokenizer).
 
     prompts: strings, or chat conversations (lists of `{"role", "content"}`
@@ -234,8 +277,9 @@ def generate_text(model: Any, tokenizer: Any, prompts: Sequence[Any], *, max_new
             texts_in.append(p)
             continue
         if isinstance(p, str):
-            msgs = ([{"role": "system", "content": system}] if system else []) + \
-                   [{"role": "user", "content": p}]
+            msgs = ([{"role": "system", "content": system}] if system else []) + [
+                {"role": "user", "content": p}
+            ]
         else:
             msgs = list(p)
         texts_in.append(tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True))
@@ -246,8 +290,7 @@ def generate_text(model: Any, tokenizer: Any, prompts: Sequence[Any], *, max_new
             eos_ids.append(int(tokenizer.eos_token_id))
     stop_strs = list(stop or [])
     stop_ids = [tokenizer.encode(s, add_special_tokens=False) for s in stop_strs]
-    out = generate(model, ids, max_new_tokens=max_new_tokens, stop=stop_ids, eos_ids=eos_ids,
-                   **kwargs)
+    out = generate(model, ids, max_new_tokens=max_new_tokens, stop=stop_ids, eos_ids=eos_ids, **kwargs)
     eos_set = set(_eos_ids(eos_ids, config))
     texts = []
     for row, length, why in zip(out.tokens, out.lengths, out.finish_reason):
@@ -257,6 +300,6 @@ def generate_text(model: Any, tokenizer: Any, prompts: Sequence[Any], *, max_new
         text = tokenizer.decode(toks, skip_special_tokens=skip_special_tokens)
         cuts = [text.find(s) for s in stop_strs if s and s in text]
         if cuts:
-            text = text[:min(cuts)]
+            text = text[: min(cuts)]
         texts.append(text)
     return TextOutput(texts=texts, prompts=texts_in, output=out)

@@ -46,7 +46,13 @@ from jax.sharding import Mesh, NamedSharding
 
 from marljax.kernels.losses_terms import logprobs_from_logits
 from marljax.models import (
-    ModelConfig, batch_sharding, cache_sharding, hidden_states, init_cache, positions_from_mask, unembed,
+    ModelConfig,
+    batch_sharding,
+    cache_sharding,
+    hidden_states,
+    init_cache,
+    positions_from_mask,
+    unembed,
 )
 from marljax.models.decode import DecodeCache, decode_step, decode_weights, grow_cache, split_cache
 from marljax.sampler.sampling import DEFAULT_BOUND, sample_tokens
@@ -56,8 +62,7 @@ UNFINISHED, EOS, STOP, LENGTH = 0, 1, 2, 3
 REASONS = ("unfinished", "eos", "stop", "length")
 
 
-def next_bucket(n: int, minimum: int = 1, sizes: tuple[int, ...] | None = None,
-                multiple: int = 1) -> int:
+def next_bucket(n: int, minimum: int = 1, sizes: tuple[int, ...] | None = None, multiple: int = 1) -> int:
     """The smallest bucket >= n: from `sizes` if given (ValueError past the largest),
     else the next power of two >= max(n, minimum); rounded up to a multiple of `multiple`."""
     if sizes:
@@ -148,9 +153,15 @@ class Engine:
     mesh and the parameters take <= 256 MiB).
     """
 
-    def __init__(self, config: ModelConfig, *, mesh: Mesh | None = None,
-                 buckets: Buckets | None = None, topk_bound: int = DEFAULT_BOUND,
-                 fuse_projections: bool | None = None):
+    def __init__(
+        self,
+        config: ModelConfig,
+        *,
+        mesh: Mesh | None = None,
+        buckets: Buckets | None = None,
+        topk_bound: int = DEFAULT_BOUND,
+        fuse_projections: bool | None = None,
+    ):
         self.config = config
         self.mesh = mesh
         if fuse_projections is None:  # fused q/k/v and gate/up copies of the weights, built per
@@ -163,9 +174,10 @@ class Engine:
         self.topk_bound = int(topk_bound)
         self.stats = EngineStats()
         self._prefill_jit = jax.jit(self._prefill, static_argnames=("cache_len",))
-        self._decode_jit = jax.jit(self._decode, static_argnames=("new_tokens_bucket", "greedy",
-                                                                  "want_sampling_lp", "broadcast",
-                                                                  "pad_id"))
+        self._decode_jit = jax.jit(
+            self._decode,
+            static_argnames=("new_tokens_bucket", "greedy", "want_sampling_lp", "broadcast", "pad_id"),
+        )
 
     # ----------------------------------------------------------------- shapes
     @property
@@ -206,8 +218,9 @@ class Engine:
         c = self.config
         B, _ = ids.shape
         cache = self._constrain_cache(init_cache(c, B, cache_len))
-        h, cache = hidden_states(params, ids, config=c, positions=positions_from_mask(mask),
-                                 attention_mask=mask, cache=cache)
+        h, cache = hidden_states(
+            params, ids, config=c, positions=positions_from_mask(mask), attention_mask=mask, cache=cache
+        )
         logits = unembed(params, h[:, -1])
         return self._constrain_cache(cache), self._constrain_batch(logits)
 
@@ -215,20 +228,45 @@ class Engine:
         """Run the prefill over `[Bp, P]` left-padded prompts; returns (cache, logits [Bp, V])."""
         self.stats.prefill_calls += 1
         self.stats.prefill_rows += int(ids.shape[0])
-        return self._prefill_jit(params, self._put(ids.astype(np.int32)), self._put(mask.astype(bool)),
-                                 cache_len=int(cache_len))
+        return self._prefill_jit(
+            params, self._put(ids.astype(np.int32)), self._put(mask.astype(bool)), cache_len=int(cache_len)
+        )
 
     # ----------------------------------------------------------------- decode
-    def _decode(self, params, cache, logits, src, prompt_len, live, seed, temperature, top_k,
-                top_p, eos, stop_seqs, stop_valid, stop_active, max_new, *, new_tokens_bucket: int,
-                greedy: bool, want_sampling_lp: bool, broadcast: bool, pad_id: int):
+    def _decode(
+        self,
+        params,
+        cache,
+        logits,
+        src,
+        prompt_len,
+        live,
+        seed,
+        temperature,
+        top_k,
+        top_p,
+        eos,
+        stop_seqs,
+        stop_valid,
+        stop_active,
+        max_new,
+        *,
+        new_tokens_bucket: int,
+        greedy: bool,
+        want_sampling_lp: bool,
+        broadcast: bool,
+        pad_id: int,
+    ):
         self.stats.decode_compiles += 1  # runs at trace time only
         c = self.config
         Bd, M = prompt_len.shape[0], new_tokens_bucket
         if broadcast:  # n samples per prompt: copy the prefilled rows
             cache = dataclasses.replace(
-                cache, k=jnp.take(cache.k, src, axis=1), v=jnp.take(cache.v, src, axis=1),
-                mask=jnp.take(cache.mask, src, axis=0))
+                cache,
+                k=jnp.take(cache.k, src, axis=1),
+                v=jnp.take(cache.v, src, axis=1),
+                mask=jnp.take(cache.mask, src, axis=0),
+            )
             logits = jnp.take(logits, src, axis=0)
         cache = self._constrain_cache(cache)
         logits = self._constrain_batch(logits)
@@ -245,11 +283,21 @@ class Engine:
             """Choose token `state.step` of every row from its `logits` `[Bd, V]`; end rows."""
             t, done = state.step, state.done
             step_keys = jax.vmap(lambda k: jax.random.fold_in(k, t))(row_keys)
-            tok, slp = sample_tokens(logits, step_keys, temperature=temperature, top_k=top_k,
-                                     top_p=top_p, greedy=greedy, bound=self.topk_bound)
+            tok, slp = sample_tokens(
+                logits,
+                step_keys,
+                temperature=temperature,
+                top_k=top_k,
+                top_p=top_p,
+                greedy=greedy,
+                bound=self.topk_bound,
+            )
             lp = logprobs_from_logits(logits, tok)  # the raw model's: temperature 1, no truncation
             tok = jnp.where(done, pad_id, tok)
-            put = lambda buf, x: lax.dynamic_update_slice(buf, x[:, None], (0, t))  # noqa: E731
+
+            def put(buf, x, t=t):
+                return lax.dynamic_update_slice(buf, x[:, None], (0, t))
+
             sampling_logprobs = state.sampling_logprobs
             if want_sampling_lp:
                 sampling_logprobs = put(sampling_logprobs, jnp.where(done, 0.0, slp))
@@ -260,10 +308,16 @@ class Engine:
             ends = ~done & (is_eos | is_stop | (t + 1 >= max_new))
             why = jnp.where(is_eos, EOS, jnp.where(is_stop, STOP, LENGTH))
             return state._replace(
-                step=t + 1, last_token=tok, tokens=put(state.tokens, tok),
-                logprobs=put(state.logprobs, jnp.where(done, 0.0, lp)), sampling_logprobs=sampling_logprobs,
-                done=done | ends, lengths=jnp.where(ends, t + 1, state.lengths),
-                finish_reason=jnp.where(ends, why, state.finish_reason), recent=recent)
+                step=t + 1,
+                last_token=tok,
+                tokens=put(state.tokens, tok),
+                logprobs=put(state.logprobs, jnp.where(done, 0.0, lp)),
+                sampling_logprobs=sampling_logprobs,
+                done=done | ends,
+                lengths=jnp.where(ends, t + 1, state.lengths),
+                finish_reason=jnp.where(ends, why, state.finish_reason),
+                recent=recent,
+            )
 
         def phase(W, last):
             def cond(state: DecodeState):  # step t writes slot P + t - 1, which must lie in the window
@@ -272,56 +326,108 @@ class Engine:
             def body(state: DecodeState):
                 t = state.step
                 # token t-1 sits at rotary position prompt_len + t - 1 and in slot P + t - 1
-                logits, kv = decode_step(weights, state.last_token, prompt_len + t - 1, state.kv,
-                                         valid[:, :W], P + t - 1, config=c)
+                logits, kv = decode_step(
+                    weights, state.last_token, prompt_len + t - 1, state.kv, valid[:, :W], P + t - 1, config=c
+                )
                 return record(state._replace(kv=kv), logits)
+
             return cond, body
 
         state = DecodeState(
-            step=jnp.zeros((), jnp.int32), kv=split_cache(cache, windows[0]),
-            last_token=jnp.zeros((Bd,), jnp.int32), tokens=jnp.full((Bd, M), pad_id, jnp.int32),
+            step=jnp.zeros((), jnp.int32),
+            kv=split_cache(cache, windows[0]),
+            last_token=jnp.zeros((Bd,), jnp.int32),
+            tokens=jnp.full((Bd, M), pad_id, jnp.int32),
             logprobs=jnp.zeros((Bd, M), jnp.float32),
             sampling_logprobs=jnp.zeros((Bd, M) if want_sampling_lp else (Bd, 1), jnp.float32),
-            done=~live, lengths=jnp.zeros((Bd,), jnp.int32),
-            finish_reason=jnp.full((Bd,), UNFINISHED, jnp.int32), recent=jnp.full((Bd, Ls), -1, jnp.int32))
+            done=~live,
+            lengths=jnp.zeros((Bd,), jnp.int32),
+            finish_reason=jnp.full((Bd,), UNFINISHED, jnp.int32),
+            recent=jnp.full((Bd, Ls), -1, jnp.int32),
+        )
         state = record(state, logits)
         for j, W in enumerate(windows):
             if j:
                 state = state._replace(kv=grow_cache(state.kv, W))
             state = lax.while_loop(*phase(W, j == len(windows) - 1), state)
-        return (state.tokens, state.logprobs, state.sampling_logprobs, state.lengths, state.finish_reason,
-                state.step)
+        return (
+            state.tokens,
+            state.logprobs,
+            state.sampling_logprobs,
+            state.lengths,
+            state.finish_reason,
+            state.step,
+        )
 
-    def decode(self, params, cache, logits, *, src, prompt_len, live, seed, temperature, top_k,
-               top_p, eos, stop_seqs, stop_valid, stop_active, max_new, new_tokens_bucket: int,
-               greedy: bool, want_sampling_lp: bool, broadcast: bool, pad_id: int):
+    def decode(
+        self,
+        params,
+        cache,
+        logits,
+        *,
+        src,
+        prompt_len,
+        live,
+        seed,
+        temperature,
+        top_k,
+        top_p,
+        eos,
+        stop_seqs,
+        stop_valid,
+        stop_active,
+        max_new,
+        new_tokens_bucket: int,
+        greedy: bool,
+        want_sampling_lp: bool,
+        broadcast: bool,
+        pad_id: int,
+    ):
         """Run the decode loop (see the module doc); arrays are host numpy, `[Bd]` per row."""
         self.stats.decode_calls += 1
         self.stats.decode_rows += int(prompt_len.shape[0])
         return self._decode_jit(
-            params, cache, logits, self._put(src.astype(np.int32)),
-            self._put(prompt_len.astype(np.int32)), self._put(live.astype(bool)),
-            jnp.asarray(seed, jnp.uint32), self._put(temperature.astype(np.float32)),
-            self._put(top_k.astype(np.int32)), self._put(top_p.astype(np.float32)),
-            jnp.asarray(eos, jnp.int32), jnp.asarray(stop_seqs, jnp.int32),
-            jnp.asarray(stop_valid, bool), jnp.asarray(stop_active, bool),
-            jnp.asarray(max_new, jnp.int32), new_tokens_bucket=int(new_tokens_bucket),
-            greedy=bool(greedy), want_sampling_lp=bool(want_sampling_lp),
-            broadcast=bool(broadcast), pad_id=int(pad_id))
+            params,
+            cache,
+            logits,
+            self._put(src.astype(np.int32)),
+            self._put(prompt_len.astype(np.int32)),
+            self._put(live.astype(bool)),
+            jnp.asarray(seed, jnp.uint32),
+            self._put(temperature.astype(np.float32)),
+            self._put(top_k.astype(np.int32)),
+            self._put(top_p.astype(np.float32)),
+            jnp.asarray(eos, jnp.int32),
+            jnp.asarray(stop_seqs, jnp.int32),
+            jnp.asarray(stop_valid, bool),
+            jnp.asarray(stop_active, bool),
+            jnp.asarray(max_new, jnp.int32),
+            new_tokens_bucket=int(new_tokens_bucket),
+            greedy=bool(greedy),
+            want_sampling_lp=bool(want_sampling_lp),
+            broadcast=bool(broadcast),
+            pad_id=int(pad_id),
+        )
 
 
 _ENGINES: dict[Any, Engine] = {}
 _LOCK = threading.Lock()
 
 
-def get_engine(config: ModelConfig, mesh: Mesh | None = None, buckets: Buckets | None = None,
-               topk_bound: int = DEFAULT_BOUND, fuse_projections: bool | None = None) -> Engine:
+def get_engine(
+    config: ModelConfig,
+    mesh: Mesh | None = None,
+    buckets: Buckets | None = None,
+    topk_bound: int = DEFAULT_BOUND,
+    fuse_projections: bool | None = None,
+) -> Engine:
     """The shared `Engine` for these settings (built on first use; see `Engine`)."""
     key = (config, mesh, buckets or Buckets(), int(topk_bound), fuse_projections)
     with _LOCK:
         if key not in _ENGINES:
-            _ENGINES[key] = Engine(config, mesh=mesh, buckets=buckets, topk_bound=topk_bound,
-                                   fuse_projections=fuse_projections)
+            _ENGINES[key] = Engine(
+                config, mesh=mesh, buckets=buckets, topk_bound=topk_bound, fuse_projections=fuse_projections
+            )
         return _ENGINES[key]
 
 

@@ -61,6 +61,7 @@ def _ordered_keys(x: jax.Array) -> jax.Array:
 def _largest_true(pred, lo: jax.Array, hi: jax.Array) -> jax.Array:
     """Per row, the largest uint32 `c` in [lo, hi] with `pred(c)` True, for `pred`
     monotone (True ... True False ... False) and `pred(lo)` True. lo, hi: [B]."""
+
     def body(_, lh):
         lo, hi = lh
         d = hi - lo
@@ -102,8 +103,10 @@ def _cuts_by_bisection(x, top_k, top_p, k_active, p_active):
     probs = jnp.exp(xk - jax.nn.logsumexp(xk, axis=1, keepdims=True))
     # top-p: c_ = the largest key with mass(keys > c_) >= p; cut = smallest kept key > c_
     lo = kth_key - 1  # mass above it = the whole kept mass; treated as >= p
+
     def enough(c):
         return (jnp.where(keys > c[:, None], probs, 0.0).sum(axis=1) >= top_p) | (c == lo)
+
     c_ = _largest_true(enough, lo, kmax)
     cut_key = jnp.min(jnp.where(kept & (keys > c_[:, None]), keys, kmax[:, None]), axis=1)
     cut_key = jnp.where(p_active, cut_key, kth_key)
@@ -126,8 +129,15 @@ def _as_rows(a, B, dtype):
     return jnp.broadcast_to(a, (B,)) if a.ndim == 0 else a
 
 
-def truncation_mask(logits: jax.Array, *, temperature=1.0, top_k=0, top_p=1.0,
-                    bound: int = DEFAULT_BOUND, method: str = "auto"):
+def truncation_mask(
+    logits: jax.Array,
+    *,
+    temperature=1.0,
+    top_k=0,
+    top_p=1.0,
+    bound: int = DEFAULT_BOUND,
+    method: str = "auto",
+):
     """Scaled logits and the kept-token mask after temperature, top-k and top-p.
 
     logits: `[B, V]` float. temperature, top_k, top_p: scalars or `[B]`
@@ -161,13 +171,23 @@ def truncation_mask(logits: jax.Array, *, temperature=1.0, top_k=0, top_p=1.0,
         cut = _cuts_by_bisection(x, top_k, top_p, k_active, p_active)
     else:
         cut, decided = by_list(min(int(bound), V))
-        cut = lax.cond(jnp.all(decided), lambda: cut,
-                       lambda: _cuts_by_bisection(x, top_k, top_p, k_active, p_active))
+        cut = lax.cond(
+            jnp.all(decided), lambda: cut, lambda: _cuts_by_bisection(x, top_k, top_p, k_active, p_active)
+        )
     return x, x >= cut[:, None]
 
 
-def sample_tokens(logits: jax.Array, keys: jax.Array, *, temperature=1.0, top_k=0, top_p=1.0,
-                  greedy: bool = False, bound: int = DEFAULT_BOUND, method: str = "auto"):
+def sample_tokens(
+    logits: jax.Array,
+    keys: jax.Array,
+    *,
+    temperature=1.0,
+    top_k=0,
+    top_p=1.0,
+    greedy: bool = False,
+    bound: int = DEFAULT_BOUND,
+    method: str = "auto",
+):
     """One token per row and its log-prob under the sampling (truncated) distribution.
 
     logits: `[B, V]`; keys: `[B]` PRNG keys (new-style) or `[B, 2]` uint32 raw keys;
@@ -182,8 +202,9 @@ def sample_tokens(logits: jax.Array, keys: jax.Array, *, temperature=1.0, top_k=
     if greedy:
         return argmax, jnp.zeros((B,), jnp.float32)
     temperature = _as_rows(temperature, B, jnp.float32)
-    x, keep = truncation_mask(logits, temperature=temperature, top_k=top_k, top_p=top_p,
-                              bound=bound, method=method)
+    x, keep = truncation_mask(
+        logits, temperature=temperature, top_k=top_k, top_p=top_p, bound=bound, method=method
+    )
     m = jnp.max(x, axis=1, keepdims=True)
     w = jnp.where(keep, jnp.exp(x - m), 0.0)
     cdf = jnp.cumsum(w, axis=1)
@@ -194,6 +215,4 @@ def sample_tokens(logits: jax.Array, keys: jax.Array, *, temperature=1.0, top_k=
     x_tok = jnp.take_along_axis(x, tok[:, None], axis=1)[:, 0]
     slp = x_tok - m[:, 0] - jnp.log(total)
     sampled = temperature > 0
-    return (jnp.where(sampled, tok, argmax),
-            jnp.where(sampled, slp, 0.0).astype(jnp.float32))
-
+    return (jnp.where(sampled, tok, argmax), jnp.where(sampled, slp, 0.0).astype(jnp.float32))

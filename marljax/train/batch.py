@@ -10,7 +10,7 @@ update recompiles rarely.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -18,9 +18,15 @@ from marljax.shapes import geometric_bucket, round_up
 from marljax.workflows.types import Sample
 
 
-def collate(samples: Sequence[Sample], *, micro_batch_size: int, pad_id: int = 0,
-            length_multiple: int = 32, max_len: int | None = None,
-            geometric: bool = False) -> dict[str, np.ndarray]:
+def collate(
+    samples: Sequence[Sample],
+    *,
+    micro_batch_size: int,
+    pad_id: int = 0,
+    length_multiple: int = 32,
+    max_len: int | None = None,
+    geometric: bool = False,
+) -> dict[str, np.ndarray]:
     """Arrays `[M, micro_batch_size, T]` (M micro-batches) for `samples`.
 
     Keys: tokens, labels, positions (int32), attention_mask, loss_mask (bool),
@@ -36,10 +42,11 @@ def collate(samples: Sequence[Sample], *, micro_batch_size: int, pad_id: int = 0
     if not samples:
         raise ValueError("collate needs at least one sample")
     lengths = [len(s.prompt_ids) + len(s.completion_ids) for s in samples]
-    if geometric:
-        T = geometric_bucket(max(lengths), length_multiple)
-    else:
-        T = round_up(max(lengths), length_multiple)
+    T = (
+        geometric_bucket(max(lengths), length_multiple)
+        if geometric
+        else round_up(max(lengths), length_multiple)
+    )
     if max_len is not None:
         T = min(T, max_len)
     M = -(-len(samples) // micro_batch_size)
@@ -57,12 +64,19 @@ def collate(samples: Sequence[Sample], *, micro_batch_size: int, pad_id: int = 0
         n = len(seq)
         tokens[b, :n] = seq
         attention[b, :n] = True
-        loss_mask[b, P - 1:n - 1] = True
-        sampling[b, P - 1:n - 1] = s.sampling_logprobs[:n - P]
+        loss_mask[b, P - 1 : n - 1] = True
+        sampling[b, P - 1 : n - 1] = s.sampling_logprobs[: n - P]
         advantages[b] = s.advantage
     labels = np.concatenate([tokens[:, 1:], np.full((B, 1), pad_id, np.int32)], axis=1)
     positions = np.broadcast_to(np.arange(T, dtype=np.int32), (B, T))
     M = B // micro_batch_size
-    batch = dict(tokens=tokens, labels=labels, positions=positions, attention_mask=attention,
-                 loss_mask=loss_mask, sampling_logp=sampling, advantages=advantages)
+    batch = dict(
+        tokens=tokens,
+        labels=labels,
+        positions=positions,
+        attention_mask=attention,
+        loss_mask=loss_mask,
+        sampling_logp=sampling,
+        advantages=advantages,
+    )
     return {k: v.reshape(M, micro_batch_size, *v.shape[1:]) for k, v in batch.items()}

@@ -11,7 +11,8 @@ dropped, and counted so the trainer can say so.
 from __future__ import annotations
 
 from collections import deque
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 from marljax.workflows.types import Sample
 
@@ -58,12 +59,19 @@ class ExperienceBuffer:
         batch = [self._samples.popleft() for _ in range(self.threshold)]
         self.taken += len(batch)
         staleness = [version - s.version for s in batch]
-        return batch, {"staleness_mean": sum(staleness) / len(staleness), "staleness_max": float(max(staleness)),
-                       "buffer_left": float(len(self._samples))}
+        return batch, {
+            "staleness_mean": sum(staleness) / len(staleness),
+            "staleness_max": float(max(staleness)),
+            "buffer_left": float(len(self._samples)),
+        }
 
     def state_dict(self) -> dict[str, Any]:
-        return {"samples": [s.to_json() for s in self._samples], "added": self.added, "taken": self.taken,
-                "dropped": self.dropped}
+        return {
+            "samples": [s.to_json() for s in self._samples],
+            "added": self.added,
+            "taken": self.taken,
+            "dropped": self.dropped,
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._samples = deque(Sample.from_json(s) for s in state["samples"])

@@ -56,6 +56,7 @@ Design:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -64,7 +65,8 @@ import os
 import shutil
 import threading
 import warnings
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import jax
 import numpy as np
@@ -171,8 +173,14 @@ def _snapshot(x: Any) -> Any:
 class RunCheckpointer:
     """Checkpoints of every policy's state plus the loop state, saved and restored as one step."""
 
-    def __init__(self, run_dir: str | os.PathLike, policy_names: Sequence[str], *, keep: int = 3,
-                 async_save: bool = True):
+    def __init__(
+        self,
+        run_dir: str | os.PathLike,
+        policy_names: Sequence[str],
+        *,
+        keep: int = 3,
+        async_save: bool = True,
+    ):
         names = list(policy_names)
         if not names or len(set(names)) != len(names):
             raise ValueError(f"policy_names must be non-empty and unique, got {names}")
@@ -200,8 +208,10 @@ class RunCheckpointer:
             # (orbax's default keys, e.g. `_async_commit_complete.<step>`, would collide).
             mp = ocp.options.MultiprocessingOptions(barrier_sync_key_prefix=f"marljax.{n}")
             self._managers[n] = ocp.CheckpointManager(
-                os.path.join(self.directory, n), options=dataclasses.replace(options, multiprocessing_options=mp),
-                item_handlers=handler)
+                os.path.join(self.directory, n),
+                options=dataclasses.replace(options, multiprocessing_options=mp),
+                item_handlers=handler,
+            )
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
         self._last_saved: int | None = None
@@ -239,7 +249,9 @@ class RunCheckpointer:
         if step < 0:
             raise ValueError(f"step must be >= 0, got {step}")
         if set(policy_states) != set(self.policy_names):
-            raise ValueError(f"policy_states keys {sorted(policy_states)} != policies {sorted(self.policy_names)}")
+            raise ValueError(
+                f"policy_states keys {sorted(policy_states)} != policies {sorted(self.policy_names)}"
+            )
         if not isinstance(loop_state, Mapping):
             raise TypeError(f"loop_state must be a dict, got {type(loop_state).__name__}")
         self.wait()
@@ -289,10 +301,8 @@ class RunCheckpointer:
     def _remove_step(self, step: int) -> None:
         # Manifests go first: from then on the step is incomplete whatever remains.
         for name in self._managers:
-            try:
+            with contextlib.suppress(FileNotFoundError):
                 os.remove(os.path.join(self.step_dir(name, step), MANIFEST))
-            except FileNotFoundError:
-                pass
         for name in self._managers:
             shutil.rmtree(self.step_dir(name, step), ignore_errors=True)
 
@@ -303,7 +313,8 @@ class RunCheckpointer:
             if self._step_problem(s, hashes=True) is None:
                 raise FileExistsError(
                     f"a complete checkpoint of step {s} already exists under {self.directory}; "
-                    f"restore it, save a later step, or use a new run directory")
+                    f"restore it, save a later step, or use a new run directory"
+                )
         if _primary():
             for s in stale:
                 self._remove_step(s)
@@ -357,7 +368,9 @@ class RunCheckpointer:
                 return s
         return None
 
-    def restore(self, abstract_policy_states: Mapping[str, Any]) -> tuple[int, dict[str, Any], dict[str, Any]] | None:
+    def restore(
+        self, abstract_policy_states: Mapping[str, Any]
+    ) -> tuple[int, dict[str, Any], dict[str, Any]] | None:
         """(step, policy_states, loop_state) of the newest restorable step, or None for a fresh run.
 
         `abstract_policy_states[name]` is a pytree of jax.ShapeDtypeStruct (with `.sharding` where
@@ -366,7 +379,8 @@ class RunCheckpointer:
         """
         if set(abstract_policy_states) != set(self.policy_names):
             raise ValueError(
-                f"abstract_policy_states keys {sorted(abstract_policy_states)} != policies {sorted(self.policy_names)}")
+                f"abstract_policy_states keys {sorted(abstract_policy_states)} != policies {sorted(self.policy_names)}"
+            )
         self.wait()
         unreadable = []  # complete, verified steps that still do not restore into this run's states
         for step in self._all_steps():
@@ -387,8 +401,10 @@ class RunCheckpointer:
                 loop_state = self._managers[LOOP].restore(step, args=ocp.args.JsonRestore())
                 return step, states, loop_state
             except Exception as e:  # any failure of this step: report it and fall back
-                msg = (f"cannot restore checkpoint step {step} from {where}: {type(e).__name__}: {e}; "
-                       f"falling back to an older step")
+                msg = (
+                    f"cannot restore checkpoint step {step} from {where}: {type(e).__name__}: {e}; "
+                    f"falling back to an older step"
+                )
                 logger.warning(msg)
                 warnings.warn(msg, RuntimeWarning, stacklevel=2)
                 if complete:
@@ -398,5 +414,6 @@ class RunCheckpointer:
             raise RuntimeError(
                 f"{self.directory} holds complete checkpoints that do not fit this run's policies "
                 f"(another configuration, or another marljax version's optimiser state); use a new run "
-                f"directory or the configuration that wrote them. Newest: {unreadable[0][:2000]}")
+                f"directory or the configuration that wrote them. Newest: {unreadable[0][:2000]}"
+            )
         return None

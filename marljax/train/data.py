@@ -16,8 +16,8 @@ import json
 import numbers
 import os
 import zlib
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Iterable, Sequence
 
 import grain
 
@@ -25,8 +25,17 @@ from marljax.rewards.synthetic import make_step_task, make_tasks
 
 from .data_schemas import SCHEMAS, DataError, Problem, detect_schema, parse_row
 
-__all__ = ["SCHEMAS", "DataError", "Problem", "ProblemStream", "detect_schema", "load_problems", "parse_row",
-           "synthetic_rows", "write_jsonl"]
+__all__ = [
+    "SCHEMAS",
+    "DataError",
+    "Problem",
+    "ProblemStream",
+    "detect_schema",
+    "load_problems",
+    "parse_row",
+    "synthetic_rows",
+    "write_jsonl",
+]
 
 
 def _open_text(path: str, mode: str):
@@ -55,7 +64,9 @@ def load_problems(path, schema: str = "auto") -> list[Problem]:
                     raise DataError(f"{source}: invalid JSON: {e}") from None
                 problem = parse_row(row, schema, source)
                 if problem.id in first_seen:
-                    raise DataError(f"{source}: duplicate id {problem.id!r} (first at {first_seen[problem.id]})")
+                    raise DataError(
+                        f"{source}: duplicate id {problem.id!r} (first at {first_seen[problem.id]})"
+                    )
                 first_seen[problem.id] = source
                 problems.append(problem)
     except FileNotFoundError:
@@ -74,7 +85,9 @@ def write_jsonl(rows: Iterable[dict], path) -> Path:
     return path
 
 
-def synthetic_rows(n: int, seed: int = 0, difficulty: int = 2, style: str = "examples", **kwargs) -> list[dict]:
+def synthetic_rows(
+    n: int, seed: int = 0, difficulty: int = 2, style: str = "examples", **kwargs
+) -> list[dict]:
     """``marljax.rewards.synthetic`` tasks as call-based ``stdio`` rows (same tests as ``task.program``).
 
     Going through rows lets the synthetic demo task use the loader and stream
@@ -90,9 +103,17 @@ def synthetic_rows(n: int, seed: int = 0, difficulty: int = 2, style: str = "exa
     rows = []
     for task in tasks:
         cases = task.public + task.private
-        rows.append({"task_id": task.task_id, "question": task.prompt, "fn_name": task.fn_name,
-                     "inputs": [list(args) for args, _ in cases], "outputs": [out for _, out in cases],
-                     "public": len(task.public), "solution": task.reference})
+        rows.append(
+            {
+                "task_id": task.task_id,
+                "question": task.prompt,
+                "fn_name": task.fn_name,
+                "inputs": [list(args) for args, _ in cases],
+                "outputs": [out for _, out in cases],
+                "public": len(task.public),
+                "solution": task.reference,
+            }
+        )
     return rows
 
 
@@ -115,9 +136,18 @@ class ProblemStream:
     ``epochs`` processes can run different numbers of steps.
     """
 
-    def __init__(self, problems: Sequence[Problem], *, batch_size: int, seed: int = 0, shuffle: bool = True,
-                 epochs: int | None = None, shard_index: int | None = None, shard_count: int | None = None,
-                 drop_remainder: bool = False):
+    def __init__(
+        self,
+        problems: Sequence[Problem],
+        *,
+        batch_size: int,
+        seed: int = 0,
+        shuffle: bool = True,
+        epochs: int | None = None,
+        shard_index: int | None = None,
+        shard_count: int | None = None,
+        drop_remainder: bool = False,
+    ):
         problems = list(problems)
         if (shard_index is None) != (shard_count is None):
             raise ValueError("pass both shard_index and shard_count, or neither")
@@ -154,10 +184,17 @@ class ProblemStream:
         self.batch_size = batch_size
         # What fixes the order; a state from a stream that differs in any of these would not resume it.
         ids = "\n".join(p.id for p in problems).encode()
-        self._config = {"num_problems": len(problems), "ids_crc32": zlib.crc32(ids), "batch_size": batch_size,
-                        "seed": seed, "shuffle": shuffle, "shard_index": shard_index, "shard_count": shard_count}
+        self._config = {
+            "num_problems": len(problems),
+            "ids_crc32": zlib.crc32(ids),
+            "batch_size": batch_size,
+            "seed": seed,
+            "shuffle": shuffle,
+            "shard_index": shard_index,
+            "shard_count": shard_count,
+        }
 
-    def __iter__(self) -> "ProblemStream":
+    def __iter__(self) -> ProblemStream:
         return self
 
     def __next__(self) -> list[Problem]:
@@ -187,6 +224,8 @@ class ProblemStream:
     def set_state(self, state: dict) -> None:
         differs = sorted(k for k, v in self._config.items() if state.get(k) != v)
         if differs:
-            raise ValueError(f"state is from a different stream: {', '.join(differs)} differ "
-                             f"(state {[state.get(k) for k in differs]}, stream {[self._config[k] for k in differs]})")
+            raise ValueError(
+                f"state is from a different stream: {', '.join(differs)} differ "
+                f"(state {[state.get(k) for k in differs]}, stream {[self._config[k] for k in differs]})"
+            )
         self._iter.set_state({"next_index": int(state["next_index"])})

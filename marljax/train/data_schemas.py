@@ -39,8 +39,10 @@ def _get(row: dict, keys: tuple[str, ...], types, schema: str, source: str, opti
     for key in keys:
         if row.get(key) is not None:
             if not _is(row[key], types):
-                raise DataError(f"{source}: key {key!r} must be {_type_name(types)}, "
-                                f"got {type(row[key]).__name__} (schema {schema})")
+                raise DataError(
+                    f"{source}: key {key!r} must be {_type_name(types)}, "
+                    f"got {type(row[key]).__name__} (schema {schema})"
+                )
             return row[key]
     if optional:
         return None
@@ -78,8 +80,9 @@ def _check_case_input(value, i: int, fn_name: str | None, source: str) -> None:
     if fn_name is None and not isinstance(value, str):
         raise DataError(f"{where} must be str (stdin text), got {type(value).__name__} (schema stdio)")
     if fn_name is not None and not isinstance(value, (str, list)):
-        raise DataError(f"{where} must be a list of arguments or JSON lines, got {type(value).__name__} "
-                        "(schema stdio)")
+        raise DataError(
+            f"{where} must be a list of arguments or JSON lines, got {type(value).__name__} (schema stdio)"
+        )
     if fn_name is not None and isinstance(value, str):
         for line in filter(str.strip, value.splitlines()):
             try:
@@ -96,8 +99,9 @@ def _stdio(row: dict, source: str) -> tuple[Any, str]:
     if not inputs:
         raise DataError(f"{source}: key 'inputs' is empty (schema stdio)")
     if len(outputs) != len(inputs):
-        raise DataError(f"{source}: key 'outputs' has {len(outputs)} cases but 'inputs' has {len(inputs)} "
-                        "(schema stdio)")
+        raise DataError(
+            f"{source}: key 'outputs' has {len(outputs)} cases but 'inputs' has {len(inputs)} (schema stdio)"
+        )
     fn_name = _get(row, ("fn_name",), str, "stdio", source, optional=True)
     if fn_name == "":
         raise DataError(f"{source}: key 'fn_name' is empty (schema stdio)")
@@ -105,8 +109,9 @@ def _stdio(row: dict, source: str) -> tuple[Any, str]:
         _check_case_input(value, i, fn_name, source)
     for i, value in enumerate(outputs if fn_name is None else ()):
         if not isinstance(value, str):
-            raise DataError(f"{source}: outputs[{i}] must be str (stdout text), got {type(value).__name__} "
-                            "(schema stdio)")
+            raise DataError(
+                f"{source}: outputs[{i}] must be str (stdout text), got {type(value).__name__} (schema stdio)"
+            )
     public = _get(row, ("public",), int, "stdio", source, optional=True)
     if public is not None and not 0 <= public <= len(inputs):
         raise DataError(f"{source}: key 'public' must be in 0..{len(inputs)}, got {public} (schema stdio)")
@@ -133,9 +138,11 @@ def detect_schema(row: dict, source: str) -> str:
         return "stdio"
     if "answer" in row:
         return "math"
-    raise DataError(f"{source}: cannot infer the schema from keys {sorted(row)}: expected 'entry_point' "
-                    "(humaneval), 'test_list' (mbpp), 'inputs' and 'outputs' (stdio) or 'answer' (math); "
-                    "pass schema= explicitly")
+    raise DataError(
+        f"{source}: cannot infer the schema from keys {sorted(row)}: expected 'entry_point' "
+        "(humaneval), 'test_list' (mbpp), 'inputs' and 'outputs' (stdio) or 'answer' (math); "
+        "pass schema= explicitly"
+    )
 
 
 def parse_row(row: dict, schema: str, source: str) -> Problem:

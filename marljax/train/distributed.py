@@ -28,7 +28,8 @@ from __future__ import annotations
 import logging
 import os
 import re
-from typing import Literal, Mapping
+from collections.abc import Mapping
+from typing import Literal
 
 from pydantic import Field
 
@@ -45,7 +46,9 @@ class DistributedConfig(StrictModel):
     num_processes: int | None = Field(None, ge=1)
     process_id: int | None = Field(None, ge=0)
     local_device_ids: list[int] | None = Field(None, description="devices this process uses; None = all")
-    cpu_collectives: Literal["gloo", "mpi", "none"] = Field("gloo", description="CPU cross-process collectives")
+    cpu_collectives: Literal["gloo", "mpi", "none"] = Field(
+        "gloo", description="CPU cross-process collectives"
+    )
     initialization_timeout: int = Field(300, ge=1, description="seconds to wait for every process")
 
 
@@ -67,8 +70,9 @@ def _on_tpu_vm() -> bool:
         return False
 
 
-def resolve(cfg: DistributedConfig | None = None, env: Mapping[str, str] | None = None,
-            on_tpu_vm: bool | None = None) -> dict | None:
+def resolve(
+    cfg: DistributedConfig | None = None, env: Mapping[str, str] | None = None, on_tpu_vm: bool | None = None
+) -> dict | None:
     """Keyword arguments for `jax.distributed.initialize`, `{}` for TPU auto-detection,
     or None when this is a single-process run. Raises ValueError for incomplete settings."""
     cfg = cfg or DistributedConfig()
@@ -91,20 +95,31 @@ def resolve(cfg: DistributedConfig | None = None, env: Mapping[str, str] | None 
         pid = pid if pid is not None else _int(env, "SLURM_PROCID")
         nodes = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST")
         if coord is None and nodes and (nproc or 1) > 1:
-            port = env.get("MARLJAX_COORDINATOR_PORT") or str(int(env.get("SLURM_JOB_ID", "0")) % 4096 + 61440)
+            port = env.get("MARLJAX_COORDINATOR_PORT") or str(
+                int(env.get("SLURM_JOB_ID", "0")) % 4096 + 61440
+            )
             coord = f"{first_host(nodes)}:{port}"
     if mode == "auto" and (nproc or 1) <= 1 and coord is None:
         on_tpu = _on_tpu_vm() if on_tpu_vm is None else on_tpu_vm
         return {} if on_tpu else None
-    missing = [n for n, v in (("coordinator_address", coord), ("num_processes", nproc), ("process_id", pid))
-               if v is None]
+    missing = [
+        n
+        for n, v in (("coordinator_address", coord), ("num_processes", nproc), ("process_id", pid))
+        if v is None
+    ]
     if missing:
-        raise ValueError(f"multi-process run needs {', '.join(missing)} (config `distributed.*` or "
-                         f"MARLJAX_COORDINATOR / MARLJAX_NUM_PROCESSES / MARLJAX_PROCESS_ID)")
+        raise ValueError(
+            f"multi-process run needs {', '.join(missing)} (config `distributed.*` or "
+            f"MARLJAX_COORDINATOR / MARLJAX_NUM_PROCESSES / MARLJAX_PROCESS_ID)"
+        )
     if not 0 <= pid < nproc:
         raise ValueError(f"process_id {pid} not in [0, num_processes={nproc})")
-    out = {"coordinator_address": coord, "num_processes": nproc, "process_id": pid,
-           "initialization_timeout": cfg.initialization_timeout}
+    out = {
+        "coordinator_address": coord,
+        "num_processes": nproc,
+        "process_id": pid,
+        "initialization_timeout": cfg.initialization_timeout,
+    }
     if local is not None:
         out["local_device_ids"] = local
     return out
@@ -138,8 +153,13 @@ def initialize(cfg: DistributedConfig | None = None, env: Mapping[str, str] | No
     shown = {k: v for k, v in kwargs.items() if k != "initialization_timeout"} or "TPU auto-detection"
     log.info("jax.distributed.initialize(%s)", shown)
     jax.distributed.initialize(**kwargs)
-    log.info("process %d of %d, %d local / %d global devices", jax.process_index(), jax.process_count(),
-             jax.local_device_count(), jax.device_count())
+    log.info(
+        "process %d of %d, %d local / %d global devices",
+        jax.process_index(),
+        jax.process_count(),
+        jax.local_device_count(),
+        jax.device_count(),
+    )
     if not is_primary():  # process 0 reports; the others only warn
         logging.getLogger().setLevel(logging.WARNING)
     return True

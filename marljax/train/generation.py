@@ -8,8 +8,8 @@ policy's version, which the buffers use for staleness.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Mapping, Sequence
 
 import numpy as np
 
@@ -23,7 +23,9 @@ from marljax.workflows.types import Generation
 class PolicyGenerator:
     """Generates with real policies: one sampler call per policy per `generate`."""
 
-    def __init__(self, policies: Mapping[str, Policy], sampler: SamplerConfig, max_prompt_len: int | None = None):
+    def __init__(
+        self, policies: Mapping[str, Policy], sampler: SamplerConfig, max_prompt_len: int | None = None
+    ):
         self.policies, self.sampler, self.max_prompt_len = policies, sampler, max_prompt_len
 
     def generate(self, requests: Sequence[tuple[Agent, str]], n: int, seed: int) -> list[list[Generation]]:
@@ -43,13 +45,14 @@ class PolicyGenerator:
                 out[i] = g
         return out
 
-    def _generate_one(self, requests: Sequence[tuple[Agent, str]], n: int, seed: int, k: int, name: str,
-                      idx: list[int]) -> list[list[Generation]]:
+    def _generate_one(
+        self, requests: Sequence[tuple[Agent, str]], n: int, seed: int, k: int, name: str, idx: list[int]
+    ) -> list[list[Generation]]:
         policy = self.policies[name]
         tok = policy.tokenizer
         prompts = [tok(requests[i][1])["input_ids"] for i in idx]
         if self.max_prompt_len:  # keep the end of an over-long prompt (the question is last)
-            prompts = [p[-self.max_prompt_len:] for p in prompts]
+            prompts = [p[-self.max_prompt_len :] for p in prompts]
         version = policy.version
         res = policy.generate(prompts, n=n, seed=derive_seed(seed, k, "policy"), sampler=self.sampler)
         out = []
@@ -59,9 +62,18 @@ class PolicyGenerator:
             for r in range(j * n, (j + 1) * n):
                 L = int(res.lengths[r])
                 ids = res.tokens[r, :L]
-                gens.append(Generation(tok.decode(ids, skip_special_tokens=True), np.asarray(prompts[j]), ids,
-                                       res.sampling_logprobs[r, :L], str(res.finish_reason[r]),
-                                       agent=agent.name, policy=name, version=version))
+                gens.append(
+                    Generation(
+                        tok.decode(ids, skip_special_tokens=True),
+                        np.asarray(prompts[j]),
+                        ids,
+                        res.sampling_logprobs[r, :L],
+                        str(res.finish_reason[r]),
+                        agent=agent.name,
+                        policy=name,
+                        version=version,
+                    )
+                )
             out.append(gens)
         return out
 

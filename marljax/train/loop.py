@@ -75,24 +75,32 @@ class Trainer:
         distributed.initialize(cfg.distributed)  # multi-process runs: before any JAX computation
         self.run_dir = Path(cfg.resolved_run_dir())
         norm = float(cfg.sampler.max_new_tokens)  # Dr.GRPO's constant: the generation budget
-        self.policies = {name: Policy(name, p, norm_constant=norm, seed=cfg.seed)
-                         for name, p in sorted(cfg.policies.items())}
+        self.policies = {
+            name: Policy(name, p, norm_constant=norm, seed=cfg.seed)
+            for name, p in sorted(cfg.policies.items())
+        }
         memory.log_estimates(self.policies, cfg.sampler.max_prompt_len + cfg.sampler.max_new_tokens, log)
-        self.agents = {name: Agent(name, a.policy, a.role, a.template) for name, a in sorted(cfg.agents.items())}
-        self.buffers = {name: ExperienceBuffer(p.cfg.buffer.threshold, p.cfg.buffer.max_staleness)
-                        for name, p in self.policies.items()}
+        self.agents = {
+            name: Agent(name, a.policy, a.role, a.template) for name, a in sorted(cfg.agents.items())
+        }
+        self.buffers = {
+            name: ExperienceBuffer(p.cfg.buffer.threshold, p.cfg.buffer.max_staleness)
+            for name, p in self.policies.items()
+        }
         self.train_problems = load_split(cfg.data, "train")
         self.eval_problems = load_split(cfg.data, "eval")
         d = cfg.data
-        self.stream = data_lib.ProblemStream(self.train_problems, batch_size=d.batch_size, seed=d.seed,
-                                             shuffle=d.shuffle, epochs=d.epochs)
+        self.stream = data_lib.ProblemStream(
+            self.train_problems, batch_size=d.batch_size, seed=d.seed, shuffle=d.shuffle, epochs=d.epochs
+        )
         self.workflow = build_workflow(cfg.workflow)
         self.generator = PolicyGenerator(self.policies, cfg.sampler, cfg.sampler.max_prompt_len)
         greedy = cfg.sampler.model_copy(update={"temperature": 0.0})
         self.eval_generator = PolicyGenerator(self.policies, greedy, cfg.sampler.max_prompt_len)
         t = cfg.train
-        self.checkpointer = RunCheckpointer(self.run_dir, list(self.policies), keep=t.keep_checkpoints,
-                                            async_save=t.async_checkpoint)
+        self.checkpointer = RunCheckpointer(
+            self.run_dir, list(self.policies), keep=t.keep_checkpoints, async_save=t.async_checkpoint
+        )
         self.step = 0
         self._pool: SandboxPool | None = None
 
@@ -101,8 +109,9 @@ class Trainer:
     def pool(self) -> SandboxPool:
         if self._pool is None:
             s = self.cfg.sandbox
-            limits = Limits(test_timeout_s=min(4.0, s.timeout_s), program_timeout_s=s.timeout_s,
-                            memory_mb=s.memory_mb)
+            limits = Limits(
+                test_timeout_s=min(4.0, s.timeout_s), program_timeout_s=s.timeout_s, memory_mb=s.memory_mb
+            )
             self._pool = SandboxPool(max_workers=s.workers, limits=limits)
         return self._pool
 
@@ -111,9 +120,12 @@ class Trainer:
         return SandboxVerifier(self.pool)
 
     def loop_state(self) -> dict[str, Any]:
-        return {"step": self.step, "data": self.stream.get_state(),
-                "buffers": {n: b.state_dict() for n, b in self.buffers.items()},
-                "workflow": self.workflow.state_dict()}
+        return {
+            "step": self.step,
+            "data": self.stream.get_state(),
+            "buffers": {n: b.state_dict() for n, b in self.buffers.items()},
+            "workflow": self.workflow.state_dict(),
+        }
 
     def save(self) -> None:
         self.checkpointer.save(self.step, {n: p.state() for n, p in self.policies.items()}, self.loop_state())
@@ -150,14 +162,18 @@ class Trainer:
             buf, dropped = self.buffers[name], self.buffers[name].dropped - dropped_before[name]
             history = [{**policy.finish_update(p), **stats} for p, stats in pending[name]]
             if dropped:
-                log.warning("policy %s: dropped %d samples older than max_staleness=%s", name, dropped,
-                            buf.max_staleness)
+                log.warning(
+                    "policy %s: dropped %d samples older than max_staleness=%s",
+                    name,
+                    dropped,
+                    buf.max_staleness,
+                )
             prefix = f"policy/{name}"
             out[f"{prefix}/updates"] = float(len(history))
             out[f"{prefix}/version"] = float(policy.version)
             out[f"{prefix}/buffer"] = float(len(buf))
             out[f"{prefix}/dropped_stale"] = float(dropped)
-            for key in (history[0] if history else {}):
+            for key in history[0] if history else {}:
                 out[f"{prefix}/{key}"] = float(np.mean([h[key] for h in history]))
             if history and any(h["skipped"] for h in history):
                 log.warning("policy %s: non-finite loss or gradient, update skipped", name)
@@ -166,8 +182,9 @@ class Trainer:
     def train_step(self) -> dict[str, float]:
         t0 = time.perf_counter()
         problems = next(self.stream)
-        rollout = self.workflow.rollout(problems, self.agents, self.generator, self.verifier,
-                                        derive_seed(self.cfg.seed, self.step))
+        rollout = self.workflow.rollout(
+            problems, self.agents, self.generator, self.verifier, derive_seed(self.cfg.seed, self.step)
+        )
         t1 = time.perf_counter()
         for k, name in enumerate(rollout.policy_names):
             self.buffers[name].add([s for s, p in zip(rollout.samples, rollout.policy_ids) if p == k])
@@ -192,15 +209,23 @@ class Trainer:
                 writer.resume(self.step)
             elif t.sft_steps:
                 run_sft(self, t.sft_steps, writer)
-            with Progress(t.steps, initial=self.step, desc=cfg.name, enabled=None if t.progress else False) as bar:
+            with Progress(
+                t.steps, initial=self.step, desc=cfg.name, enabled=None if t.progress else False
+            ) as bar:
                 while self.step < t.steps:
                     metrics = self.train_step()
                     if t.eval_every and self.step % t.eval_every == 0:
                         metrics.update(self.evaluate())
                     if self.step % t.log_every == 0:
                         writer.write(self.step, metrics)
-                    bar.update(1, **{k.split("/", 1)[1].replace("/", "."): v for k, v in metrics.items()
-                                     if k.endswith(("/reward", "/kl_ref"))})
+                    bar.update(
+                        1,
+                        **{
+                            k.split("/", 1)[1].replace("/", "."): v
+                            for k, v in metrics.items()
+                            if k.endswith(("/reward", "/kl_ref"))
+                        },
+                    )
                     if self.step % t.save_every == 0 or self.step == t.steps:
                         self.save()
         self.close()

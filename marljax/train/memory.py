@@ -21,8 +21,9 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Mapping
 from types import SimpleNamespace
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 from flax import nnx
@@ -55,8 +56,11 @@ def param_bytes(config: ModelConfig, mesh_shape: Mapping[str, int] | None = None
             per_device += size
             continue
         spec = logical_to_spec(var.get_metadata()["logical_axes"], sds.shape, mesh)
-        split = math.prod(math.prod(mesh.shape[a] for a in ((s,) if isinstance(s, str) else s))
-                          for s in spec if s is not None)
+        split = math.prod(
+            math.prod(mesh.shape[a] for a in ((s,) if isinstance(s, str) else s))
+            for s in spec
+            if s is not None
+        )
         per_device += size // split
     return total, per_device
 
@@ -104,8 +108,10 @@ class MemoryEstimate:
         if device_limit:
             verdict = "fits" if self.peak <= device_limit else "DOES NOT FIT"
             lines.append(f"  device memory {_bytes(device_limit)}: {verdict}")
-        lines.append(f"  knobs: policies.{n}.model.remat, policies.{n}.micro_batch_size, policies.{n}.mesh.fsdp / "
-                     f"tensor, policies.{n}.model.param_dtype / dtype")
+        lines.append(
+            f"  knobs: policies.{n}.model.remat, policies.{n}.micro_batch_size, policies.{n}.mesh.fsdp / "
+            f"tensor, policies.{n}.model.param_dtype / dtype"
+        )
         return "\n".join(lines)
 
 
@@ -121,9 +127,18 @@ def _activations(c: ModelConfig, rows: int, T: int, tensor: int, remat: bool) ->
     return saved + head
 
 
-def estimate(config: ModelConfig, *, name: str = "policy", mesh_shape: Mapping[str, int] | None = None,
-             micro_batch_size: int = 8, seq_len: int = 1024, optimizer: str = "adamw", reference: bool = False,
-             remat: bool | None = None, sampler_mesh_shape: Mapping[str, int] | None = None) -> MemoryEstimate:
+def estimate(
+    config: ModelConfig,
+    *,
+    name: str = "policy",
+    mesh_shape: Mapping[str, int] | None = None,
+    micro_batch_size: int = 8,
+    seq_len: int = 1024,
+    optimizer: str = "adamw",
+    reference: bool = False,
+    remat: bool | None = None,
+    sampler_mesh_shape: Mapping[str, int] | None = None,
+) -> MemoryEstimate:
     """Per-device estimate for a model, mesh and update settings (no devices needed: plan ahead).
 
     `sampler_mesh_shape`: the sampler's layout when it differs (a second copy of the parameters).
@@ -133,13 +148,30 @@ def estimate(config: ModelConfig, *, name: str = "policy", mesh_shape: Mapping[s
     remat = config.remat != "none" if remat is None else remat
     rows = max(1, micro_batch_size // (shape["data"] * shape["fsdp"]))
     copy = param_bytes(config, sampler_mesh_shape)[1] if sampler_mesh_shape is not None else 0
-    kv = 2 * config.num_layers * seq_len * config.num_kv_heads * config.head_dim * np.dtype(config.dtype).itemsize
+    kv = (
+        2
+        * config.num_layers
+        * seq_len
+        * config.num_kv_heads
+        * config.head_dim
+        * np.dtype(config.dtype).itemsize
+    )
     return MemoryEstimate(
-        policy=name, mesh_shape=shape, total_params=total, params=params,
-        optimizer=MOMENTS.get(optimizer, 2) * params, gradients=2 * params, reference=params if reference else 0,
-        sampler_copy=copy, activations=_activations(config, rows, seq_len, shape["tensor"], remat),
-        activations_alt=_activations(config, rows, seq_len, shape["tensor"], not remat), remat=remat,
-        rows=rows, seq_len=seq_len, kv_per_sequence=kv)
+        policy=name,
+        mesh_shape=shape,
+        total_params=total,
+        params=params,
+        optimizer=MOMENTS.get(optimizer, 2) * params,
+        gradients=2 * params,
+        reference=params if reference else 0,
+        sampler_copy=copy,
+        activations=_activations(config, rows, seq_len, shape["tensor"], remat),
+        activations_alt=_activations(config, rows, seq_len, shape["tensor"], not remat),
+        remat=remat,
+        rows=rows,
+        seq_len=seq_len,
+        kv_per_sequence=kv,
+    )
 
 
 def policy_estimate(policy: Any, seq_len: int) -> MemoryEstimate:
@@ -148,9 +180,16 @@ def policy_estimate(policy: Any, seq_len: int) -> MemoryEstimate:
     shape = None if policy.mesh is None else dict(policy.mesh.shape)
     sampler = policy.sampler_mesh if getattr(policy, "_to_sampler", None) is not None else None
     sampler_shape = None if sampler is None else {a: sampler.shape.get(a, 1) for a in MESH_AXES}
-    return estimate(policy.config, name=policy.name, mesh_shape=shape, micro_batch_size=cfg.micro_batch_size,
-                    seq_len=seq_len, optimizer=cfg.optimizer.name, reference=cfg.reference,
-                    sampler_mesh_shape=sampler_shape)
+    return estimate(
+        policy.config,
+        name=policy.name,
+        mesh_shape=shape,
+        micro_batch_size=cfg.micro_batch_size,
+        seq_len=seq_len,
+        optimizer=cfg.optimizer.name,
+        reference=cfg.reference,
+        sampler_mesh_shape=sampler_shape,
+    )
 
 
 def device_limit() -> int | None:

@@ -153,8 +153,11 @@ class MetricsWriter:
         if self._tb is None:
             from tensorboardX import SummaryWriter
 
-            self._tb = SummaryWriter(str(self.run_dir / "tensorboard"), purge_step=self._purge_step,
-                                     filename_suffix=f".{os.getpid()}.{next(_TB_FILES)}")
+            self._tb = SummaryWriter(
+                str(self.run_dir / "tensorboard"),
+                purge_step=self._purge_step,
+                filename_suffix=f".{os.getpid()}.{next(_TB_FILES)}",
+            )
         return self._tb
 
     def write(self, step: int, metrics: Mapping[str, Any]) -> None:
@@ -219,7 +222,9 @@ class Progress:
     ``file`` is passed to tqdm (default stderr).
     """
 
-    def __init__(self, total: int, *, initial: int = 0, desc: str = "train", enabled: bool | None = None, file=None):
+    def __init__(
+        self, total: int, *, initial: int = 0, desc: str = "train", enabled: bool | None = None, file=None
+    ):
         self.enabled = _is_main_process() if enabled is None else bool(enabled)
         self._bar = None
         if self.enabled:

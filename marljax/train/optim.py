@@ -27,12 +27,17 @@ def make_schedule(cfg: OptimizerConfig) -> optax.Schedule:
         if cfg.warmup_steps:
             return optax.join_schedules(
                 [optax.linear_schedule(0.0, cfg.lr, cfg.warmup_steps), optax.constant_schedule(cfg.lr)],
-                [cfg.warmup_steps])
+                [cfg.warmup_steps],
+            )
         return optax.constant_schedule(cfg.lr)
     if cfg.schedule == "cosine":
         return optax.warmup_cosine_decay_schedule(
-            init_value=0.0, peak_value=cfg.lr, warmup_steps=cfg.warmup_steps,
-            decay_steps=cfg.warmup_steps + cfg.decay_steps, end_value=cfg.lr * cfg.min_lr_ratio)
+            init_value=0.0,
+            peak_value=cfg.lr,
+            warmup_steps=cfg.warmup_steps,
+            decay_steps=cfg.warmup_steps + cfg.decay_steps,
+            end_value=cfg.lr * cfg.min_lr_ratio,
+        )
     raise ValueError(f"unknown schedule {cfg.schedule!r}")
 
 
@@ -59,7 +64,9 @@ def applied_steps(opt_state: Any) -> jax.Array:
     return count
 
 
-def step_metrics(opt_state: Any, skipped: jax.Array, schedule: optax.Schedule | None = None) -> dict[str, jax.Array]:
+def step_metrics(
+    opt_state: Any, skipped: jax.Array, schedule: optax.Schedule | None = None
+) -> dict[str, jax.Array]:
     """What the step that produced `opt_state` did, as float32 scalars: `skipped` (1 when it was
     skipped as non-finite) and, given the optimiser's `schedule`, `lr`, the learning rate of the
     last applied step (before any, of the first)."""

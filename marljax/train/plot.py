@@ -36,7 +36,7 @@ def curves(records: list[dict]) -> dict[str, Series]:
             if len(parts) == 3 and parts[0] in ("agent", "policy") and parts[2] in PLOTTED:
                 metric, label = parts[2], (parts[0], parts[1])
             elif len(parts) >= 2 and parts[0] == "eval":
-                metric, label = "eval", ("eval", key[len("eval/"):])
+                metric, label = "eval", ("eval", key[len("eval/") :])
             else:
                 continue
             if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -86,8 +86,9 @@ def make_figure(title: str, series: Series, *, smoothing: float = 0.6) -> Figure
     return fig
 
 
-def plot_run(run_dir: str | os.PathLike, out_dir: str | os.PathLike | None = None, *,
-             smoothing: float = 0.6) -> list[Path]:
+def plot_run(
+    run_dir: str | os.PathLike, out_dir: str | os.PathLike | None = None, *, smoothing: float = 0.6
+) -> list[Path]:
     """Write ``<metric>.png`` for each metric present to ``out_dir`` (default ``RUN_DIR/plots``); return the paths."""
     run_dir = Path(run_dir)
     records = read_metrics(run_dir)  # FileNotFoundError naming the file when missing

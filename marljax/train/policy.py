@@ -19,7 +19,8 @@ rows of every micro-batch (`jax.make_array_from_process_local_data`).
 from __future__ import annotations
 
 import functools
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -61,8 +62,14 @@ def load_model(spec: Any, mesh=None) -> tuple[ModelConfig, dict, Any]:
     """
     remat = "full" if spec.remat else "none"
     if spec.path is not None:
-        model, config = from_pretrained(spec.path, dtype=spec.dtype, param_dtype=spec.param_dtype,
-                                        mesh=mesh, remat=remat, scan_layers=spec.scan_layers)
+        model, config = from_pretrained(
+            spec.path,
+            dtype=spec.dtype,
+            param_dtype=spec.param_dtype,
+            mesh=mesh,
+            remat=remat,
+            scan_layers=spec.scan_layers,
+        )
         tokenizer = load_tokenizer(spec.tokenizer or spec.path)
     else:
         if spec.tokenizer is not None:
@@ -71,12 +78,20 @@ def load_model(spec: Any, mesh=None) -> tuple[ModelConfig, dict, Any]:
             from marljax.models.tiny import make_tokenizer
 
             tokenizer = make_tokenizer()
-        config = ModelConfig.preset(spec.preset, dtype=spec.dtype, param_dtype=spec.param_dtype, remat=remat,
-                                    scan_layers=spec.scan_layers, eos_token_id=tokenizer.eos_token_id,
-                                    pad_token_id=tokenizer.pad_token_id)
+        config = ModelConfig.preset(
+            spec.preset,
+            dtype=spec.dtype,
+            param_dtype=spec.param_dtype,
+            remat=remat,
+            scan_layers=spec.scan_layers,
+            eos_token_id=tokenizer.eos_token_id,
+            pad_token_id=tokenizer.pad_token_id,
+        )
         if len(tokenizer) > config.vocab_size:
-            raise ValueError(f"preset {spec.preset!r} has {config.vocab_size} embeddings but the tokenizer "
-                             f"has {len(tokenizer)} tokens")
+            raise ValueError(
+                f"preset {spec.preset!r} has {config.vocab_size} embeddings but the tokenizer "
+                f"has {len(tokenizer)} tokens"
+            )
         model = init_model(config, seed=spec.seed, mesh=mesh)
     return config, get_params(model), tokenizer
 
@@ -99,8 +114,12 @@ def _counters_on(opt_state: Any, mesh) -> Any:
     if mesh is None:
         return jax.device_put(opt_state, jax.devices()[0])
     replicated = NamedSharding(mesh, PartitionSpec())
-    return jax.tree.map(lambda x: jax.device_put(np.asarray(x), replicated)
-                        if isinstance(x, jax.Array) and x.ndim == 0 else x, opt_state)
+    return jax.tree.map(
+        lambda x: (
+            jax.device_put(np.asarray(x), replicated) if isinstance(x, jax.Array) and x.ndim == 0 else x
+        ),
+        opt_state,
+    )
 
 
 def _to_float(metrics: dict) -> dict[str, float]:
@@ -108,15 +127,20 @@ def _to_float(metrics: dict) -> dict[str, float]:
 
 
 @functools.lru_cache(maxsize=32)
-def _step_functions(config: ModelConfig, optimizer_cfg: OptimizerConfig, loss: LossConfig,
-                    use_old_logp: bool):
+def _step_functions(
+    config: ModelConfig, optimizer_cfg: OptimizerConfig, loss: LossConfig, use_old_logp: bool
+):
     """(optimizer, rl update, sft update, log-probs), the updates jitted; shared by policies with equal
     settings (the frozen configs are the cache key), so a team of agents of one architecture compiles
     each shape once, not once per agent. optax optimisers keep no state of their own, so sharing one
     is safe."""
     optimizer, schedule = make_optimizer(optimizer_cfg), make_schedule(optimizer_cfg)
-    rl = make_update_fn(functools.partial(rl_loss, config=config, loss=loss, use_old_logp=use_old_logp),
-                        optimizer, loss.agg_mode, schedule)
+    rl = make_update_fn(
+        functools.partial(rl_loss, config=config, loss=loss, use_old_logp=use_old_logp),
+        optimizer,
+        loss.agg_mode,
+        schedule,
+    )
     sft = make_update_fn(functools.partial(sft_loss, config=config), optimizer, "token-mean", schedule)
     return optimizer, rl, sft, make_logprob_fn(config)
 
@@ -129,12 +153,18 @@ class Policy:
         self.mesh = policy_mesh(cfg.mesh)
         rows = cfg.mesh.data * cfg.mesh.fsdp
         if cfg.micro_batch_size % rows:
-            raise ValueError(f"policies.{name}.micro_batch_size={cfg.micro_batch_size} must be a multiple of "
-                             f"mesh.data x mesh.fsdp = {rows} (rows are split over those axes)")
+            raise ValueError(
+                f"policies.{name}.micro_batch_size={cfg.micro_batch_size} must be a multiple of "
+                f"mesh.data x mesh.fsdp = {rows} (rows are split over those axes)"
+            )
         procs = jax.process_count()
-        if procs > 1 and (self.mesh is None or len({d.process_index for d in self.mesh.devices.flat}) != procs):
-            raise ValueError(f"policies.{name}.mesh must use devices of all {procs} processes on a multi-process "
-                             f"run ({jax.device_count()} devices, {jax.local_device_count()} per process)")
+        if procs > 1 and (
+            self.mesh is None or len({d.process_index for d in self.mesh.devices.flat}) != procs
+        ):
+            raise ValueError(
+                f"policies.{name}.mesh must use devices of all {procs} processes on a multi-process "
+                f"run ({jax.device_count()} devices, {jax.local_device_count()} per process)"
+            )
         self.config, self.params, self.tokenizer = load_model(cfg.model, self.mesh)
         if self.mesh is None:  # committed, as loaded checkpoints and the update's outputs are
             self.params = jax.device_put(self.params, jax.devices()[0])
@@ -147,7 +177,8 @@ class Policy:
         self.seed = seed
         self.version = 0  # completed RL updates
         self.optimizer, self._rl_update, self._sft_update, self._logprobs = _step_functions(
-            self.config, cfg.optimizer, self.loss, cfg.mini_batches > 1)
+            self.config, cfg.optimizer, self.loss, cfg.mini_batches > 1
+        )
         self.reset_optimizer()
 
     # ------------------------------------------------------------ sampling
@@ -158,7 +189,9 @@ class Policy:
 
     @property
     def eos_ids(self) -> list[int]:
-        eos = self.config.eos_token_id if self.config.eos_token_id is not None else self.tokenizer.eos_token_id
+        eos = (
+            self.config.eos_token_id if self.config.eos_token_id is not None else self.tokenizer.eos_token_id
+        )
         return [int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos]) if e is not None]
 
     def _sampler_setup(self, sampler_mesh_cfg: Any) -> None:
@@ -168,11 +201,12 @@ class Policy:
         if jax.process_count() > 1:
             staging, self.sampler_mesh = process_local_mesh(mesh)
             specs = jax.tree.map(lambda s: s.spec, param_dict_shardings(self.config, self.sampler_mesh))
-            self._to_sampler = functools.partial(to_local, local_specs=specs, staging=staging,
-                                                 local=self.sampler_mesh)
+            self._to_sampler = functools.partial(
+                to_local, local_specs=specs, staging=staging, local=self.sampler_mesh
+            )
         elif sampler_mesh_cfg is not None:
             self.sampler_mesh = mesh
-            shardings = (jax.devices()[0] if mesh is None else param_dict_shardings(self.config, mesh))
+            shardings = jax.devices()[0] if mesh is None else param_dict_shardings(self.config, mesh)
             self._to_sampler = functools.partial(reshard, shardings=shardings)
 
     def sampler_params(self) -> dict:
@@ -185,18 +219,30 @@ class Policy:
 
     def generate(self, prompt_ids: Sequence[Sequence[int]], *, n: int, seed: int, sampler: Any):
         """`SamplerOutput` for `n` samples of each prompt, with sampling log-probs."""
-        return generate(self.config, prompt_ids, params=self.sampler_params(), n=n, seed=seed,
-                        max_new_tokens=sampler.max_new_tokens, temperature=sampler.temperature,
-                        top_p=sampler.top_p, top_k=sampler.top_k, eos_ids=self.eos_ids, pad_id=self.pad_id,
-                        return_sampling_logprobs=True, mesh=self.sampler_mesh,
-                        buckets=Buckets(min_prompt=sampler.min_prompt_bucket, min_batch=sampler.min_batch_bucket))
+        return generate(
+            self.config,
+            prompt_ids,
+            params=self.sampler_params(),
+            n=n,
+            seed=seed,
+            max_new_tokens=sampler.max_new_tokens,
+            temperature=sampler.temperature,
+            top_p=sampler.top_p,
+            top_k=sampler.top_k,
+            eos_ids=self.eos_ids,
+            pad_id=self.pad_id,
+            return_sampling_logprobs=True,
+            mesh=self.sampler_mesh,
+            buckets=Buckets(min_prompt=sampler.min_prompt_bucket, min_batch=sampler.min_batch_bucket),
+        )
 
     # ------------------------------------------------------------- updates
     def _collate(self, samples: Sequence[Sample]) -> dict:
         mb = self.cfg.micro_batch_size
         if self.mesh is None:
-            return jax.tree.map(jnp.asarray, collate(samples, micro_batch_size=mb, pad_id=self.pad_id,
-                                                     geometric=True))
+            return jax.tree.map(
+                jnp.asarray, collate(samples, micro_batch_size=mb, pad_id=self.pad_id, geometric=True)
+            )
         # rows (axis 1) over the data-parallel axes; micro-batch index and length replicated
         rows = NamedSharding(self.mesh, PartitionSpec(None, ("data", "fsdp")))
         if rows.is_fully_addressable:
@@ -205,12 +251,19 @@ class Policy:
         # multi-process: this process's samples fill its rows of every micro-batch; all agree on [M, T]
         from jax.experimental import multihost_utils
 
-        spans = {(s[1].start or 0, s[1].stop or mb) for s in rows.addressable_devices_indices_map((1, mb)).values()}
+        spans = {
+            (s[1].start or 0, s[1].stop or mb) for s in rows.addressable_devices_indices_map((1, mb)).values()
+        }
         local_mb = sum(b - a for a, b in spans)
         batch = collate(samples, micro_batch_size=local_mb, pad_id=self.pad_id, geometric=True)
-        M, T = (int(x) for x in multihost_utils.process_allgather(np.array(batch["tokens"].shape[::2])).max(0))
+        M, T = (
+            int(x) for x in multihost_utils.process_allgather(np.array(batch["tokens"].shape[::2])).max(0)
+        )
         batch = _pad_batch(batch, M, T, self.pad_id)
-        return {k: jax.make_array_from_process_local_data(rows, v, (M, mb) + v.shape[2:]) for k, v in batch.items()}
+        return {
+            k: jax.make_array_from_process_local_data(rows, v, (M, mb) + v.shape[2:])
+            for k, v in batch.items()
+        }
 
     def update(self, samples: Sequence[Sample]) -> dict[str, float]:
         """One RL update on `samples` (`mini_batches` optimiser steps); bumps `version`."""
@@ -243,8 +296,9 @@ class Policy:
 
     def sft_update(self, samples: Sequence[Sample]) -> dict[str, float]:
         """One supervised step: maximise the likelihood of the completions."""
-        self.params, self.opt_state, metrics = self._sft_update(self.params, self.opt_state,
-                                                                self._collate(samples))
+        self.params, self.opt_state, metrics = self._sft_update(
+            self.params, self.opt_state, self._collate(samples)
+        )
         return _to_float(metrics)
 
     @property
@@ -264,8 +318,12 @@ class Policy:
     # -------------------------------------------------------- checkpoints
     def state(self) -> dict:
         """The checkpointed state; `step` is a copy of the optimiser state's count, for readers."""
-        state = {"params": self.params, "opt_state": self.opt_state,
-                 "step": np.asarray(self.step, np.int64), "version": np.asarray(self.version, np.int64)}
+        state = {
+            "params": self.params,
+            "opt_state": self.opt_state,
+            "step": np.asarray(self.step, np.int64),
+            "version": np.asarray(self.version, np.int64),
+        }
         if self.ref_params is not None:
             state["ref_params"] = self.ref_params
         return state
@@ -278,10 +336,12 @@ class Policy:
 
     def abstract_state(self) -> dict:
         """`state()` as ShapeDtypeStructs with shardings: the restore target."""
+
         def abstract(x):
             if isinstance(x, jax.Array):
                 return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding)
             return x
+
         return jax.tree.map(abstract, self.state())
 
     def export(self, path, *, tokenizer: bool = True):
@@ -289,4 +349,3 @@ class Policy:
         model = abstract_model(self.config)
         set_params(model, self.params)
         return save_pretrained(model, path, tokenizer=self.tokenizer if tokenizer else None)
-

@@ -10,7 +10,8 @@ reference becomes the fine-tuned model.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -30,8 +31,12 @@ def reference_completion(problem: Any) -> str | None:
     return None if code is None else f"```python\n{code.rstrip()}\n```"
 
 
-def sft_samples(problems: Sequence[Any], agent: Agent, policy: Any,
-                target: Callable[[Any], str | None] = reference_completion) -> list[Sample]:
+def sft_samples(
+    problems: Sequence[Any],
+    agent: Agent,
+    policy: Any,
+    target: Callable[[Any], str | None] = reference_completion,
+) -> list[Sample]:
     """(prompt, target + eos) pairs of `agent` for the problems that have a target."""
     pairs = [(agent.render(p.prompt), target(p)) for p in problems]
     return pair_samples([(q, t) for q, t in pairs if t is not None], agent, policy)
@@ -42,14 +47,28 @@ def pair_samples(pairs: Sequence[tuple[str, str]], agent: Agent, policy: Any) ->
     tok, out = policy.tokenizer, []
     for prompt, target in pairs:
         completion = tok(target)["input_ids"] + policy.eos_ids[:1]
-        out.append(Sample(tok(prompt)["input_ids"], completion, np.zeros(len(completion), np.float32), reward=0.0,
-                          agent=agent.name, policy=agent.policy))
+        out.append(
+            Sample(
+                tok(prompt)["input_ids"],
+                completion,
+                np.zeros(len(completion), np.float32),
+                reward=0.0,
+                agent=agent.name,
+                policy=agent.policy,
+            )
+        )
     return out
 
 
-def run_sft(trainer: Any, steps: int, writer: Any, desc: str = "sft",
-            extra: Mapping[str, Sequence[tuple[str, str]]] | None = None, extra_every: int = 8,
-            target: Callable[[Any], str | None] = reference_completion) -> None:
+def run_sft(
+    trainer: Any,
+    steps: int,
+    writer: Any,
+    desc: str = "sft",
+    extra: Mapping[str, Sequence[tuple[str, str]]] | None = None,
+    extra_every: int = 8,
+    target: Callable[[Any], str | None] = reference_completion,
+) -> None:
     """`steps` SFT steps over the trainer's train problems (batch by batch, cycling).
 
     `target` gives a problem's answer text (default: its reference solution;
@@ -77,7 +96,9 @@ def run_sft(trainer: Any, steps: int, writer: Any, desc: str = "sft",
                     samples += sft_samples(chosen, a, policy, target)
                 elif a.name in extra:
                     pairs = extra[a.name]
-                    samples += pair_samples([pairs[(n * batch + j) % len(pairs)] for j in range(batch)], a, policy)
+                    samples += pair_samples(
+                        [pairs[(n * batch + j) % len(pairs)] for j in range(batch)], a, policy
+                    )
             if samples:
                 m = policy.sft_update(samples)
                 metrics.update({f"sft/{name}/{key}": v for key, v in m.items()})

@@ -12,7 +12,7 @@ state are kept) and reports `skipped = 1`, so one bad batch never ends a run.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -26,8 +26,9 @@ from marljax.train.optim import step_metrics
 
 
 def _logp_entropy(params, mb, config: ModelConfig, with_entropy: bool):
-    h, _ = hidden_states(params, mb["tokens"], config=config, positions=mb["positions"],
-                         attention_mask=mb["attention_mask"])
+    h, _ = hidden_states(
+        params, mb["tokens"], config=config, positions=mb["positions"], attention_mask=mb["attention_mask"]
+    )
     return logprobs_from_hidden(params, h, mb["labels"], config=config, return_entropy=with_entropy)
 
 
@@ -42,16 +43,18 @@ def rl_loss(params, mb, *, config: ModelConfig, loss: LossConfig, use_old_logp: 
     if loss.tis_cap is not None:
         weights, tis = K.tis_weights(old, mb["sampling_logp"], mask, level=loss.tis_level, cap=loss.tis_cap)
         metrics.update({f"tis_{k}": v for k, v in tis.items()})
-    pg, pg_metrics = K.policy_loss(logp, old, mb["advantages"], mask, importance_weights=weights,
-                                   **loss.policy_loss_options())
+    pg, pg_metrics = K.policy_loss(
+        logp, old, mb["advantages"], mask, importance_weights=weights, **loss.policy_loss_options()
+    )
     metrics.update(pg_metrics)
     total = pg
     ent = K.aggregate_loss(entropy, mask, loss.agg_mode, norm_constant=norm)
     if loss.entropy_coef:
         total = total - loss.entropy_coef * ent
     if loss.kl_coef:
-        kl = K.aggregate_loss(K.kl_penalty(logp, mb["ref_logp"], loss.kl_estimator), mask, loss.agg_mode,
-                              norm_constant=norm)
+        kl = K.aggregate_loss(
+            K.kl_penalty(logp, mb["ref_logp"], loss.kl_estimator), mask, loss.agg_mode, norm_constant=norm
+        )
         total = total + loss.kl_coef * kl
         metrics["kl_ref"] = kl
     metrics.update(pg_loss=pg, entropy=K.aggregate_loss(entropy, mask, "token-mean"))
@@ -76,7 +79,10 @@ def micro_weights(loss_mask: jax.Array, agg_mode: str) -> tuple[jax.Array, jax.A
     for token-averaged metrics (token share); both sum to 1 unless the batch is empty."""
     tokens = jnp.sum(loss_mask, axis=(1, 2)).astype(jnp.float32)
     seqs = jnp.sum(jnp.any(loss_mask, axis=2), axis=1).astype(jnp.float32)
-    share = lambda x: x / jnp.maximum(jnp.sum(x), 1.0)  # noqa: E731
+
+    def share(x):
+        return x / jnp.maximum(jnp.sum(x), 1.0)
+
     return share(tokens if agg_mode == "token-mean" else seqs), share(tokens)
 
 
@@ -97,8 +103,11 @@ def accumulate(loss_fn: Callable, params, batch: dict, agg_mode: str):
         return _unless_padding(mb, lambda: add(acc, mb, lw, tw), lambda: acc), None
 
     _, metrics_shape = jax.eval_shape(loss_fn, params, jax.tree.map(lambda x: x[0], batch))
-    zeros = (jax.tree.map(jnp.zeros_like, params), jnp.zeros((), jnp.float32),
-             {k: jnp.zeros((), jnp.float32) for k in metrics_shape})
+    zeros = (
+        jax.tree.map(jnp.zeros_like, params),
+        jnp.zeros((), jnp.float32),
+        {k: jnp.zeros((), jnp.float32) for k in metrics_shape},
+    )
     (grads, loss, metrics), _ = jax.lax.scan(body, zeros, (batch, loss_w, token_w))
     return loss, grads, metrics
 
@@ -116,12 +125,20 @@ def guarded_step(optimizer: optax.GradientTransformation, params, opt_state, gra
     def keep_if_finite(new, old):
         return jnp.where(finite, new, old)
 
-    return (jax.tree.map(keep_if_finite, new_params, params), jax.tree.map(keep_if_finite, new_state, opt_state),
-            grad_norm, 1.0 - finite.astype(jnp.float32))
+    return (
+        jax.tree.map(keep_if_finite, new_params, params),
+        jax.tree.map(keep_if_finite, new_state, opt_state),
+        grad_norm,
+        1.0 - finite.astype(jnp.float32),
+    )
 
 
-def make_update_fn(loss_fn: Callable, optimizer: optax.GradientTransformation, agg_mode: str,
-                   schedule: optax.Schedule | None = None):
+def make_update_fn(
+    loss_fn: Callable,
+    optimizer: optax.GradientTransformation,
+    agg_mode: str,
+    schedule: optax.Schedule | None = None,
+):
     """Jitted `update(params, opt_state, batch) -> (params, opt_state, metrics)`; params and
     optimiser state buffers are donated. The metrics include `skipped`, and `lr` given the
     optimiser's `schedule` (`marljax.train.optim.step_metrics`)."""
@@ -129,8 +146,11 @@ def make_update_fn(loss_fn: Callable, optimizer: optax.GradientTransformation, a
     def update(params, opt_state, batch):
         loss, grads, metrics = accumulate(loss_fn, params, batch, agg_mode)
         params, opt_state, grad_norm, skipped = guarded_step(optimizer, params, opt_state, grads, loss)
-        return params, opt_state, {**metrics, "loss": loss, "grad_norm": grad_norm,
-                                   **step_metrics(opt_state, skipped, schedule)}
+        return (
+            params,
+            opt_state,
+            {**metrics, "loss": loss, "grad_norm": grad_norm, **step_metrics(opt_state, skipped, schedule)},
+        )
 
     return jax.jit(update, donate_argnums=(0, 1))
 
@@ -140,8 +160,12 @@ def make_logprob_fn(config: ModelConfig):
 
     def logprobs(params, batch):
         def one(mb):
-            return _unless_padding(mb, lambda: _logp_entropy(params, mb, config, False),
-                                   lambda: jnp.zeros(mb["labels"].shape, jnp.float32))
+            return _unless_padding(
+                mb,
+                lambda: _logp_entropy(params, mb, config, False),
+                lambda: jnp.zeros(mb["labels"].shape, jnp.float32),
+            )
+
         return jax.lax.map(one, batch)
 
     return jax.jit(logprobs)

@@ -11,12 +11,32 @@ import importlib
 import pkgutil
 
 from marljax.workflows import grpo  # noqa: F401  registered first: the default kind
-from marljax.workflows.base import (REGISTRY, Agent, Generator, ScriptedGenerator, Workflow, WorkflowSettings,
-                                    build_workflow, register_workflow)
+from marljax.workflows.base import (
+    REGISTRY,
+    Agent,
+    Generator,
+    ScriptedGenerator,
+    Workflow,
+    WorkflowSettings,
+    build_workflow,
+    register_workflow,
+)
 from marljax.workflows.types import ID_FIELDS, Generation, Rollout, Sample
 
 for _module in pkgutil.iter_modules(__path__):
     importlib.import_module(f"{__name__}.{_module.name}")
 
-__all__ = ["ID_FIELDS", "REGISTRY", "Agent", "Generation", "Generator", "Rollout", "Sample", "ScriptedGenerator",
-           "Workflow", "WorkflowSettings", "build_workflow", "register_workflow"]
+__all__ = [
+    "ID_FIELDS",
+    "REGISTRY",
+    "Agent",
+    "Generation",
+    "Generator",
+    "Rollout",
+    "Sample",
+    "ScriptedGenerator",
+    "Workflow",
+    "WorkflowSettings",
+    "build_workflow",
+    "register_workflow",
+]

@@ -21,7 +21,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any, Literal, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal
 
 import jax.numpy as jnp
 import numpy as np
@@ -43,7 +44,9 @@ class AtGrpoConfig(WorkflowSettings):
     kind: Literal["at_grpo"] = "at_grpo"
     task: Literal["code", "plan"] = "code"
     coder: str = Field("coder", description="agent writing code (task code)")
-    tester: str | None = Field("tester", description="agent writing assert tests (task code); None: coder alone")
+    tester: str | None = Field(
+        "tester", description="agent writing assert tests (task code); None: coder alone"
+    )
     planner: str | None = Field("planner", description="agent planning moves (task plan)")
     num_candidates: int = Field(4, ge=2, description="K: candidates per agent per turn")
     num_turns: int = Field(2, ge=1)
@@ -53,8 +56,11 @@ class AtGrpoConfig(WorkflowSettings):
     stop_when_solved: bool = Field(True, description="end a tree once its best branch solves the problem")
 
     def check_agents(self, agents: Mapping[str, Any]):
-        roles = (("coder", self.coder), ("tester", self.tester)) if self.task == "code" else \
-            (("planner", self.planner),)
+        roles = (
+            (("coder", self.coder), ("tester", self.tester))
+            if self.task == "code"
+            else (("planner", self.planner),)
+        )
         found = []
         for key, name in roles:
             if name is None and key != "tester":
@@ -86,10 +92,21 @@ class AtGrpoWorkflow(Workflow[AtGrpoConfig]):
     @functools.cached_property
     def env(self) -> Env:
         c = self.cfg
-        return PlanEnv(c.planner) if c.task == "plan" else CodeEnv(c.coder, c.tester, c.tester_bonus, c.max_asserts)
+        return (
+            PlanEnv(c.planner)
+            if c.task == "plan"
+            else CodeEnv(c.coder, c.tester, c.tester_bonus, c.max_asserts)
+        )
 
-    def play(self, problems: Sequence[Problem], agents: Mapping[str, Agent], generator: Generator,
-             verifier: Verifier, seed: int, n: int) -> tuple[list[Candidate], list[TurnResult | None]]:
+    def play(
+        self,
+        problems: Sequence[Problem],
+        agents: Mapping[str, Agent],
+        generator: Generator,
+        verifier: Verifier,
+        seed: int,
+        n: int,
+    ) -> tuple[list[Candidate], list[TurnResult | None]]:
         """Tree sampling with `n` candidates per agent per turn: every candidate, and each problem's last turn."""
         roles, A = self.env.roles, len(self.env.roles)
         states = [self.env.start(p) for p in problems]
@@ -97,55 +114,115 @@ class AtGrpoWorkflow(Workflow[AtGrpoConfig]):
         chosen: dict[tuple[int, int], int] = {}  # (problem, agent) -> node of the branch that continues
         candidates = []
         for t in range(self.cfg.num_turns):
-            active = [i for i, r in enumerate(last)
-                      if not (self.cfg.stop_when_solved and r is not None and r.solved)]
+            active = [
+                i
+                for i, r in enumerate(last)
+                if not (self.cfg.stop_when_solved and r is not None and r.solved)
+            ]
             if not active:
                 break
-            requests = [(agents[r], agents[r].render_in_context(*self.env.request(problems[i], states[i], r, t)))
-                        for i in active for r in roles]
+            requests = [
+                (agents[r], agents[r].render_in_context(*self.env.request(problems[i], states[i], r, t)))
+                for i in active
+                for r in roles
+            ]
             gens = generator.generate(requests, n, derive_seed(seed, t))  # one call: one batch per policy
-            texts = [{r: [g.text for g in gens[j * A + a]] for a, r in enumerate(roles)} for j in range(len(active))]
-            results = self.env.step([problems[i] for i in active], [states[i] for i in active], texts, verifier)
+            texts = [
+                {r: [g.text for g in gens[j * A + a]] for a, r in enumerate(roles)}
+                for j in range(len(active))
+            ]
+            results = self.env.step(
+                [problems[i] for i in active], [states[i] for i in active], texts, verifier
+            )
             for j, (i, res) in enumerate(zip(active, results)):
                 for a, r in enumerate(roles):
                     for k in range(n):
-                        candidates.append(Candidate(i, t, a, (t * A + a) * n + k, chosen.get((i, a), -1),
-                                                    gens[j * A + a][k], res.rewards[r][k], res.passed[r][k]))
+                        candidates.append(
+                            Candidate(
+                                i,
+                                t,
+                                a,
+                                (t * A + a) * n + k,
+                                chosen.get((i, a), -1),
+                                gens[j * A + a][k],
+                                res.rewards[r][k],
+                                res.passed[r][k],
+                            )
+                        )
                     chosen[(i, a)] = (t * A + a) * n + res.best[r]
                 states[i], last[i] = res.state, res
         return candidates, last
 
-    def rollout(self, problems: Sequence[Problem], agents: Mapping[str, Agent], generator: Generator,
-                verifier: Verifier, seed: int) -> Rollout:
+    def rollout(
+        self,
+        problems: Sequence[Problem],
+        agents: Mapping[str, Agent],
+        generator: Generator,
+        verifier: Verifier,
+        seed: int,
+    ) -> Rollout:
         roles = self.env.roles
         candidates, last = self.play(problems, agents, generator, verifier, seed, self.cfg.num_candidates)
         rewards = np.array([c.reward for c in candidates], np.float64)
-        column = {key: jnp.asarray([getattr(c, key) for c in candidates], jnp.int32)
-                  for key in ("problem", "turn", "agent")}
+        column = {
+            key: jnp.asarray([getattr(c, key) for c in candidates], jnp.int32)
+            for key in ("problem", "turn", "agent")
+        }
         advantages = kernels.at_grpo_advantages(
-            jnp.asarray(rewards, jnp.float32), column["problem"], column["turn"], column["agent"],
-            num_problems=len(problems), num_turns=self.cfg.num_turns, num_agents=len(roles),
-            scale="std" if self.cfg.estimator == "grpo" else "none")
-        ids = [dict(problem=problems[c.problem].id, episode=c.problem, node=c.node, parent=c.parent, depth=c.turn,
-                    turn=c.turn) for c in candidates]
+            jnp.asarray(rewards, jnp.float32),
+            column["problem"],
+            column["turn"],
+            column["agent"],
+            num_problems=len(problems),
+            num_turns=self.cfg.num_turns,
+            num_agents=len(roles),
+            scale="std" if self.cfg.estimator == "grpo" else "none",
+        )
+        ids = [
+            dict(
+                problem=problems[c.problem].id,
+                episode=c.problem,
+                node=c.node,
+                parent=c.parent,
+                depth=c.turn,
+                turn=c.turn,
+            )
+            for c in candidates
+        ]
         group_best: dict[tuple[int, int, int], float] = {}  # best reward of each (problem, turn, agent)
         for c in candidates:
             key = (c.problem, c.turn, c.agent)
             group_best[key] = max(group_best.get(key, -np.inf), c.reward)
-        extras = {f"agent/{name}/best_reward": float(np.mean([v for key, v in group_best.items() if key[2] == a]))
-                  for a, name in enumerate(roles)}
-        extras["at_grpo/turns"] = float(np.mean([1 + max(c.turn for c in candidates if c.problem == i)
-                                                 for i in range(len(problems))]))
+        extras = {
+            f"agent/{name}/best_reward": float(np.mean([v for key, v in group_best.items() if key[2] == a]))
+            for a, name in enumerate(roles)
+        }
+        extras["at_grpo/turns"] = float(
+            np.mean([1 + max(c.turn for c in candidates if c.problem == i) for i in range(len(problems))])
+        )
         extras["at_grpo/solved"] = float(np.mean([r.solved for r in last]))
-        return Rollout([c.generation for c in candidates], ids, rewards, np.asarray(advantages),
-                       [c.passed for c in candidates], extras)
+        return Rollout(
+            [c.generation for c in candidates],
+            ids,
+            rewards,
+            np.asarray(advantages),
+            [c.passed for c in candidates],
+            extras,
+        )
 
-    def evaluate(self, problems: Sequence[Problem], agents: Mapping[str, Agent], generator: Generator,
-                 verifier: Verifier) -> dict[str, float]:
+    def evaluate(
+        self,
+        problems: Sequence[Problem],
+        agents: Mapping[str, Agent],
+        generator: Generator,
+        verifier: Verifier,
+    ) -> dict[str, float]:
         """One (greedy, with a greedy generator) candidate per agent per turn; the final state counts:
         pass@1 of the coder's last code (all tests), or the planner's success (goal reached)."""
         _, last = self.play(problems, agents, generator, verifier, 0, 1)
         main = self.env.roles[0]
         name = "success" if self.cfg.task == "plan" else "pass_at_1"
-        return {f"eval/{main}/{name}": float(np.mean([r.solved for r in last])),
-                f"eval/{main}/reward": float(np.mean([r.rewards[main][r.best[main]] for r in last]))}
+        return {
+            f"eval/{main}/{name}": float(np.mean([r.solved for r in last])),
+            f"eval/{main}/reward": float(np.mean([r.rewards[main][r.best[main]] for r in last])),
+        }

@@ -24,7 +24,8 @@ import dataclasses
 import inspect
 import string
 import typing
-from typing import Any, Callable, ClassVar, Generic, Mapping, Protocol, Sequence, TypeVar
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
 import numpy as np
 
@@ -59,7 +60,9 @@ class Agent:
         """`render`, with the history and feedback appended to the problem text (in that order)
         when the template has no place for them (the default `{role}{problem}` has none)."""
         used = set(template_fields(self.template))
-        extra = [text for name, text in (("history", history), ("feedback", feedback)) if text and name not in used]
+        extra = [
+            text for name, text in (("history", history), ("feedback", feedback)) if text and name not in used
+        ]
         return self.render("\n\n".join([problem, *extra]), feedback=feedback, history=history)
 
 
@@ -78,7 +81,9 @@ class ScriptedGenerator:
     """Deterministic text from `script(agent, prompt, k, seed) -> str` (k: sample index),
     tokenised as bytes; for structural tests of workflows without a model."""
 
-    def __init__(self, script: Callable[[Agent, str, int, int], str], versions: Mapping[str, int] | None = None):
+    def __init__(
+        self, script: Callable[[Agent, str, int, int], str], versions: Mapping[str, int] | None = None
+    ):
         self.script = script
         self.versions = dict(versions or {})
         self.calls: list[tuple[str, int]] = []  # (policy, number of prompts) per sampler batch
@@ -89,10 +94,20 @@ class ScriptedGenerator:
         out = []
         for agent, prompt in requests:
             texts = [self.script(agent, prompt, k, seed) for k in range(n)]
-            out.append([Generation(t, _bytes(prompt), _bytes(t), np.zeros(len(t.encode()), np.float32),
-                                   agent=agent.name, policy=agent.policy,
-                                   version=self.versions.get(agent.policy, 0))
-                        for t in texts])
+            out.append(
+                [
+                    Generation(
+                        t,
+                        _bytes(prompt),
+                        _bytes(t),
+                        np.zeros(len(t.encode()), np.float32),
+                        agent=agent.name,
+                        policy=agent.policy,
+                        version=self.versions.get(agent.policy, 0),
+                    )
+                    for t in texts
+                ]
+            )
         return out
 
 
@@ -124,8 +139,10 @@ class Workflow(abc.ABC, Generic[C]):
     def __init__(self, *args: Any, **options: Any):
         if len(args) == 1 and not options and isinstance(args[0], WorkflowSettings):
             if not isinstance(args[0], self.config_type):
-                raise TypeError(f"{type(self).__name__} is configured by {self.config_type.__name__}, "
-                                f"not {type(args[0]).__name__}")
+                raise TypeError(
+                    f"{type(self).__name__} is configured by {self.config_type.__name__}, "
+                    f"not {type(args[0]).__name__}"
+                )
             self.cfg = args[0]
             return
         names = [name for name in self.config_type.model_fields if name != "kind"]
@@ -138,13 +155,24 @@ class Workflow(abc.ABC, Generic[C]):
         return cls(cfg)
 
     @abc.abstractmethod
-    def rollout(self, problems: Sequence[Problem], agents: Mapping[str, Agent], generator: Generator,
-                verifier: Verifier, seed: int) -> Rollout:
+    def rollout(
+        self,
+        problems: Sequence[Problem],
+        agents: Mapping[str, Agent],
+        generator: Generator,
+        verifier: Verifier,
+        seed: int,
+    ) -> Rollout:
         """Sample, score and credit one batch of problems (`seed` fixes every random choice)."""
 
     @abc.abstractmethod
-    def evaluate(self, problems: Sequence[Problem], agents: Mapping[str, Agent], generator: Generator,
-                 verifier: Verifier) -> dict[str, float]:
+    def evaluate(
+        self,
+        problems: Sequence[Problem],
+        agents: Mapping[str, Agent],
+        generator: Generator,
+        verifier: Verifier,
+    ) -> dict[str, float]:
         """Held-out metrics, keys `eval/...`; the trainer passes a greedy generator."""
 
     def state_dict(self) -> dict[str, Any]:
@@ -172,8 +200,10 @@ def register_workflow(kind: str) -> Callable[[type[Workflow]], type[Workflow]]:
         if not (isinstance(config, type) and issubclass(config, WorkflowSettings)):
             raise TypeError(f"workflow {cls.__name__} must subclass Workflow[<its WorkflowSettings>]")
         if config.model_fields["kind"].default != kind:
-            raise TypeError(f"{config.__name__}.kind must default to {kind!r} (a Literal[{kind!r}] field), "
-                            f"got {config.model_fields['kind'].default!r}")
+            raise TypeError(
+                f"{config.__name__}.kind must default to {kind!r} (a Literal[{kind!r}] field), "
+                f"got {config.model_fields['kind'].default!r}"
+            )
         known = REGISTRY.get(kind)
         if known is not None and _qualified(known[1]) != _qualified(cls):
             raise ValueError(f"workflow kind {kind!r} is already registered by {_qualified(known[1])}")

@@ -13,7 +13,8 @@ debater's advantages are not pushed down by the stronger one's rewards.
 
 from __future__ import annotations
 
-from typing import Any, Literal, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal
 
 import jax.numpy as jnp
 import numpy as np
@@ -32,13 +33,17 @@ class DebateConfig(WorkflowSettings):
     """Debate: two agents answer, see each other's answer, revise; joint reward, per-agent credit."""
 
     kind: Literal["debate"] = "debate"
-    agents: list[str] = Field(default_factory=lambda: ["alice", "bob"], min_length=2, max_length=2,
-                              description="the two debaters")
+    agents: list[str] = Field(
+        default_factory=lambda: ["alice", "bob"], min_length=2, max_length=2, description="the two debaters"
+    )
     group_size: int = Field(4, ge=2, description="debates per problem")
 
     def check_agents(self, agents: Mapping[str, Any]):
-        found = [(("agents", k), f"unknown agent; known: {', '.join(agents)}", name)
-                 for k, name in enumerate(self.agents) if name not in agents]
+        found = [
+            (("agents", k), f"unknown agent; known: {', '.join(agents)}", name)
+            for k, name in enumerate(self.agents)
+            if name not in agents
+        ]
         if self.agents[0] == self.agents[1]:
             found.append((("agents", 1), "the two debaters must be different agents", self.agents[1]))
         return found
@@ -46,8 +51,14 @@ class DebateConfig(WorkflowSettings):
 
 @register_workflow("debate")
 class DebateWorkflow(Workflow[DebateConfig]):
-    def debate(self, problems: Sequence[Problem], agents: Mapping[str, Agent], generator: Generator,
-               seed: int, n: int) -> tuple[list[list[Generation]], list[list[Generation]]]:
+    def debate(
+        self,
+        problems: Sequence[Problem],
+        agents: Mapping[str, Agent],
+        generator: Generator,
+        seed: int,
+        n: int,
+    ) -> tuple[list[list[Generation]], list[list[Generation]]]:
         """`n` debates per problem: (first answers, revised answers), each `[problem * n + g][agent]`."""
         pair = [agents[name] for name in self.cfg.agents]
         gens = generator.generate([(a, a.render(p.prompt)) for p in problems for a in pair], n, seed)
@@ -56,43 +67,85 @@ class DebateWorkflow(Workflow[DebateConfig]):
         for d, answers in enumerate(first):
             for j, agent in enumerate(pair):
                 other = pair[1 - j]
-                history = (f"Your answer:\n{answers[j].text}\n\n"
-                           f"The answer of {other.name}:\n{answers[1 - j].text}")
+                history = (
+                    f"Your answer:\n{answers[j].text}\n\nThe answer of {other.name}:\n{answers[1 - j].text}"
+                )
                 prompt = agent.render_in_context(problems[d // n].prompt, feedback=REVISE, history=history)
                 requests.append((agent, prompt))
         gens = generator.generate(requests, 1, derive_seed(seed, 1))
         revised = [[gens[2 * d + j][0] for j in range(2)] for d in range(len(first))]
         return first, revised
 
-    def rollout(self, problems: Sequence[Problem], agents: Mapping[str, Agent], generator: Generator,
-                verifier: Verifier, seed: int) -> Rollout:
+    def rollout(
+        self,
+        problems: Sequence[Problem],
+        agents: Mapping[str, Agent],
+        generator: Generator,
+        verifier: Verifier,
+        seed: int,
+    ) -> Rollout:
         n, P = self.cfg.group_size, len(problems)
         first, revised = self.debate(problems, agents, generator, seed, n)
         debates = range(len(first))
         # one scoring batch for both rounds; the first round's scores are only reported
-        scores = verifier.score([problems[d // n] for d in debates for _ in range(4)],
-                                [g.text for d in debates for g in (*first[d], *revised[d])])
+        scores = verifier.score(
+            [problems[d // n] for d in debates for _ in range(4)],
+            [g.text for d in debates for g in (*first[d], *revised[d])],
+        )
         joint = np.array([(scores[4 * d + 2].reward + scores[4 * d + 3].reward) / 2 for d in debates])
         both = np.array([scores[4 * d + 2].passed and scores[4 * d + 3].passed for d in debates])
         # four turns per debate: each agent's first answer (nodes 0, 1), then its revision (nodes 2, 3)
         rewards, passed = np.repeat(joint, 4), np.repeat(both, 4)
         agent_ids = np.tile([0, 1, 0, 1], len(first))
         groups = np.repeat(np.arange(P), 4 * n)
-        advantages, _ = kernels.dr_mas_advantages(jnp.asarray(rewards, jnp.float32), jnp.asarray(agent_ids), 2,
-                                                  group_ids=jnp.asarray(groups), num_groups=P)
-        ids = [dict(problem=problems[d // n].id, episode=d, node=node, parent=node - 2 if node >= 2 else -1,
-                    depth=node // 2, turn=node // 2) for d in debates for node in range(4)]
-        extras = {"team/reward": float(joint.mean()), "team/pass_rate": float(both.mean()),
-                  "debate/first_reward": float(np.mean([scores[4 * d + j].reward for d in debates for j in (0, 1)]))}
-        return Rollout([g for d in debates for g in (*first[d], *revised[d])], ids, rewards, np.asarray(advantages),
-                       passed, extras)
+        advantages, _ = kernels.dr_mas_advantages(
+            jnp.asarray(rewards, jnp.float32),
+            jnp.asarray(agent_ids),
+            2,
+            group_ids=jnp.asarray(groups),
+            num_groups=P,
+        )
+        ids = [
+            dict(
+                problem=problems[d // n].id,
+                episode=d,
+                node=node,
+                parent=node - 2 if node >= 2 else -1,
+                depth=node // 2,
+                turn=node // 2,
+            )
+            for d in debates
+            for node in range(4)
+        ]
+        extras = {
+            "team/reward": float(joint.mean()),
+            "team/pass_rate": float(both.mean()),
+            "debate/first_reward": float(
+                np.mean([scores[4 * d + j].reward for d in debates for j in (0, 1)])
+            ),
+        }
+        return Rollout(
+            [g for d in debates for g in (*first[d], *revised[d])],
+            ids,
+            rewards,
+            np.asarray(advantages),
+            passed,
+            extras,
+        )
 
-    def evaluate(self, problems: Sequence[Problem], agents: Mapping[str, Agent], generator: Generator,
-                 verifier: Verifier) -> dict[str, float]:
+    def evaluate(
+        self,
+        problems: Sequence[Problem],
+        agents: Mapping[str, Agent],
+        generator: Generator,
+        verifier: Verifier,
+    ) -> dict[str, float]:
         """One (greedy, with a greedy generator) debate per held-out problem: each agent's revised
         answer's pass@1, and the pair's."""
         _, revised = self.debate(problems, agents, generator, 0, 1)
-        scores = verifier.score([p for p in problems for _ in range(2)], [g.text for pair in revised for g in pair])
+        scores = verifier.score(
+            [p for p in problems for _ in range(2)], [g.text for pair in revised for g in pair]
+        )
         passed = np.array([s.passed for s in scores]).reshape(-1, 2)
         out = {f"eval/{name}/pass_at_1": float(passed[:, j].mean()) for j, name in enumerate(self.cfg.agents)}
         out["eval/team/pass_at_1"] = float(passed.all(axis=1).mean())

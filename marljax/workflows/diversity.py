@@ -22,7 +22,7 @@ import ast
 import hashlib
 import itertools
 import re
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
@@ -50,8 +50,11 @@ def ast_shape(code: str) -> str:
     """A hash of the program's node-type sequence (identifiers and constants erased); unparseable
     text gets a bucket of its own normalised text."""
     tree = _parse(code)
-    key = ("ast:" + " ".join(type(n).__name__ for n in ast.walk(tree)) if tree is not None
-           else "text:" + normalize_program(code))
+    key = (
+        "ast:" + " ".join(type(n).__name__ for n in ast.walk(tree))
+        if tree is not None
+        else "text:" + normalize_program(code)
+    )
     return hashlib.sha1(key.encode()).hexdigest()
 
 
@@ -60,7 +63,7 @@ def ngrams(code: str, n: int = 3) -> set[tuple[str, ...]]:
     tokens = _TOKEN.findall(normalize_program(code))
     if len(tokens) < n:
         return {tuple(tokens)} if tokens else set()
-    return {tuple(tokens[i:i + n]) for i in range(len(tokens) - n + 1)}
+    return {tuple(tokens[i : i + n]) for i in range(len(tokens) - n + 1)}
 
 
 def jaccard(a: set, b: set) -> float:
@@ -90,8 +93,9 @@ def grouped_diversity(groups: Sequence[Sequence[str]], prefix: str) -> dict[str,
     return {k: float(np.mean([m[k] for m in per_group])) for k in per_group[0]}
 
 
-def per_agent_diversity(samples_texts_by_agent: Mapping[str, Sequence[str] | Sequence[Sequence[str]]]
-                        ) -> dict[str, float]:
+def per_agent_diversity(
+    samples_texts_by_agent: Mapping[str, Sequence[str] | Sequence[Sequence[str]]],
+) -> dict[str, float]:
     """Diversity of each agent's completions, keys `agent/<name>/<metric>`.
 
     Each value is either a list of completion texts (one group) or a list of

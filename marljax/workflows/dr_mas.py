@@ -41,7 +41,8 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from typing import Any, Literal, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal
 
 import jax.numpy as jnp
 import numpy as np
@@ -64,13 +65,16 @@ def parse_verdict(text: str) -> tuple[bool, str]:
     m = _VERDICT.search(text)
     if m is None:
         return False, text.strip()
-    return m.group(1).upper() == "ACCEPT", text[m.end():].strip(" \t\n:.-")
+    return m.group(1).upper() == "ACCEPT", text[m.end() :].strip(" \t\n:.-")
 
 
 def parse_route(text: str, names: Sequence[str]) -> str | None:
     """The first of `names` mentioned in `text` (whole word, any case), or None."""
-    hits = [(m.start(), name) for name in names
-            if (m := re.search(rf"(?<!\w){re.escape(name)}(?!\w)", text, re.I)) is not None]
+    hits = [
+        (m.start(), name)
+        for name in names
+        if (m := re.search(rf"(?<!\w){re.escape(name)}(?!\w)", text, re.I)) is not None
+    ]
     return min(hits)[1] if hits else None
 
 
@@ -121,8 +125,11 @@ class DrMasConfig(WorkflowSettings):
         return self
 
     def check_agents(self, agents: Mapping[str, Any]):
-        return [((role,), f"unknown agent; known: {', '.join(agents)}", name)
-                for role, name in self.names.items() if name is not None and name not in agents]
+        return [
+            ((role,), f"unknown agent; known: {', '.join(agents)}", name)
+            for role, name in self.names.items()
+            if name is not None and name not in agents
+        ]
 
     @property
     def names(self) -> dict[str, str | None]:
@@ -146,19 +153,28 @@ class DrMasWorkflow(Workflow[DrMasConfig]):
         if role == "solver" and not ep.used["solver"]:
             return agent.render_in_context(p.prompt)
         if role == "solver":
-            return agent.render_in_context(p.prompt, history=f"Your previous solution:\n{code}",
-                                           feedback=f"Reviewer comments:\n{ep.comments or '(none)'}\n\n"
-                                                    "Revise your solution and reply with it in full.")
+            return agent.render_in_context(
+                p.prompt,
+                history=f"Your previous solution:\n{code}",
+                feedback=f"Reviewer comments:\n{ep.comments or '(none)'}\n\n"
+                "Revise your solution and reply with it in full.",
+            )
         tests = f"Public test results:\n{ep.feedback}\n\n" if ep.feedback else ""
         if role == "verifier":
-            return agent.render_in_context(p.prompt, history=f"Candidate solution:\n{code}",
-                                           feedback=tests + "Reply ACCEPT if the solution is correct, otherwise "
-                                                            "REVISE followed by comments for its author.")
+            return agent.render_in_context(
+                p.prompt,
+                history=f"Candidate solution:\n{code}",
+                feedback=tests + "Reply ACCEPT if the solution is correct, otherwise "
+                "REVISE followed by comments for its author.",
+            )
         review = f"\n\nLatest review: {ep.verdict} {ep.comments}".rstrip() if ep.verdict else ""
         s, v = self.names["solver"], self.names["verifier"]
-        return agent.render_in_context(p.prompt, history=f"Latest solution:\n{code}\n\n{tests}{review}".strip(),
-                                       feedback=f"Who acts next? Reply with one name: {s} (writes or revises the "
-                                                f"solution) or {v} (reviews it).")
+        return agent.render_in_context(
+            p.prompt,
+            history=f"Latest solution:\n{code}\n\n{tests}{review}".strip(),
+            feedback=f"Who acts next? Reply with one name: {s} (writes or revises the "
+            f"solution) or {v} (reviews it).",
+        )
 
     # --------------------------------------------------------------- turns
     def _record_solutions(self, eps: list[Episode], gens: list[Generation], verifier: Verifier) -> None:
@@ -180,12 +196,25 @@ class DrMasWorkflow(Workflow[DrMasConfig]):
         """The roles among solver and verifier that may still act."""
         return [r for r in ("solver", "verifier") if e.used[r] < self.cfg.max_loops]
 
-    def _episodes(self, problems: Sequence[Problem], agents: Mapping[str, Agent], generator: Generator,
-                  verifier: Verifier, seed: int, G: int) -> list[Episode]:
+    def _episodes(
+        self,
+        problems: Sequence[Problem],
+        agents: Mapping[str, Agent],
+        generator: Generator,
+        verifier: Verifier,
+        seed: int,
+        G: int,
+    ) -> list[Episode]:
         agent = {r: agents[self.names[r]] for r in self.roles}
         eps = [Episode(p, i) for i, p in enumerate(problems) for _ in range(G)]
-        gens = generator.generate([(agent["solver"], self._prompt("solver", eps[i * G], agent["solver"]))
-                                   for i in range(len(problems))], G, seed)
+        gens = generator.generate(
+            [
+                (agent["solver"], self._prompt("solver", eps[i * G], agent["solver"]))
+                for i in range(len(problems))
+            ],
+            G,
+            seed,
+        )
         self._record_solutions(eps, [g for group in gens for g in group], verifier)
         calls = 0  # generate calls after the first
         while True:
@@ -200,8 +229,11 @@ class DrMasWorkflow(Workflow[DrMasConfig]):
             to_route = [e for e in active if len(self._turns_left(e)) == 2] if "router" in agent else []
             if to_route:  # one router call for every episode that has a choice
                 calls += 1
-                gens = generator.generate([(agent["router"], self._prompt("router", e, agent["router"]))
-                                           for e in to_route], 1, derive_seed(seed, calls, "stage"))
+                gens = generator.generate(
+                    [(agent["router"], self._prompt("router", e, agent["router"])) for e in to_route],
+                    1,
+                    derive_seed(seed, calls, "stage"),
+                )
                 for e, (g,) in zip(to_route, gens):
                     named = parse_route(g.text, [self.names["solver"], self.names["verifier"]])
                     e.turns.append(Turn("router", g, 0.0))
@@ -209,8 +241,11 @@ class DrMasWorkflow(Workflow[DrMasConfig]):
                         e.routed += 1
                         e.next_role = "solver" if named == self.names["solver"] else "verifier"
             calls += 1
-            gens = generator.generate([(agent[e.next_role], self._prompt(e.next_role, e, agent[e.next_role]))
-                                       for e in active], 1, derive_seed(seed, calls, "stage"))
+            gens = generator.generate(
+                [(agent[e.next_role], self._prompt(e.next_role, e, agent[e.next_role])) for e in active],
+                1,
+                derive_seed(seed, calls, "stage"),
+            )
             solved = [(e, g) for e, (g,) in zip(active, gens) if e.next_role == "solver"]
             for e, (g,) in zip(active, gens):
                 if e.next_role == "verifier":
@@ -219,14 +254,22 @@ class DrMasWorkflow(Workflow[DrMasConfig]):
                 self._record_solutions([e for e, _ in solved], [g for _, g in solved], verifier)
 
     # ----------------------------------------------------------- interface
-    def rollout(self, problems: Sequence[Problem], agents: Mapping[str, Agent], generator: Generator,
-                verifier: Verifier, seed: int) -> Rollout:
+    def rollout(
+        self,
+        problems: Sequence[Problem],
+        agents: Mapping[str, Agent],
+        generator: Generator,
+        verifier: Verifier,
+        seed: int,
+    ) -> Rollout:
         G, P, roles = self.cfg.group_size, len(problems), self.roles
         eps = self._episodes(problems, agents, generator, verifier, seed, G)
         flat = [(n, t, turn) for n, e in enumerate(eps) for t, turn in enumerate(e.turns)]
         N = len(flat)
-        rewards = np.array([turn.reward if turn.role == "verifier" else eps[n].score.reward
-                            for n, _, turn in flat], np.float64)
+        rewards = np.array(
+            [turn.reward if turn.role == "verifier" else eps[n].score.reward for n, _, turn in flat],
+            np.float64,
+        )
         passed = [turn.reward if turn.role == "verifier" else eps[n].score.passed for n, _, turn in flat]
         # padded to a power of two (masked out) so the jitted kernels compile for few sizes
         size = power_of_two_bucket(N)
@@ -236,20 +279,39 @@ class DrMasWorkflow(Workflow[DrMasConfig]):
         agent_ids[:N] = [roles.index(turn.role) for _, _, turn in flat]
         group_ids[:N] = [eps[n].group for n, _, _ in flat]
         mask = jnp.arange(size) < N
-        advantages, stats = kernels.dr_mas_advantages(jnp.asarray(padded), jnp.asarray(agent_ids), len(roles), mask,
-                                                      group_ids=jnp.asarray(group_ids), num_groups=P)
+        advantages, stats = kernels.dr_mas_advantages(
+            jnp.asarray(padded),
+            jnp.asarray(agent_ids),
+            len(roles),
+            mask,
+            group_ids=jnp.asarray(group_ids),
+            num_groups=P,
+        )
         if self.cfg.normalization == "global":  # all agents of a problem together (GRPO's group baseline)
             advantages = kernels.group_advantages(jnp.asarray(padded), jnp.asarray(group_ids), P, mask)
-        ids = [dict(problem=eps[n].problem.id, episode=n, node=t, parent=t - 1, depth=t, turn=t) for n, t, _ in flat]
-        return Rollout([turn.generation for _, _, turn in flat], ids, rewards, np.asarray(advantages)[:N], passed,
-                       self._extras(eps, agent_ids[:N], stats))
+        ids = [
+            dict(problem=eps[n].problem.id, episode=n, node=t, parent=t - 1, depth=t, turn=t)
+            for n, t, _ in flat
+        ]
+        return Rollout(
+            [turn.generation for _, _, turn in flat],
+            ids,
+            rewards,
+            np.asarray(advantages)[:N],
+            passed,
+            self._extras(eps, agent_ids[:N], stats),
+        )
 
-    def _extras(self, eps: list[Episode], agent_ids: np.ndarray, stats: Mapping[str, Any]) -> dict[str, float]:
-        out = {"team/reward": float(np.mean([e.score.reward for e in eps])),
-               "team/pass_rate": float(np.mean([e.score.passed for e in eps])),
-               "team/accept_rate": float(np.mean([e.accepted for e in eps])),
-               "team/loops": float(np.mean([e.used["solver"] for e in eps])),
-               "team/turns": float(np.mean([len(e.turns) for e in eps]))}
+    def _extras(
+        self, eps: list[Episode], agent_ids: np.ndarray, stats: Mapping[str, Any]
+    ) -> dict[str, float]:
+        out = {
+            "team/reward": float(np.mean([e.score.reward for e in eps])),
+            "team/pass_rate": float(np.mean([e.score.passed for e in eps])),
+            "team/accept_rate": float(np.mean([e.accepted for e in eps])),
+            "team/loops": float(np.mean([e.used["solver"] for e in eps])),
+            "team/turns": float(np.mean([len(e.turns) for e in eps])),
+        }
         for k, role in enumerate(self.roles):
             name = self.names[role]
             out[f"agent/{name}/turns"] = float((agent_ids == k).sum()) / len(eps)
@@ -263,12 +325,19 @@ class DrMasWorkflow(Workflow[DrMasConfig]):
         out.update(grouped_diversity(list(groups.values()), "team"))
         return out
 
-    def evaluate(self, problems: Sequence[Problem], agents: Mapping[str, Agent], generator: Generator,
-                 verifier: Verifier) -> dict[str, float]:
+    def evaluate(
+        self,
+        problems: Sequence[Problem],
+        agents: Mapping[str, Agent],
+        generator: Generator,
+        verifier: Verifier,
+    ) -> dict[str, float]:
         """One (greedy, with a greedy generator) episode per held-out problem: the team's pass@1."""
         eps = self._episodes(problems, agents, generator, verifier, 0, 1)
         verdicts = [turn.reward for e in eps for turn in e.turns if turn.role == "verifier"]
-        return {"eval/team/pass_at_1": float(np.mean([e.score.passed for e in eps])),
-                "eval/team/reward": float(np.mean([e.score.reward for e in eps])),
-                "eval/team/loops": float(np.mean([e.used["solver"] for e in eps])),
-                f"eval/{self.names['verifier']}/accuracy": float(np.mean(verdicts)) if verdicts else 0.0}
+        return {
+            "eval/team/pass_at_1": float(np.mean([e.score.passed for e in eps])),
+            "eval/team/reward": float(np.mean([e.score.reward for e in eps])),
+            "eval/team/loops": float(np.mean([e.used["solver"] for e in eps])),
+            f"eval/{self.names['verifier']}/accuracy": float(np.mean(verdicts)) if verdicts else 0.0,
+        }

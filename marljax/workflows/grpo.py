@@ -7,7 +7,8 @@ reward normalised within its problem's group (GRPO, Dr.GRPO or RLOO).
 
 from __future__ import annotations
 
-from typing import Any, Literal, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal
 
 import jax.numpy as jnp
 import numpy as np
@@ -19,8 +20,11 @@ from marljax.workflows.base import Agent, Generator, Workflow, WorkflowSettings,
 from marljax.workflows.scoring import RewardKind, as_reward
 from marljax.workflows.types import Rollout
 
-ESTIMATORS = {"grpo": kernels.grpo_advantages, "dr_grpo": kernels.dr_grpo_advantages,
-              "rloo": kernels.rloo_advantages}
+ESTIMATORS = {
+    "grpo": kernels.grpo_advantages,
+    "dr_grpo": kernels.dr_grpo_advantages,
+    "rloo": kernels.rloo_advantages,
+}
 
 
 class GrpoConfig(WorkflowSettings):
@@ -49,8 +53,14 @@ class GrpoWorkflow(Workflow[GrpoConfig]):
             raise ValueError(f"GRPO runs one agent; name it with workflow.agent (agents: {sorted(agents)})")
         return next(iter(agents.values()))
 
-    def rollout(self, problems: Sequence[Problem], agents: Mapping[str, Agent], generator: Generator,
-                verifier: Verifier, seed: int) -> Rollout:
+    def rollout(
+        self,
+        problems: Sequence[Problem],
+        agents: Mapping[str, Agent],
+        generator: Generator,
+        verifier: Verifier,
+        seed: int,
+    ) -> Rollout:
         agent, G = self._agent(agents), self.cfg.group_size
         gens = generator.generate([(agent, agent.render(p.prompt)) for p in problems], G, seed)
         flat = [(i, g) for i, group in enumerate(gens) for g in group]
@@ -59,15 +69,24 @@ class GrpoWorkflow(Workflow[GrpoConfig]):
         group_ids = np.repeat(np.arange(len(problems)), G)
         estimator = ESTIMATORS[self.cfg.estimator]
         advantages = estimator(jnp.asarray(rewards), jnp.asarray(group_ids), num_groups=len(problems))
-        ids = [dict(problem=problems[i].id, episode=k // G, node=k, parent=-1, depth=0, turn=0)
-               for k, (i, _) in enumerate(flat)]
+        ids = [
+            dict(problem=problems[i].id, episode=k // G, node=k, parent=-1, depth=0, turn=0)
+            for k, (i, _) in enumerate(flat)
+        ]
         return Rollout([g for _, g in flat], ids, rewards, np.asarray(advantages), [s.passed for s in scores])
 
-    def evaluate(self, problems: Sequence[Problem], agents: Mapping[str, Agent], generator: Generator,
-                 verifier: Verifier) -> dict[str, float]:
+    def evaluate(
+        self,
+        problems: Sequence[Problem],
+        agents: Mapping[str, Agent],
+        generator: Generator,
+        verifier: Verifier,
+    ) -> dict[str, float]:
         """pass@1 of one (greedy, with a greedy generator) answer per held-out problem."""
         agent = self._agent(agents)
         gens = generator.generate([(agent, agent.render(p.prompt)) for p in problems], 1, 0)
         scores = verifier.score(problems, [g[0].text for g in gens])
-        return {f"eval/{agent.name}/pass_at_1": float(np.mean([s.passed for s in scores])),
-                f"eval/{agent.name}/reward": float(np.mean([s.reward for s in scores]))}
+        return {
+            f"eval/{agent.name}/pass_at_1": float(np.mean([s.passed for s in scores])),
+            f"eval/{agent.name}/reward": float(np.mean([s.reward for s in scores])),
+        }

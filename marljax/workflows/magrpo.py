@@ -45,8 +45,14 @@ from marljax.envs.joint import TASKS, JointTask
 from marljax.rewards import Problem, Verifier, extract_code
 from marljax.seeds import derive_seed
 from marljax.shapes import power_of_two_bucket
-from marljax.workflows.base import (Agent, Generator, Workflow, WorkflowSettings, register_workflow,
-                                    template_fields)
+from marljax.workflows.base import (
+    Agent,
+    Generator,
+    Workflow,
+    WorkflowSettings,
+    register_workflow,
+    template_fields,
+)
 from marljax.workflows.types import Generation, Rollout
 
 
@@ -54,15 +60,23 @@ class MagrpoConfig(WorkflowSettings):
     """MAGRPO: joint rollout tree over turns, returns-to-go normalised per node and agent."""
 
     kind: Literal["magrpo"] = "magrpo"
-    agents: list[str] = Field(default_factory=lambda: ["helper", "main"], min_length=1,
-                              description="agents in turn order (coop_code: [helper, main])")
+    agents: list[str] = Field(
+        default_factory=lambda: ["helper", "main"],
+        min_length=1,
+        description="agents in turn order (coop_code: [helper, main])",
+    )
     group_size: int = Field(4, ge=2, description="completions per agent per node (G)")
-    joint: Literal["aligned", "cross"] = Field("aligned", description="G aligned tuples or the G^N cross product")
+    joint: Literal["aligned", "cross"] = Field(
+        "aligned", description="G aligned tuples or the G^N cross product"
+    )
     num_turns: int = Field(1, ge=1, description="turns per episode (tree depth)")
     gamma: float = Field(0.9, ge=0, le=1, description="discount over turns (0.9 as in the reference code)")
-    early_stop_reward: float | None = Field(None, description="a joint action with reward >= this opens no child")
+    early_stop_reward: float | None = Field(
+        None, description="a joint action with reward >= this opens no child"
+    )
     task: Literal["coop_code", "score"] = Field(
-        "coop_code", description="coop_code: helper+main level reward; score: tests of the last agent's code")
+        "coop_code", description="coop_code: helper+main level reward; score: tests of the last agent's code"
+    )
     scale: Literal["std", "none"] = Field("std", description="divide sibling advantages by their std, or not")
 
     @model_validator(mode="after")
@@ -74,14 +88,19 @@ class MagrpoConfig(WorkflowSettings):
         return self
 
     def check_agents(self, agents: Mapping[str, Any]):
-        found = [(("agents", k), f"unknown agent; known: {', '.join(agents)}", name)
-                 for k, name in enumerate(self.agents) if name not in agents]
+        found = [
+            (("agents", k), f"unknown agent; known: {', '.join(agents)}", name)
+            for k, name in enumerate(self.agents)
+            if name not in agents
+        ]
         if self.num_turns > 1:  # later turns differ from the first only through these placeholders
             for name in self.agents:
                 template = getattr(agents.get(name), "template", None)
                 if template is not None and not {"history", "feedback"} & set(template_fields(template)):
-                    why = (f"agent {name!r}'s template uses neither {{history}} nor {{feedback}}: "
-                           "later turns would repeat the first prompt")
+                    why = (
+                        f"agent {name!r}'s template uses neither {{history}} nor {{feedback}}: "
+                        "later turns would repeat the first prompt"
+                    )
                     found.append((("num_turns",), why, self.num_turns))
         return found
 
@@ -119,11 +138,21 @@ class Tree:
     episodes: int
 
 
-@functools.partial(jax.jit, static_argnames=("gamma", "max_depth", "num_agents", "group_size", "mode", "scale"))
+@functools.partial(
+    jax.jit, static_argnames=("gamma", "max_depth", "num_agents", "group_size", "mode", "scale")
+)
 def _credit(rewards, parents, siblings, mask, *, gamma, max_depth, num_agents, group_size, mode, scale):
     returns = kernels.tree_returns(rewards, parents, gamma=gamma, max_depth=max_depth, mask=mask)
-    adv = kernels.magrpo_advantages(returns, parents, siblings, num_agents=num_agents, group_size=group_size,
-                                    mode=mode, mask=mask, scale=scale)
+    adv = kernels.magrpo_advantages(
+        returns,
+        parents,
+        siblings,
+        num_agents=num_agents,
+        group_size=group_size,
+        mode=mode,
+        mask=mask,
+        scale=scale,
+    )
     return returns, adv
 
 
@@ -137,12 +166,22 @@ class MagrpoWorkflow(Workflow[MagrpoConfig]):
         return self.cfg.early_stop_reward is not None and reward >= self.cfg.early_stop_reward
 
     # ----------------------------------------------------------- the tree
-    def grow(self, problems: Sequence[Problem], agents: Sequence[Agent], generator: Generator,
-             verifier: Verifier, seed: int, n: int) -> Tree:
+    def grow(
+        self,
+        problems: Sequence[Problem],
+        agents: Sequence[Agent],
+        generator: Generator,
+        verifier: Verifier,
+        seed: int,
+        n: int,
+    ) -> Tree:
         """Expand all episodes turn by turn: one `generate` call and one scoring batch per turn."""
         N = len(agents)
-        combos = (list(itertools.product(range(n), repeat=N)) if self.cfg.joint == "cross"
-                  else [(g,) * N for g in range(n)])
+        combos = (
+            list(itertools.product(range(n), repeat=N))
+            if self.cfg.joint == "cross"
+            else [(g,) * N for g in range(n)]
+        )
         frontier = [Node(e, 0, -1, 0) for e in range(len(problems))]
         next_id = [1] * len(problems)
         nodes: list[Node] = []
@@ -150,26 +189,40 @@ class MagrpoWorkflow(Workflow[MagrpoConfig]):
         for t in range(self.cfg.num_turns):
             if not frontier:
                 break
-            requests = [(a, a.render(self.task.problem_text(problems[s.episode], k), s.feedback, s.history))
-                        for s in frontier for k, a in enumerate(agents)]
+            requests = [
+                (a, a.render(self.task.problem_text(problems[s.episode], k), s.feedback, s.history))
+                for s in frontier
+                for k, a in enumerate(agents)
+            ]
             gens = generator.generate(requests, n, derive_seed(seed, t))
             start = len(joints)
             for i, s in enumerate(frontier):
-                s.gens = gens[i * N:(i + 1) * N]
+                s.gens = gens[i * N : (i + 1) * N]
                 for sib, combo in enumerate(combos):
                     s.joints.append(len(joints))
                     joints.append(Joint(s, sib, combo))
             new = joints[start:]
             answers = [[j.node.gens[k][c].text for k, c in enumerate(j.combo)] for j in new]
-            judged = self.task.judge([problems[j.node.episode] for j in new], answers, verifier) if new else []
+            judged = (
+                self.task.judge([problems[j.node.episode] for j in new], answers, verifier) if new else []
+            )
             nodes += frontier
             frontier = []
             for idx, (j, texts, verdict) in enumerate(zip(new, answers, judged)):
                 j.reward, j.passed = float(verdict.reward), bool(verdict.passed)
                 if t + 1 < self.cfg.num_turns and not self._stops(j.reward):
                     e = j.node.episode
-                    frontier.append(Node(e, next_id[e], j.node.id, t + 1, start + idx,
-                                         _history(agents, texts), verdict.feedback))
+                    frontier.append(
+                        Node(
+                            e,
+                            next_id[e],
+                            j.node.id,
+                            t + 1,
+                            start + idx,
+                            _history(agents, texts),
+                            verdict.feedback,
+                        )
+                    )
                     next_id[e] += 1
         return Tree(nodes, joints, len(problems))
 
@@ -190,9 +243,19 @@ class MagrpoWorkflow(Workflow[MagrpoConfig]):
         for k, j in enumerate(tree.joints):
             rewards[E + k], siblings[E + k], mask[E + k] = j.reward, j.sibling, True
             parents[E + k] = j.node.episode if j.node.via < 0 else E + j.node.via
-        returns, adv = _credit(rewards, parents, siblings, mask, gamma=self.cfg.gamma, max_depth=self.cfg.num_turns,
-                               num_agents=num_agents, group_size=n, mode=self.cfg.joint, scale=self.cfg.scale)
-        return np.asarray(returns)[E:E + M], np.asarray(adv)[E:E + M]
+        returns, adv = _credit(
+            rewards,
+            parents,
+            siblings,
+            mask,
+            gamma=self.cfg.gamma,
+            max_depth=self.cfg.num_turns,
+            num_agents=num_agents,
+            group_size=n,
+            mode=self.cfg.joint,
+            scale=self.cfg.scale,
+        )
+        return np.asarray(returns)[E : E + M], np.asarray(adv)[E : E + M]
 
     # ------------------------------------------------------------ the API
     def _agents(self, agents: Mapping[str, Agent]) -> list[Agent]:
@@ -201,8 +264,14 @@ class MagrpoWorkflow(Workflow[MagrpoConfig]):
             raise ValueError(f"MAGRPO agents {missing} are not among the run's agents {sorted(agents)}")
         return [agents[a] for a in self.cfg.agents]
 
-    def rollout(self, problems: Sequence[Problem], agents: Mapping[str, Agent], generator: Generator,
-                verifier: Verifier, seed: int) -> Rollout:
+    def rollout(
+        self,
+        problems: Sequence[Problem],
+        agents: Mapping[str, Agent],
+        generator: Generator,
+        verifier: Verifier,
+        seed: int,
+    ) -> Rollout:
         team, G = self._agents(agents), self.cfg.group_size
         tree = self.grow(problems, team, generator, verifier, seed, G)
         returns, adv = self.credit(tree, len(team), G)
@@ -214,34 +283,61 @@ class MagrpoWorkflow(Workflow[MagrpoConfig]):
                 for g, gen in enumerate(s.gens[i]):
                     mine = [j for j in s.joints if tree.joints[j].combo[i] == g]  # joint actions using it
                     gens.append(gen)
-                    ids.append(dict(problem=problems[s.episode].id, episode=s.episode, node=s.id, parent=s.parent,
-                                    depth=s.turn, turn=s.turn))
+                    ids.append(
+                        dict(
+                            problem=problems[s.episode].id,
+                            episode=s.episode,
+                            node=s.id,
+                            parent=s.parent,
+                            depth=s.turn,
+                            turn=s.turn,
+                        )
+                    )
                     sample_rewards.append(float(rewards[mine].mean()))
                     sample_adv.append(adv[mine[0], i])
                     sample_passed.append(float(passed[mine].mean()))
         turns = np.array([j.node.turn for j in tree.joints])
-        extras = {"team/reward": float(rewards.mean()), "team/pass_rate": float(passed.mean()),
-                  "team/return": float(returns[turns == 0].mean()), "tree/nodes": len(tree.nodes) / tree.episodes,
-                  "tree/joint_actions": len(tree.joints) / tree.episodes}
+        extras = {
+            "team/reward": float(rewards.mean()),
+            "team/pass_rate": float(passed.mean()),
+            "team/return": float(returns[turns == 0].mean()),
+            "tree/nodes": len(tree.nodes) / tree.episodes,
+            "tree/joint_actions": len(tree.joints) / tree.episodes,
+        }
         if self.cfg.num_turns > 1:
             for t in range(int(turns.max()) + 1):
                 extras[f"team/reward_turn{t}"] = float(rewards[turns == t].mean())
             early = (turns < self.cfg.num_turns - 1) & np.array([self._stops(r) for r in rewards])
-            extras["tree/early_stop_rate"] = float(early.sum() / max(1, (turns < self.cfg.num_turns - 1).sum()))
-        return Rollout(gens, ids, np.array(sample_rewards, np.float64), np.array(sample_adv, np.float32),
-                       sample_passed, extras)
+            extras["tree/early_stop_rate"] = float(
+                early.sum() / max(1, (turns < self.cfg.num_turns - 1).sum())
+            )
+        return Rollout(
+            gens,
+            ids,
+            np.array(sample_rewards, np.float64),
+            np.array(sample_adv, np.float32),
+            sample_passed,
+            extras,
+        )
 
-    def evaluate(self, problems: Sequence[Problem], agents: Mapping[str, Agent], generator: Generator,
-                 verifier: Verifier) -> dict[str, float]:
+    def evaluate(
+        self,
+        problems: Sequence[Problem],
+        agents: Mapping[str, Agent],
+        generator: Generator,
+        verifier: Verifier,
+    ) -> dict[str, float]:
         """One (greedy, with a greedy generator) joint answer per problem and turn, for `num_turns`
         turns or until the early-stop reward; the last joint answer counts."""
         team = self._agents(agents)
         tree = self.grow(problems, team, generator, verifier, 0, 1)
         last = {j.node.episode: j for j in tree.joints}  # one joint action per node: a chain per episode
         final = [last[e] for e in range(len(problems))]
-        return {f"eval/{team[-1].name}/pass_at_1": float(np.mean([j.passed for j in final])),
-                "eval/team/reward": float(np.mean([j.reward for j in final])),
-                "eval/team/turns": float(np.mean([j.node.turn + 1 for j in final]))}
+        return {
+            f"eval/{team[-1].name}/pass_at_1": float(np.mean([j.passed for j in final])),
+            "eval/team/reward": float(np.mean([j.reward for j in final])),
+            "eval/team/turns": float(np.mean([j.node.turn + 1 for j in final])),
+        }
 
 
 def _history(agents: Sequence[Agent], texts: Sequence[str]) -> str:

@@ -29,7 +29,8 @@ from __future__ import annotations
 
 import functools
 import itertools
-from typing import Any, Callable, Literal, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Literal
 
 import jax.numpy as jnp
 import numpy as np
@@ -39,8 +40,14 @@ from marljax import kernels
 from marljax.rewards import Problem, Score, Verifier, error_feedback, extract_code
 from marljax.seeds import derive_seed
 from marljax.settings import StrictModel
-from marljax.workflows.base import (Agent, Generator, Workflow, WorkflowSettings, register_workflow,
-                                    template_fields)
+from marljax.workflows.base import (
+    Agent,
+    Generator,
+    Workflow,
+    WorkflowSettings,
+    register_workflow,
+    template_fields,
+)
 from marljax.workflows.mars2_search import CONT, RewardAverage, Tree, select_final
 from marljax.workflows.mars2_search import depth_gamma as make_gamma
 from marljax.workflows.scoring import RewardKind, as_reward
@@ -68,15 +75,21 @@ class Mars2Config(WorkflowSettings):
     expansions_per_round: int = Field(2, ge=1, description="expansions per tree between generator calls")
     prior: Literal["uniform", "reward_average"] = "uniform"
     prior_strength: float = Field(1.0, gt=0, description="a0 + b0 of the reward_average prior")
-    depth_gamma: list[float] | DepthGamma = Field(default_factory=DepthGamma,
-                                                  description="gamma(d): per-depth list (last repeats) or a rule")
+    depth_gamma: list[float] | DepthGamma = Field(
+        default_factory=DepthGamma, description="gamma(d): per-depth list (last repeats) or a rule"
+    )
     use_feedback: bool = Field(True, description="refinement prompts carry public-test error feedback")
     stop_on_solve: bool = Field(True, description="stop a tree once a node passes all tests")
-    reward: RewardKind = Field("fraction", description="node reward: fraction of tests passed, or 1 only when all pass")
+    reward: RewardKind = Field(
+        "fraction", description="node reward: fraction of tests passed, or 1 only when all pass"
+    )
     normalization: Literal["tree", "agent"] = Field(
-        "tree", description="tree: one advantage group per tree (MARS2); agent: per agent inside each tree (Dr. MAS)")
+        "tree",
+        description="tree: one advantage group per tree (MARS2); agent: per agent inside each tree (Dr. MAS)",
+    )
     select: Literal["public_score", "reward_model"] = Field(
-        "public_score", description="T+ final answer: best public score, or the workflow's reward_model hook")
+        "public_score", description="T+ final answer: best public score, or the workflow's reward_model hook"
+    )
     eval_search: bool = Field(False, description="also run MARS2-T+ search at evaluation")
     eval_max_nodes: int | None = Field(None, ge=2, description="T+ nodes per tree; None: max_nodes")
 
@@ -104,24 +117,40 @@ def split_fractions(score: Score) -> dict[str, float]:
     if res is None:
         return {"all": score.reward, "public": score.reward, "private": score.reward}
     splits = {t.split for t in res.tests}
-    return {"all": res.pass_fraction(), "public": res.pass_fraction("public"),
-            "private": res.pass_fraction("private" if "private" in splits else None)}
+    return {
+        "all": res.pass_fraction(),
+        "public": res.pass_fraction("public"),
+        "private": res.pass_fraction("private" if "private" in splits else None),
+    }
 
 
 def refine_prompt(agent: Agent, problem: Problem, code: str, feedback: str) -> str:
     """The CONT prompt: problem, previous program, feedback. Placed in the template's {history} /
     {feedback} slots when it has them, else appended to the problem text."""
-    history = f"Previous attempt:\n{code}" if problem.is_math else f"Previous attempt:\n```python\n{code}\n```"
+    history = (
+        f"Previous attempt:\n{code}" if problem.is_math else f"Previous attempt:\n```python\n{code}\n```"
+    )
     fb = f"Feedback on the public tests:\n{feedback}" if feedback else ""
     fields = template_fields(agent.template)
-    parts = [problem.prompt] + ([history] if "history" not in fields else []) + \
-        ([fb] if fb and "feedback" not in fields else []) + [REFINE_NOTE]
+    parts = (
+        [problem.prompt]
+        + ([history] if "history" not in fields else [])
+        + ([fb] if fb and "feedback" not in fields else [])
+        + [REFINE_NOTE]
+    )
     return agent.render("\n\n".join(parts), feedback=fb, history=history)
 
 
-def run_search(problems: Sequence[Problem], team: Sequence[Agent], generator: Generator, verifier: Verifier,
-               seed: int, search: Mars2Config, priors: Mapping[str, tuple[float, float]] | None = None,
-               split: str = "all") -> tuple[list[Tree], int]:
+def run_search(
+    problems: Sequence[Problem],
+    team: Sequence[Agent],
+    generator: Generator,
+    verifier: Verifier,
+    seed: int,
+    search: Mars2Config,
+    priors: Mapping[str, tuple[float, float]] | None = None,
+    split: str = "all",
+) -> tuple[list[Tree], int]:
     """Grow one tree per problem with `search`'s options; node rewards are the `split` ("all" or
     "public") pass fraction. Returns the trees and the number of generator rounds."""
     by_name = {a.name: a for a in team}
@@ -129,7 +158,9 @@ def run_search(problems: Sequence[Problem], team: Sequence[Agent], generator: Ge
     trees = [Tree(list(by_name), search.max_nodes, priors, gamma, search.stop_on_solve) for _ in problems]
     rng = np.random.default_rng(seed)
     for rnd in itertools.count():
-        pending = [(i, n) for i, t in enumerate(trees) for n in t.plan_round(rng, search.expansions_per_round)]
+        pending = [
+            (i, n) for i, t in enumerate(trees) for n in t.plan_round(rng, search.expansions_per_round)
+        ]
         if not pending:
             return trees, rnd
         prompts = []
@@ -141,31 +172,56 @@ def run_search(problems: Sequence[Problem], team: Sequence[Agent], generator: Ge
             else:
                 prompts.append(agent.render(p.prompt))
         # One call for every pending node of every tree: the generator batches per policy.
-        gens = generator.generate([(by_name[n.agent], q) for (_, n), q in zip(pending, prompts)], 1,
-                                  derive_seed(seed, rnd, "round"))
+        gens = generator.generate(
+            [(by_name[n.agent], q) for (_, n), q in zip(pending, prompts)], 1, derive_seed(seed, rnd, "round")
+        )
         texts = [g[0].text for g in gens]
         scores = verifier.score([problems[i] for i, _ in pending], texts)
         for (i, n), g, text, s, q in zip(pending, gens, texts, scores, prompts):
             frac = split_fractions(s)
             fb = error_feedback(s.result) if search.use_feedback and s.result is not None else ""
             code = text if problems[i].is_math else extract_code(text).code
-            trees[i].record(n, as_reward(frac[split], search.reward), frac[split] >= 1.0, gen=g[0], text=text,
-                            code=code, feedback=fb, fractions=frac, prompt=q)
+            trees[i].record(
+                n,
+                as_reward(frac[split], search.reward),
+                frac[split] >= 1.0,
+                gen=g[0],
+                text=text,
+                code=code,
+                feedback=fb,
+                fractions=frac,
+                prompt=q,
+            )
 
 
-def search_eval(problems: Sequence[Problem], agents: Sequence[Agent] | Mapping[str, Agent], generator: Generator,
-                verifier: Verifier, *, max_nodes: int, expansions_per_round: int = 1,
-                depth_gamma: list[float] | DepthGamma | None = None, stop_on_solve: bool = True,
-                priors: Mapping[str, tuple[float, float]] | None = None,
-                reward_model: RewardModel | None = None, seed: int = 0) -> dict[str, float]:
+def search_eval(
+    problems: Sequence[Problem],
+    agents: Sequence[Agent] | Mapping[str, Agent],
+    generator: Generator,
+    verifier: Verifier,
+    *,
+    max_nodes: int,
+    expansions_per_round: int = 1,
+    depth_gamma: list[float] | DepthGamma | None = None,
+    stop_on_solve: bool = True,
+    priors: Mapping[str, tuple[float, float]] | None = None,
+    reward_model: RewardModel | None = None,
+    seed: int = 0,
+) -> dict[str, float]:
     """MARS2-T+: search with error feedback on public-test rewards, pick one answer per problem
     (best public score, ties earliest; or `reward_model`), score it on the private tests.
 
     pass_at_1: the chosen answer passes all private tests; oracle: some node does."""
     team = list(agents.values()) if isinstance(agents, Mapping) else list(agents)
     gamma = {} if depth_gamma is None else {"depth_gamma": depth_gamma}
-    search = Mars2Config(max_nodes=max_nodes, expansions_per_round=expansions_per_round, use_feedback=True,
-                         stop_on_solve=stop_on_solve, reward="fraction", **gamma)
+    search = Mars2Config(
+        max_nodes=max_nodes,
+        expansions_per_round=expansions_per_round,
+        use_feedback=True,
+        stop_on_solve=stop_on_solve,
+        reward="fraction",
+        **gamma,
+    )
     trees, rounds = run_search(problems, team, generator, verifier, seed, search, priors, split="public")
     chosen, passed, oracle = [], [], []
     for p, t in zip(problems, trees):
@@ -174,10 +230,16 @@ def search_eval(problems: Sequence[Problem], agents: Sequence[Agent] | Mapping[s
         chosen.append(best.agent)
         passed.append(best.data["fractions"]["private"] >= 1.0)
         oracle.append(any(n.data["fractions"]["private"] >= 1.0 for n in t.nodes))
-    out = {"eval/search/pass_at_1": float(np.mean(passed)), "eval/search/oracle": float(np.mean(oracle)),
-           "eval/search/nodes": float(np.mean([len(t.nodes) for t in trees])), "eval/search/rounds": float(rounds)}
+    out = {
+        "eval/search/pass_at_1": float(np.mean(passed)),
+        "eval/search/oracle": float(np.mean(oracle)),
+        "eval/search/nodes": float(np.mean([len(t.nodes) for t in trees])),
+        "eval/search/rounds": float(rounds),
+    }
     for a in team:
-        out[f"eval/search/{a.name}/nodes"] = float(np.mean([sum(n.agent == a.name for n in t.nodes) for t in trees]))
+        out[f"eval/search/{a.name}/nodes"] = float(
+            np.mean([sum(n.agent == a.name for n in t.nodes) for t in trees])
+        )
         out[f"eval/search/{a.name}/chosen"] = float(np.mean([c == a.name for c in chosen]))
     return out
 
@@ -205,8 +267,14 @@ class Mars2Workflow(Workflow[Mars2Config]):
             return None
         return {a.name: self.averages.prior(a.name, self.cfg.prior_strength) for a in team}
 
-    def rollout(self, problems: Sequence[Problem], agents: Mapping[str, Agent], generator: Generator,
-                verifier: Verifier, seed: int) -> Rollout:
+    def rollout(
+        self,
+        problems: Sequence[Problem],
+        agents: Mapping[str, Agent],
+        generator: Generator,
+        verifier: Verifier,
+        seed: int,
+    ) -> Rollout:
         team = self._team(agents)
         trees, rounds = run_search(problems, team, generator, verifier, seed, self.cfg, self.priors(team))
         flat = [(i, n) for i, t in enumerate(trees) for n in t.nodes]
@@ -215,45 +283,74 @@ class Mars2Workflow(Workflow[Mars2Config]):
         if self.cfg.normalization == "agent":
             index = {a.name: k for k, a in enumerate(team)}
             agent_ids = jnp.asarray([index[n.agent] for _, n in flat], jnp.int32)
-            advantages, _ = kernels.dr_mas_advantages(jnp.asarray(rewards), agent_ids, len(team),
-                                                      group_ids=tree_ids, num_groups=len(trees))
+            advantages, _ = kernels.dr_mas_advantages(
+                jnp.asarray(rewards), agent_ids, len(team), group_ids=tree_ids, num_groups=len(trees)
+            )
         else:
             advantages = kernels.mars2_advantages(jnp.asarray(rewards), tree_ids, num_trees=len(trees))
         for (_, n), r in zip(flat, rewards):
             self.averages.add(n.agent, float(r))
-        ids = [dict(problem=problems[i].id, episode=i, node=n.index, parent=n.parent, depth=n.depth, turn=n.index)
-               for i, n in flat]
-        extras = {"mars2/nodes_per_tree": float(np.mean([len(t.nodes) for t in trees])),
-                  "mars2/solved": float(np.mean([t.solved for t in trees])),
-                  "mars2/max_depth": float(np.mean([max(n.depth for n in t.nodes) for t in trees])),
-                  "mars2/rounds": float(rounds)}
+        ids = [
+            dict(
+                problem=problems[i].id, episode=i, node=n.index, parent=n.parent, depth=n.depth, turn=n.index
+            )
+            for i, n in flat
+        ]
+        extras = {
+            "mars2/nodes_per_tree": float(np.mean([len(t.nodes) for t in trees])),
+            "mars2/solved": float(np.mean([t.solved for t in trees])),
+            "mars2/max_depth": float(np.mean([max(n.depth for n in t.nodes) for t in trees])),
+            "mars2/rounds": float(rounds),
+        }
         for a in team:
             nodes = [n for _, n in flat if n.agent == a.name]
             extras[f"agent/{a.name}/nodes"] = len(nodes) / len(trees)
             if nodes:
                 extras[f"agent/{a.name}/refine_frac"] = float(np.mean([n.kind == CONT for n in nodes]))
                 extras[f"agent/{a.name}/prior_mean"] = self.averages.mean(a.name)
-        return Rollout([n.data["gen"] for _, n in flat], ids, rewards, np.asarray(advantages),
-                       [n.solved for _, n in flat], extras)
+        return Rollout(
+            [n.data["gen"] for _, n in flat],
+            ids,
+            rewards,
+            np.asarray(advantages),
+            [n.solved for _, n in flat],
+            extras,
+        )
 
-    def evaluate(self, problems: Sequence[Problem], agents: Mapping[str, Agent], generator: Generator,
-                 verifier: Verifier) -> dict[str, float]:
+    def evaluate(
+        self,
+        problems: Sequence[Problem],
+        agents: Mapping[str, Agent],
+        generator: Generator,
+        verifier: Verifier,
+    ) -> dict[str, float]:
         """Greedy single-shot pass@1 per agent on all tests; with `eval_search`, MARS2-T+ as well."""
         c, team, P = self.cfg, self._team(agents), len(problems)
         gens = generator.generate([(a, a.render(p.prompt)) for a in team for p in problems], 1, 0)
         scores = verifier.score([p for _ in team for p in problems], [g[0].text for g in gens])
         out = {}
         for j, a in enumerate(team):
-            mine = scores[j * P:(j + 1) * P]
+            mine = scores[j * P : (j + 1) * P]
             out[f"eval/{a.name}/pass_at_1"] = float(np.mean([s.passed for s in mine]))
             out[f"eval/{a.name}/reward"] = float(np.mean([s.reward for s in mine]))
         if c.eval_search:
             if c.select == "reward_model" and self.reward_model is None:
                 raise ValueError("select='reward_model' needs the workflow's reward_model hook to be set")
-            out.update(search_eval(problems, team, generator, verifier, max_nodes=c.eval_max_nodes or c.max_nodes,
-                                   expansions_per_round=c.expansions_per_round, depth_gamma=c.depth_gamma,
-                                   stop_on_solve=c.stop_on_solve, priors=self.priors(team), seed=0,
-                                   reward_model=self.reward_model if c.select == "reward_model" else None))
+            out.update(
+                search_eval(
+                    problems,
+                    team,
+                    generator,
+                    verifier,
+                    max_nodes=c.eval_max_nodes or c.max_nodes,
+                    expansions_per_round=c.expansions_per_round,
+                    depth_gamma=c.depth_gamma,
+                    stop_on_solve=c.stop_on_solve,
+                    priors=self.priors(team),
+                    seed=0,
+                    reward_model=self.reward_model if c.select == "reward_model" else None,
+                )
+            )
         return out
 
     def state_dict(self) -> dict[str, Any]:

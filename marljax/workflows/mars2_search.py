@@ -40,7 +40,8 @@ is solved (reward 1).
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -57,8 +58,10 @@ def depth_gamma(spec: Any = None) -> Callable[[int], float]:
     if callable(spec):
         return spec
     if isinstance(spec, Mapping) or hasattr(spec, "start"):
-        get = spec.get if isinstance(spec, Mapping) else lambda k: getattr(spec, k)  # noqa: E731
-        start, step, floor = float(get("start")), float(get("step")), float(get("floor"))
+        start, step, floor = (
+            float(spec[k] if isinstance(spec, Mapping) else getattr(spec, k))
+            for k in ("start", "step", "floor")
+        )
         return lambda d: max(floor, start - step * d)
     values = [float(g) for g in spec]
     if not values or not all(0 < g <= 1 for g in values):
@@ -98,8 +101,14 @@ class Node:
 class Tree:
     """The search state of one problem: nodes, per-agent GEN/CONT posteriors, depth counts."""
 
-    def __init__(self, agents: Sequence[str], max_nodes: int, priors: Mapping[str, tuple[float, float]] | None = None,
-                 gamma: Callable[[int], float] | None = None, stop_on_solve: bool = True):
+    def __init__(
+        self,
+        agents: Sequence[str],
+        max_nodes: int,
+        priors: Mapping[str, tuple[float, float]] | None = None,
+        gamma: Callable[[int], float] | None = None,
+        stop_on_solve: bool = True,
+    ):
         if max_nodes < 2:
             raise ValueError(f"max_nodes must be >= 2, got {max_nodes}")
         if not agents:
@@ -107,7 +116,9 @@ class Tree:
         self.agents, self.max_nodes, self.stop_on_solve = list(agents), max_nodes, stop_on_solve
         self.gamma = gamma or depth_gamma()
         priors = priors or {}
-        self.posteriors = {kind: {k: Beta(*priors.get(k, UNIFORM_PRIOR)) for k in self.agents} for kind in (GEN, CONT)}
+        self.posteriors = {
+            kind: {k: Beta(*priors.get(k, UNIFORM_PRIOR)) for k in self.agents} for kind in (GEN, CONT)
+        }
         self.nodes: list[Node] = []
 
     def count_at(self, depth: int) -> int:
@@ -133,7 +144,9 @@ class Tree:
         target = None
         cands = self.refinable()
         if cands:
-            scores = [Beta(0.5 + n.reward, 1.5 - n.reward).draw(rng) * self.weight(n.depth + 1) for n in cands]
+            scores = [
+                Beta(0.5 + n.reward, 1.5 - n.reward).draw(rng) * self.weight(n.depth + 1) for n in cands
+            ]
             target = cands[int(np.argmax(scores))]  # argmax: first of equal maxima
         arms, scores = [], []
         for k in self.agents:

@@ -32,7 +32,8 @@ from __future__ import annotations
 import ast
 import dataclasses
 import re
-from typing import Literal, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Literal
 
 import jax
 import jax.numpy as jnp
@@ -90,8 +91,9 @@ def sampled_coalitions(num_players: int, keys: jax.Array, num_permutations: int)
     return [sorted(s) for s in seen]
 
 
-def shapley_credit(tables: np.ndarray, method: str = "exact", keys: jax.Array | None = None,
-                   num_permutations: int = 8) -> np.ndarray:
+def shapley_credit(
+    tables: np.ndarray, method: str = "exact", keys: jax.Array | None = None, num_permutations: int = 8
+) -> np.ndarray:
     """Shapley value of each player `[N, K]` from bitmask-indexed tables `[N, 2^K]`; `sampled` with one
     PRNG key per table `[N, 2]` (entries its permutations never visit may be NaN)."""
     tables = jnp.asarray(tables, jnp.float32)
@@ -100,8 +102,9 @@ def shapley_credit(tables: np.ndarray, method: str = "exact", keys: jax.Array | 
     num_players = int(tables.shape[-1]).bit_length() - 1
 
     def one(table, key):
-        return kernels.sampled_shapley_values(lambda c: table[kernels.coalition_index(c)], num_players, key,
-                                        num_permutations)[0]
+        return kernels.sampled_shapley_values(
+            lambda c: table[kernels.coalition_index(c)], num_players, key, num_permutations
+        )[0]
 
     return np.asarray(jax.vmap(one)(tables, keys))
 
@@ -141,7 +144,9 @@ class SharpConfig(WorkflowSettings):
 
     kind: Literal["sharp"] = "sharp"
     planner: str = Field("planner", description="agent that splits the task into one sub-task per worker")
-    workers: list[str] = Field(min_length=1, description="agents writing the sub-tasks; the last the entry point")
+    workers: list[str] = Field(
+        min_length=1, description="agents writing the sub-tasks; the last the entry point"
+    )
     group_size: int = Field(4, ge=2, description="episodes per problem")
     shapley: Literal["exact", "sampled"] = "exact"
     num_permutations: int = Field(8, ge=1, description="sampled: random orders (each with its reverse)")
@@ -155,8 +160,10 @@ class SharpConfig(WorkflowSettings):
         if len(set(names)) != len(names):
             raise ValueError(f"planner and workers must be different agents, got {names}")
         if self.shapley == "exact" and len(self.workers) > MAX_EXACT_WORKERS:
-            raise ValueError(f"exact Shapley over {len(self.workers)} workers runs 2^{len(self.workers)} "
-                             f"programs per episode; use shapley: sampled beyond {MAX_EXACT_WORKERS}")
+            raise ValueError(
+                f"exact Shapley over {len(self.workers)} workers runs 2^{len(self.workers)} "
+                f"programs per episode; use shapley: sampled beyond {MAX_EXACT_WORKERS}"
+            )
         return self
 
     def check_agents(self, agents):
@@ -169,12 +176,22 @@ class SharpConfig(WorkflowSettings):
 class SharpWorkflow(Workflow[SharpConfig]):
     def _plan_prompt(self, planner: Agent, problem: Problem) -> str:
         W, fn = len(self.cfg.workers), problem.entry_point
-        last = f"sub-task {W} writes the entry point `{fn}`" if fn else f"sub-task {W} writes the main program"
-        return planner.render_in_context(problem.prompt, feedback=f"Split the task into {W} sub-tasks, one per "
-                                                                  f"worker, as a numbered list 1..{W}; {last}.")
+        last = (
+            f"sub-task {W} writes the entry point `{fn}`" if fn else f"sub-task {W} writes the main program"
+        )
+        return planner.render_in_context(
+            problem.prompt,
+            feedback=f"Split the task into {W} sub-tasks, one per worker, as a numbered list 1..{W}; {last}.",
+        )
 
-    def _team(self, problems: Sequence[Problem], agents: Mapping[str, Agent], generator: Generator, seed: int,
-              G: int) -> list[Trajectory]:
+    def _team(
+        self,
+        problems: Sequence[Problem],
+        agents: Mapping[str, Agent],
+        generator: Generator,
+        seed: int,
+        G: int,
+    ) -> list[Trajectory]:
         """Two generate calls: all plans, then every worker of every episode."""
         c = self.cfg
         planner, workers, W = agents[c.planner], [agents[w] for w in c.workers], len(c.workers)
@@ -185,16 +202,25 @@ class SharpWorkflow(Workflow[SharpConfig]):
             items = parse_plan(t.plan.text)
             for i, w in enumerate(workers):
                 task = items.get(i + 1, "(the plan lists no such sub-task: follow the plan as a whole)")
-                requests.append((w, w.render_in_context(
-                    t.problem.prompt, history=f"Plan:\n{t.plan.text}",
-                    feedback=f"You are worker {i + 1} of {W}. Write only sub-task {i + 1}: {task}\n"
-                             "Reply with Python code in a ```python block.")))
+                requests.append(
+                    (
+                        w,
+                        w.render_in_context(
+                            t.problem.prompt,
+                            history=f"Plan:\n{t.plan.text}",
+                            feedback=f"You are worker {i + 1} of {W}. Write only sub-task {i + 1}: {task}\n"
+                            "Reply with Python code in a ```python block.",
+                        ),
+                    )
+                )
         gens = generator.generate(requests, 1, derive_seed(seed, 1, "stage"))
         for k, t in enumerate(trajs):
-            t.work = [g for (g,) in gens[k * W:(k + 1) * W]]
+            t.work = [g for (g,) in gens[k * W : (k + 1) * W]]
         return trajs
 
-    def _values(self, trajs: list[Trajectory], verifier: Verifier, needed: list[list[int]]) -> tuple[np.ndarray, int]:
+    def _values(
+        self, trajs: list[Trajectory], verifier: Verifier, needed: list[list[int]]
+    ) -> tuple[np.ndarray, int]:
         """`[N, 2^W]` worker-coalition values (NaN where not needed) and the number of programs run:
         one sandbox batch, each distinct program of a problem run once."""
         for t in trajs:
@@ -216,8 +242,14 @@ class SharpWorkflow(Workflow[SharpConfig]):
             tables[n, m] = res.pass_fraction()
         return tables, len(set(keys))
 
-    def rollout(self, problems: Sequence[Problem], agents: Mapping[str, Agent], generator: Generator,
-                verifier: Verifier, seed: int) -> Rollout:
+    def rollout(
+        self,
+        problems: Sequence[Problem],
+        agents: Mapping[str, Agent],
+        generator: Generator,
+        verifier: Verifier,
+        seed: int,
+    ) -> Rollout:
         c, G = self.cfg, self.cfg.group_size
         W, P = len(c.workers), len(problems)
         trajs = self._team(problems, agents, generator, seed, G)
@@ -225,25 +257,51 @@ class SharpWorkflow(Workflow[SharpConfig]):
         if c.shapley == "exact":
             needed = [list(range(1 << W))] * len(trajs)
         else:  # the worker coalitions the permutations visit with the planner in, plus the empty and full teams
-            keys = jax.vmap(lambda n: jax.random.fold_in(jax.random.PRNGKey(seed % 2**31), n))(jnp.arange(len(trajs)))
-            needed = [sorted({s >> 1 for s in seen if s & 1} | {0, full})
-                      for seen in sampled_coalitions(W + 1, keys, c.num_permutations)]
+            keys = jax.vmap(lambda n: jax.random.fold_in(jax.random.PRNGKey(seed % 2**31), n))(
+                jnp.arange(len(trajs))
+            )
+            needed = [
+                sorted({s >> 1 for s in seen if s & 1} | {0, full})
+                for seen in sampled_coalitions(W + 1, keys, c.num_permutations)
+            ]
         worker_tables, programs_run = self._values(trajs, verifier, needed)
-        credit = shapley_credit(np.stack([team_value_table(w) for w in worker_tables]), c.shapley, keys,
-                                c.num_permutations)
+        credit = shapley_credit(
+            np.stack([team_value_table(w) for w in worker_tables]), c.shapley, keys, c.num_permutations
+        )
         outcome = worker_tables[:, full]
-        process = np.stack([process_rewards(t.plan.text, [g.text for g in t.work], t.problem.entry_point)
-                            for t in trajs])
-        rewards = np.asarray(kernels.sharp_rewards(jnp.asarray(outcome), jnp.asarray(credit), jnp.asarray(process),
-                                                   global_weight=c.global_weight, shapley_weight=c.shapley_weight,
-                                                   process_weight=c.process_weight))
+        process = np.stack(
+            [process_rewards(t.plan.text, [g.text for g in t.work], t.problem.entry_point) for t in trajs]
+        )
+        rewards = np.asarray(
+            kernels.sharp_rewards(
+                jnp.asarray(outcome),
+                jnp.asarray(credit),
+                jnp.asarray(process),
+                global_weight=c.global_weight,
+                shapley_weight=c.shapley_weight,
+                process_weight=c.process_weight,
+            )
+        )
         groups = jnp.asarray([t.group for t in trajs], jnp.int32)
         advantages = np.asarray(kernels.sharp_advantages(jnp.asarray(rewards), groups, P))
         team = [agents[c.planner]] + [agents[w] for w in c.workers]
-        ids = [dict(problem=t.problem.id, episode=n, node=k, parent=-1 if k == 0 else 0, depth=min(k, 1),
-                    turn=min(k, 1)) for n, t in enumerate(trajs) for k in range(len(team))]
-        extras = {"team/reward": float(outcome.mean()), "team/pass_rate": float((outcome == 1.0).mean()),
-                  "team/programs_run": float(programs_run)}
+        ids = [
+            dict(
+                problem=t.problem.id,
+                episode=n,
+                node=k,
+                parent=-1 if k == 0 else 0,
+                depth=min(k, 1),
+                turn=min(k, 1),
+            )
+            for n, t in enumerate(trajs)
+            for k in range(len(team))
+        ]
+        extras = {
+            "team/reward": float(outcome.mean()),
+            "team/pass_rate": float((outcome == 1.0).mean()),
+            "team/programs_run": float(programs_run),
+        }
         for k, a in enumerate(team):
             extras[f"agent/{a.name}/shapley"] = float(credit[:, k].mean())
             extras[f"agent/{a.name}/process"] = float(process[:, k].mean())
@@ -251,13 +309,27 @@ class SharpWorkflow(Workflow[SharpConfig]):
         extras.update(grouped_diversity(programs, "team"))
         # every agent of a trajectory is credited with its team's program: it passes when that program does
         passed = np.repeat(outcome == 1.0, len(team))
-        return Rollout([g for t in trajs for g in (t.plan, *t.work)], ids, rewards.reshape(-1),
-                       advantages.reshape(-1), passed, extras)
+        return Rollout(
+            [g for t in trajs for g in (t.plan, *t.work)],
+            ids,
+            rewards.reshape(-1),
+            advantages.reshape(-1),
+            passed,
+            extras,
+        )
 
-    def evaluate(self, problems: Sequence[Problem], agents: Mapping[str, Agent], generator: Generator,
-                 verifier: Verifier) -> dict[str, float]:
+    def evaluate(
+        self,
+        problems: Sequence[Problem],
+        agents: Mapping[str, Agent],
+        generator: Generator,
+        verifier: Verifier,
+    ) -> dict[str, float]:
         """One (greedy, with a greedy generator) team program per held-out problem: pass@1."""
         trajs = self._team(problems, agents, generator, 0, 1)
         full = (1 << len(self.cfg.workers)) - 1
         outcome = self._values(trajs, verifier, [[full]] * len(trajs))[0][:, full]
-        return {"eval/team/pass_at_1": float((outcome == 1.0).mean()), "eval/team/reward": float(outcome.mean())}
+        return {
+            "eval/team/pass_at_1": float((outcome == 1.0).mean()),
+            "eval/team/reward": float(outcome.mean()),
+        }

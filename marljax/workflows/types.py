@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import jax.numpy as jnp
 import numpy as np
@@ -67,23 +68,32 @@ class Sample:
         self.completion_ids = np.asarray(self.completion_ids, np.int32).reshape(-1)
         self.sampling_logprobs = np.asarray(self.sampling_logprobs, np.float32).reshape(-1)
         if self.sampling_logprobs.shape != self.completion_ids.shape:
-            raise ValueError(f"sampling_logprobs has shape {self.sampling_logprobs.shape}, "
-                             f"completion_ids {self.completion_ids.shape}: one log-prob per completion token")
+            raise ValueError(
+                f"sampling_logprobs has shape {self.sampling_logprobs.shape}, "
+                f"completion_ids {self.completion_ids.shape}: one log-prob per completion token"
+            )
         unknown = set(self.ids) - set(ID_FIELDS)
         if unknown:
             raise ValueError(f"unknown sample ids {sorted(unknown)}; known: {ID_FIELDS}")
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-able dict (for the loop checkpoint); `from_json` inverts it exactly."""
-        return {"prompt_ids": self.prompt_ids.tolist(), "completion_ids": self.completion_ids.tolist(),
-                # float32 -> float64 -> JSON text -> float64 -> float32 is exact
-                "sampling_logprobs": [float(x) for x in self.sampling_logprobs],
-                "reward": float(self.reward), "advantage": float(self.advantage), "agent": self.agent,
-                "policy": self.policy, "version": int(self.version), "ids": dict(self.ids),
-                "passed": float(self.passed)}
+        return {
+            "prompt_ids": self.prompt_ids.tolist(),
+            "completion_ids": self.completion_ids.tolist(),
+            # float32 -> float64 -> JSON text -> float64 -> float32 is exact
+            "sampling_logprobs": [float(x) for x in self.sampling_logprobs],
+            "reward": float(self.reward),
+            "advantage": float(self.advantage),
+            "agent": self.agent,
+            "policy": self.policy,
+            "version": int(self.version),
+            "ids": dict(self.ids),
+            "passed": float(self.passed),
+        }
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> "Sample":
+    def from_json(cls, data: dict[str, Any]) -> Sample:
         return cls(**data)
 
 
@@ -109,8 +119,13 @@ class Rollout:
         object.__setattr__(self, "rewards", np.asarray(self.rewards, np.float64).reshape(-1))
         object.__setattr__(self, "advantages", np.asarray(self.advantages, np.float32).reshape(-1))
         object.__setattr__(self, "passed", np.asarray(self.passed, np.float32).reshape(-1))
-        sizes = {"generations": len(self.generations), "ids": len(self.ids), "rewards": len(self.rewards),
-                 "advantages": len(self.advantages), "passed": len(self.passed)}
+        sizes = {
+            "generations": len(self.generations),
+            "ids": len(self.ids),
+            "rewards": len(self.rewards),
+            "advantages": len(self.advantages),
+            "passed": len(self.passed),
+        }
         if len(set(sizes.values())) > 1:
             raise ValueError(f"a rollout needs one entry per completion in each field, got sizes {sizes}")
 
@@ -137,10 +152,21 @@ class Rollout:
 
     @functools.cached_property
     def samples(self) -> list[Sample]:
-        return [Sample(g.prompt_ids, g.completion_ids, g.logprobs, reward=float(self.rewards[i]),
-                       advantage=float(self.advantages[i]), agent=g.agent, policy=g.policy, version=g.version,
-                       ids=dict(self.ids[i]), passed=float(self.passed[i]))
-                for i, g in enumerate(self.generations)]
+        return [
+            Sample(
+                g.prompt_ids,
+                g.completion_ids,
+                g.logprobs,
+                reward=float(self.rewards[i]),
+                advantage=float(self.advantages[i]),
+                agent=g.agent,
+                policy=g.policy,
+                version=g.version,
+                ids=dict(self.ids[i]),
+                passed=float(self.passed[i]),
+            )
+            for i, g in enumerate(self.generations)
+        ]
 
     @property
     def metrics(self) -> dict[str, float]:
@@ -149,7 +175,9 @@ class Rollout:
         common = {**agent_metrics(self), **amplification_metrics(self)}
         clash = sorted(set(common) & set(self.extras))
         if clash:
-            raise ValueError(f"workflow metrics {clash} are computed from the rollout; leave them out of extras")
+            raise ValueError(
+                f"workflow metrics {clash} are computed from the rollout; leave them out of extras"
+            )
         return {**common, **self.extras}
 
 
@@ -160,10 +188,14 @@ def agent_metrics(rollout: Rollout) -> dict[str, float]:
     advantages = rollout.advantages.astype(np.float64)
     for k, name in enumerate(rollout.agent_names):
         mine = rollout.agent_ids == k
-        out.update({f"agent/{name}/reward": float(rollout.rewards[mine].mean()),
-                    f"agent/{name}/pass_rate": float(rollout.passed[mine].astype(np.float64).mean()),
-                    f"agent/{name}/adv_mean": float(advantages[mine].mean()),
-                    f"agent/{name}/adv_std": float(advantages[mine].std())})
+        out.update(
+            {
+                f"agent/{name}/reward": float(rollout.rewards[mine].mean()),
+                f"agent/{name}/pass_rate": float(rollout.passed[mine].astype(np.float64).mean()),
+                f"agent/{name}/adv_mean": float(advantages[mine].mean()),
+                f"agent/{name}/adv_std": float(advantages[mine].std()),
+            }
+        )
     return out
 
 
@@ -174,6 +206,7 @@ def amplification_metrics(rollout: Rollout) -> dict[str, float]:
     names = rollout.agent_names
     if len(names) < 2:
         return {}
-    factor = kernels.amplification_factor(jnp.asarray(rollout.rewards, jnp.float32), jnp.asarray(rollout.agent_ids),
-                                          len(names))
+    factor = kernels.amplification_factor(
+        jnp.asarray(rollout.rewards, jnp.float32), jnp.asarray(rollout.agent_ids), len(names)
+    )
     return {f"agent/{name}/amplification": float(f) for name, f in zip(names, np.asarray(factor))}

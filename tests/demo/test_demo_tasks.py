@@ -20,11 +20,13 @@ def test_step_tasks_state_every_operation_and_their_references_pass():
     tasks = [make_step_task(k, steps) for k in range(12) for steps in (1, 3)]
     res = run_many([t.program(t.reference) for t in tasks], limits=Limits(test_timeout_s=5))
     assert all(r.passed for r in res)
+
     # hand-checked task: "multiply x by 3, then add 2" on x = 4 gives 14
     def apply(src, x):
         scope = {}
         exec(src, scope)  # our own reference, not generated text
         return scope["f"](x)
+
     assert apply("def f(x):\n    x = x * 3\n    x = x + 2\n    return x\n", 4) == 14
     for args, out in t.public + t.private:
         assert apply(t.reference, *args) == out
@@ -54,20 +56,29 @@ def test_broken_attempts_fail_and_refinement_pairs_carry_real_feedback():
 
 def test_teacher_slips_at_its_rate_and_every_slipped_program_fails():
     from marljax.demo.teacher import slip, teacher_completion
-    from marljax.rewards import SandboxPool
+    from marljax.rewards import SandboxPool, score_texts
     from marljax.train.sft import reference_completion
-    from marljax.rewards import score_texts
 
-    by_hand = {"x = x // 3": "x = x / 3", "x = x - 4": "x = 4 - x", "x = max(x, 5)": "x = min(x, 5)",
-               "x = min(x, 5)": "x = max(x, 5)", "x = x * 3": "x = x ** 3", "x = x % 7": "x = x // 7",
-               "x = x * x": "x = x * 2", "x = abs(x)": "x = -x", "x = x + 2": "x = x + 2"}
+    by_hand = {
+        "x = x // 3": "x = x / 3",
+        "x = x - 4": "x = 4 - x",
+        "x = max(x, 5)": "x = min(x, 5)",
+        "x = min(x, 5)": "x = max(x, 5)",
+        "x = x * 3": "x = x ** 3",
+        "x = x % 7": "x = x // 7",
+        "x = x * x": "x = x * 2",
+        "x = abs(x)": "x = -x",
+        "x = x + 2": "x = x + 2",
+    }
     for line, wrong in by_hand.items():
-        assert slip(f"def f(x):\n    {line}\n    return x\n", random.Random(0), 1.0) == \
-            f"def f(x):\n    {wrong}\n    return x\n"
+        assert (
+            slip(f"def f(x):\n    {line}\n    return x\n", random.Random(0), 1.0)
+            == f"def f(x):\n    {wrong}\n    return x\n"
+        )
 
     problems = steps_problems(160, seed=11, steps=1)
     code = [p.fields["solution"] for p in problems]
-    slippable = [not ("x = x + " in c) for c in code]  # adding is the one step without a slip
+    slippable = ["x = x + " not in c for c in code]  # adding is the one step without a slip
     assert all(teacher_completion(p, 0.0) == reference_completion(p) for p in problems)
     always = [teacher_completion(p, 1.0) for p in problems]
     assert [a != reference_completion(p) for a, p in zip(always, problems)] == slippable

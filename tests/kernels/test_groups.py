@@ -55,7 +55,9 @@ def test_hand_computed_grpo():
     # group 0: [1, 2, 3] mean 2, unbiased std 1; group 1: [10, 10] std 0; group 2 singleton.
     r = jnp.array([1.0, 2.0, 3.0, 10.0, 10.0, 5.0])
     g = jnp.array([0, 0, 0, 1, 1, 2])
-    np.testing.assert_allclose(K.grpo_advantages(r, g, 3), [-1 / (1 + 1e-6), 0, 1 / (1 + 1e-6), 0, 0, 0], atol=1e-7)
+    np.testing.assert_allclose(
+        K.grpo_advantages(r, g, 3), [-1 / (1 + 1e-6), 0, 1 / (1 + 1e-6), 0, 0, 0], atol=1e-7
+    )
     np.testing.assert_allclose(K.dr_grpo_advantages(r, g, 3), [-1, 0, 1, 0, 0, 0])
     # RLOO: 1 - (2+3)/2 = -1.5, 2 - 2 = 0, 3 - 1.5 = 1.5.
     np.testing.assert_allclose(K.rloo_advantages(r, g, 3), [-1.5, 0, 1.5, 0, 0, 0])
@@ -75,7 +77,14 @@ def test_hand_computed_with_mask_and_ddof0():
 @given(ragged_batches(), st.sampled_from(["mean", "loo", "none"]), st.sampled_from(["std", "none"]))
 def test_matches_reference(batch, center, scale):
     rewards, group_ids, mask, num_groups = batch
-    got = K.group_advantages(jnp.asarray(rewards), jnp.asarray(group_ids), num_groups, jnp.asarray(mask), center=center, scale=scale)
+    got = K.group_advantages(
+        jnp.asarray(rewards),
+        jnp.asarray(group_ids),
+        num_groups,
+        jnp.asarray(mask),
+        center=center,
+        scale=scale,
+    )
     want = reference(rewards, group_ids, mask, center, scale)
     np.testing.assert_allclose(got, want, rtol=2e-4, atol=2e-4)
 
@@ -84,7 +93,11 @@ def test_matches_reference(batch, center, scale):
 @given(ragged_batches())
 def test_zero_mean_unit_std_per_group(batch):
     rewards, group_ids, mask, num_groups = batch
-    adv = np.asarray(K.group_advantages(jnp.asarray(rewards), jnp.asarray(group_ids), num_groups, jnp.asarray(mask), eps=0.0))
+    adv = np.asarray(
+        K.group_advantages(
+            jnp.asarray(rewards), jnp.asarray(group_ids), num_groups, jnp.asarray(mask), eps=0.0
+        )
+    )
     for g in range(num_groups):
         sel = (group_ids == g) & mask
         r = rewards[sel].astype(np.float64)
@@ -98,15 +111,30 @@ def test_zero_mean_unit_std_per_group(batch):
 @given(ragged_batches(), st.floats(-50, 50), st.floats(0.1, 20))
 def test_invariant_to_shift_and_scale(batch, shift, factor):
     rewards, group_ids, mask, num_groups = batch
-    base = K.group_advantages(jnp.asarray(rewards), jnp.asarray(group_ids), num_groups, jnp.asarray(mask), eps=0.0)
-    moved = K.group_advantages(jnp.asarray((rewards * factor + shift).astype(np.float32)), jnp.asarray(group_ids), num_groups, jnp.asarray(mask), eps=0.0)
-    spread = np.array([np.ptp(rewards[(group_ids == g) & mask]) if ((group_ids == g) & mask).any() else 1.0 for g in group_ids])
+    base = K.group_advantages(
+        jnp.asarray(rewards), jnp.asarray(group_ids), num_groups, jnp.asarray(mask), eps=0.0
+    )
+    moved = K.group_advantages(
+        jnp.asarray((rewards * factor + shift).astype(np.float32)),
+        jnp.asarray(group_ids),
+        num_groups,
+        jnp.asarray(mask),
+        eps=0.0,
+    )
+    spread = np.array(
+        [
+            np.ptp(rewards[(group_ids == g) & mask]) if ((group_ids == g) & mask).any() else 1.0
+            for g in group_ids
+        ]
+    )
     ok = spread > 1e-2  # groups of (near-)equal rewards are ill-conditioned under rounding
     np.testing.assert_allclose(np.asarray(moved)[ok], np.asarray(base)[ok], rtol=1e-3, atol=1e-3)
 
 
 @SETTINGS
-@given(ragged_batches(), st.one_of(st.floats(-1e6, 1e6, width=32), st.just(float("nan")), st.just(float("inf"))))
+@given(
+    ragged_batches(), st.one_of(st.floats(-1e6, 1e6, width=32), st.just(float("nan")), st.just(float("inf")))
+)
 def test_masked_entries_change_nothing(batch, garbage):
     rewards, group_ids, mask, num_groups = batch
     dirty = np.where(mask, rewards, np.float32(garbage))
@@ -123,7 +151,9 @@ def test_permutation_equivariant(batch, rnd):
     perm = np.arange(len(rewards))
     rnd.shuffle(perm)
     a = K.group_advantages(jnp.asarray(rewards), jnp.asarray(group_ids), num_groups, jnp.asarray(mask))
-    b = K.group_advantages(jnp.asarray(rewards[perm]), jnp.asarray(group_ids[perm]), num_groups, jnp.asarray(mask[perm]))
+    b = K.group_advantages(
+        jnp.asarray(rewards[perm]), jnp.asarray(group_ids[perm]), num_groups, jnp.asarray(mask[perm])
+    )
     np.testing.assert_allclose(np.asarray(a)[perm], b, rtol=1e-5, atol=1e-5)
 
 
@@ -133,7 +163,9 @@ def test_jit_equals_eager(batch):
     rewards, group_ids, mask, num_groups = batch
     fn = jax.jit(K.group_advantages, static_argnums=2, static_argnames=("center", "scale", "eps", "ddof"))
     args = (jnp.asarray(rewards), jnp.asarray(group_ids), num_groups, jnp.asarray(mask))
-    np.testing.assert_allclose(fn(*args, center="loo"), K.group_advantages(*args, center="loo"), rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(
+        fn(*args, center="loo"), K.group_advantages(*args, center="loo"), rtol=1e-6, atol=1e-6
+    )
 
 
 @SETTINGS
@@ -145,10 +177,28 @@ def test_jit_equals_eager(batch):
 def test_dense_equals_ragged_and_vmap_equals_loop(rewards, mask, center):
     dense = K.dense_group_advantages(jnp.asarray(rewards), jnp.asarray(mask), center=center)
     num_agents, num_turns, size = rewards.shape
-    ids = (np.arange(num_agents)[:, None, None] * num_turns + np.arange(num_turns)[None, :, None]) * np.ones(size, int)
-    ragged = K.group_advantages(jnp.asarray(rewards.reshape(-1)), jnp.asarray(ids.reshape(-1), jnp.int32), num_agents * num_turns, jnp.asarray(mask.reshape(-1)), center=center)
+    ids = (np.arange(num_agents)[:, None, None] * num_turns + np.arange(num_turns)[None, :, None]) * np.ones(
+        size, int
+    )
+    ragged = K.group_advantages(
+        jnp.asarray(rewards.reshape(-1)),
+        jnp.asarray(ids.reshape(-1), jnp.int32),
+        num_agents * num_turns,
+        jnp.asarray(mask.reshape(-1)),
+        center=center,
+    )
     np.testing.assert_allclose(dense.reshape(-1), ragged, rtol=1e-5, atol=1e-5)
-    loop = np.stack([np.stack([K.normalize_group(jnp.asarray(rewards[a, t]), jnp.asarray(mask[a, t]), center=center) for t in range(num_turns)]) for a in range(num_agents)])
+    loop = np.stack(
+        [
+            np.stack(
+                [
+                    K.normalize_group(jnp.asarray(rewards[a, t]), jnp.asarray(mask[a, t]), center=center)
+                    for t in range(num_turns)
+                ]
+            )
+            for a in range(num_agents)
+        ]
+    )
     np.testing.assert_allclose(dense, loop, rtol=1e-6, atol=1e-6)
 
 
@@ -159,7 +209,9 @@ def test_vmap_over_batches_equals_loop():
     fn = jax.vmap(functools.partial(K.group_advantages, num_groups=3))
     batched = fn(jnp.asarray(rewards), jnp.asarray(ids))
     for b in range(4):
-        np.testing.assert_allclose(batched[b], K.group_advantages(jnp.asarray(rewards[b]), jnp.asarray(ids[b]), 3), rtol=1e-6)
+        np.testing.assert_allclose(
+            batched[b], K.group_advantages(jnp.asarray(rewards[b]), jnp.asarray(ids[b]), 3), rtol=1e-6
+        )
 
 
 def test_singleton_groups_get_zero_and_identity_passes_rewards():
@@ -211,12 +263,25 @@ def test_bad_input_names_the_argument(call, match):
 
 
 @SETTINGS
-@given(st.floats(-1e4, 1e4, width=32), st.integers(2, 9), hnp.arrays(np.bool_, (2, 3, 9)), st.sampled_from(["mean", "loo"]))
+@given(
+    st.floats(-1e4, 1e4, width=32),
+    st.integers(2, 9),
+    hnp.arrays(np.bool_, (2, 3, 9)),
+    st.sampled_from(["mean", "loo"]),
+)
 def test_constant_groups_give_exact_zeros(value, size, mask, center):
     # Rounding in the mean must not be blown up by the (near-zero) std division.
     rewards = np.full((2, 3, size), value, np.float32)
     mask = mask[..., :size]
     dense = np.asarray(K.dense_group_advantages(jnp.asarray(rewards), jnp.asarray(mask), center=center))
     ids = np.repeat(np.arange(6), size).astype(np.int32)
-    ragged = np.asarray(K.group_advantages(jnp.asarray(rewards.reshape(-1)), jnp.asarray(ids), 6, jnp.asarray(mask.reshape(-1)), center=center))
+    ragged = np.asarray(
+        K.group_advantages(
+            jnp.asarray(rewards.reshape(-1)),
+            jnp.asarray(ids),
+            6,
+            jnp.asarray(mask.reshape(-1)),
+            center=center,
+        )
+    )
     assert np.all(dense == 0) and np.all(ragged == 0)

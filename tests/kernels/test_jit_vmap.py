@@ -1,6 +1,5 @@
 """Every advantage estimator: jit equals eager, and vmap over a batch equals a Python loop."""
 
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -18,13 +17,17 @@ CASES = {
     "grpo": lambda r, i, m: K.grpo_advantages(r, i, 3, m),
     "dr_grpo": lambda r, i, m: K.dr_grpo_advantages(r, i, 3, m),
     "rloo": lambda r, i, m: K.rloo_advantages(r, i, 3, m),
-    "at_grpo": lambda r, i, m: K.at_grpo_advantages(r, i, i % 2, (i + 1) % 2, num_problems=3, num_turns=2, num_agents=2, mask=m),
+    "at_grpo": lambda r, i, m: K.at_grpo_advantages(
+        r, i, i % 2, (i + 1) % 2, num_problems=3, num_turns=2, num_agents=2, mask=m
+    ),
     "mars2": lambda r, i, m: K.mars2_advantages(r, i, 3, m),
     "dr_mas": lambda r, i, m: K.dr_mas_advantages(r, i, 3, m)[0],
     "dr_mas_grouped": lambda r, i, m: K.dr_mas_advantages(r, i % 2, 2, m, group_ids=i, num_groups=3)[0],
     "amplification": lambda r, i, m: K.amplification_factor(r, i, 3, m),
     "tree_returns": lambda r, i, m: K.tree_returns(r, jnp.arange(N) // 2 - 1, gamma=0.9, max_depth=4, mask=m),
-    "magrpo": lambda r, i, m: K.magrpo_advantages(r, jnp.arange(N) // 2 - 1, jnp.arange(N) % 2, num_agents=2, group_size=2, mask=m),
+    "magrpo": lambda r, i, m: K.magrpo_advantages(
+        r, jnp.arange(N) // 2 - 1, jnp.arange(N) % 2, num_agents=2, group_size=2, mask=m
+    ),
     "sharp": lambda r, i, m: K.sharp_advantages(r.reshape(6, 2), i[:6], 3, m.reshape(6, 2)),
 }
 
@@ -32,7 +35,9 @@ CASES = {
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_jit_and_vmap(name):
     fn = CASES[name]
-    eager = [np.asarray(fn(jnp.asarray(r), jnp.asarray(i), jnp.asarray(m))) for r, i, m in zip(REWARDS, IDS, MASK)]
+    eager = [
+        np.asarray(fn(jnp.asarray(r), jnp.asarray(i), jnp.asarray(m))) for r, i, m in zip(REWARDS, IDS, MASK)
+    ]
     jitted = [np.asarray(jax.jit(fn)(r, i, m)) for r, i, m in zip(REWARDS, IDS, MASK)]
     batched = np.asarray(jax.jit(jax.vmap(fn))(REWARDS, IDS, MASK))
     for b in range(3):

@@ -15,9 +15,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from _numeric import np_fd_grad
 from hypothesis import given, settings
 
-from _numeric import np_fd_grad
 from marljax.kernels.losses import AGG_MODES, aggregate_loss, policy_loss, policy_loss_per_token, tis_weights
 
 PROPS = settings(max_examples=20, deadline=None)
@@ -87,7 +87,7 @@ def random_batch(seed, n, length, scale=0.3, per_token_adv=False, empty_row=Fals
     return logp, logp_old, adv, mask
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def jk(fn, **opts):
     """`fn` jitted with static options `opts` (one compile per option set; faster than eager here)."""
     return jax.jit(functools.partial(fn, **opts))
@@ -138,10 +138,14 @@ def test_gspo_hand_case():
     mask = jnp.array([[True, True, False]])
     adv = jnp.array([1.0])
     for loss_type in ("gspo", "gspo-token"):
-        loss, metrics = jk(policy_loss, loss_type=loss_type, clip_low=0.5, clip_high=0.5)(logp, logp_old, adv, mask)
+        loss, metrics = jk(policy_loss, loss_type=loss_type, clip_low=0.5, clip_high=0.5)(
+            logp, logp_old, adv, mask
+        )
         assert loss == pytest.approx(-math.exp(0.2), rel=1e-6)
         assert metrics["ratio_mean"] == pytest.approx(math.exp(0.2), rel=1e-6)
-        loss, metrics = jk(policy_loss, loss_type=loss_type, clip_low=0.1, clip_high=0.1)(logp, logp_old, adv, mask)
+        loss, metrics = jk(policy_loss, loss_type=loss_type, clip_low=0.1, clip_high=0.1)(
+            logp, logp_old, adv, mask
+        )
         assert loss == pytest.approx(-1.1, rel=1e-6)
         assert metrics["clip_frac"] == 1.0
     # Gradient of -s w.r.t. each valid logp_t is -s / 2; padding gets 0.
@@ -175,7 +179,7 @@ def test_aggregate_hand_case_and_empty_rows():
     nothing = jnp.zeros((2, 3), bool)
     for mode in AGG_MODES:
         assert aggregate_loss(loss[:2], nothing, mode) == 0.0
-        g = jax.jit(jax.grad(lambda x: aggregate_loss(x, nothing, mode)))(loss[:2])
+        g = jax.jit(jax.grad(functools.partial(aggregate_loss, mask=nothing, mode=mode)))(loss[:2])
         assert np.all(np.isfinite(g))
 
 
@@ -243,10 +247,19 @@ def test_policy_loss_value_and_grad_match_numpy_finite_differences(loss_type, mo
         return np_aggregate(tokens, mask, mode)
 
     with jax.enable_x64(True):
-        f = lambda x: policy_loss(  # noqa: E731
-            x, jnp.asarray(logp_old), jnp.asarray(adv_tok), jnp.asarray(mask),
-            loss_type=loss_type, agg_mode=mode, importance_weights=jnp.asarray(weights), **opts,
-        )[0]
+
+        def f(x):
+            return policy_loss(
+                x,
+                jnp.asarray(logp_old),
+                jnp.asarray(adv_tok),
+                jnp.asarray(mask),
+                loss_type=loss_type,
+                agg_mode=mode,
+                importance_weights=jnp.asarray(weights),
+                **opts,
+            )[0]
+
         value, grad = jax.value_and_grad(f)(jnp.asarray(logp))
         assert value.dtype == jnp.float64
     np.testing.assert_allclose(value, reference(logp), rtol=1e-10, atol=1e-12)
@@ -280,14 +293,29 @@ def test_policy_loss_grad_matches_torch_autograd(loss_type, per_token_adv):
     adv_full = adv if per_token_adv else np.repeat(adv[:, None], 5, axis=1)
     t_logp = torch.tensor(logp, dtype=torch.float64, requires_grad=True)
     t_loss = _torch_policy_loss(
-        torch, t_logp, torch.tensor(logp_old), torch.tensor(adv_full), torch.tensor(mask), loss_type, 0.1, 0.15, 2.0
+        torch,
+        t_logp,
+        torch.tensor(logp_old),
+        torch.tensor(adv_full),
+        torch.tensor(mask),
+        loss_type,
+        0.1,
+        0.15,
+        2.0,
     )
     t_loss.backward()
     with jax.enable_x64(True):
         value, grad = jax.value_and_grad(
             lambda x: policy_loss(
-                x, jnp.asarray(logp_old), jnp.asarray(adv), jnp.asarray(mask), loss_type=loss_type,
-                clip_low=0.1, clip_high=0.15, dual_clip=2.0, agg_mode="seq-mean-token-mean",
+                x,
+                jnp.asarray(logp_old),
+                jnp.asarray(adv),
+                jnp.asarray(mask),
+                loss_type=loss_type,
+                clip_low=0.1,
+                clip_high=0.15,
+                dual_clip=2.0,
+                agg_mode="seq-mean-token-mean",
             )[0]
         )(jnp.asarray(logp))
     np.testing.assert_allclose(value, t_loss.item(), rtol=1e-10)
@@ -304,7 +332,7 @@ def f32(*xs):
     return [jnp.asarray(x, jnp.float32) for x in xs]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def jitted_loss(grad=False, **opts):
     """Jitted policy_loss (optionally value_and_grad w.r.t. logp) with static options."""
 
@@ -314,7 +342,7 @@ def jitted_loss(grad=False, **opts):
     return jax.jit(jax.value_and_grad(f, has_aux=True) if grad else f)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def jitted_tokens(**opts):
     return jax.jit(lambda lp, lo, a, m: policy_loss_per_token(lp, lo, a, m, **opts)[0])
 
@@ -338,7 +366,8 @@ def test_inside_clip_range_ppo_is_plain_importance_weighted_pg(seed, clips):
     adv = rng.normal(size=SHAPE)
     mask = rng.random(SHAPE) < 0.7
     loss, metrics = jitted_loss(clip_low=eps_lo, clip_high=eps_hi, dual_clip=3.0)(
-        *f32(logp_old + log_ratio, logp_old, adv), jnp.asarray(mask), None)
+        *f32(logp_old + log_ratio, logp_old, adv), jnp.asarray(mask), None
+    )
     expected = (-adv * np.exp(log_ratio))[mask].sum() / max(mask.sum(), 1)
     np.testing.assert_allclose(loss, expected, rtol=1e-4, atol=1e-5)
     assert metrics["clip_frac"] == 0.0 and metrics["dual_clip_frac"] == 0.0
@@ -348,14 +377,16 @@ def test_inside_clip_range_ppo_is_plain_importance_weighted_pg(seed, clips):
 @given(seed=seeds, loss_type=st.sampled_from(["ppo", "gspo", "gspo-token"]))
 def test_clipping_never_increases_the_objective(seed, loss_type):
     logp, logp_old, adv, mask = property_batch(seed, scale=1.0, per_token_adv=True)
-    clipped = jitted_tokens(loss_type=loss_type, clip_low=0.2, clip_high=0.28)(*f32(logp, logp_old, adv),
-                                                                                 jnp.asarray(mask))
+    clipped = jitted_tokens(loss_type=loss_type, clip_low=0.2, clip_high=0.28)(
+        *f32(logp, logp_old, adv), jnp.asarray(mask)
+    )
     kind = "ppo" if loss_type == "ppo" else "gspo"
     unclipped = np_token_losses(logp, logp_old, adv, mask, kind, eps_lo=1.0, eps_hi=np.inf)  # -A r, no clip
     # loss = -objective: clipping can only raise the loss (lower the objective), token by token.
     assert np.all(np.asarray(clipped) >= unclipped - 1e-5)
-    np.testing.assert_allclose(clipped, np_token_losses(logp, logp_old, adv, mask, kind, 0.2, 0.28),
-                               rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(
+        clipped, np_token_losses(logp, logp_old, adv, mask, kind, 0.2, 0.28), rtol=1e-4, atol=1e-5
+    )
 
 
 @PROPS
@@ -393,7 +424,9 @@ GARBAGE = st.sampled_from([0.0, 1e30, -1e30, np.inf, -np.inf, np.nan])
 @given(seed=seeds, garbage=GARBAGE, loss_type=st.sampled_from(["ppo", "gspo", "gspo-token"]))
 def test_masked_tokens_change_nothing(seed, garbage, loss_type):
     # One aggregation per loss type keeps compiles few; aggregate_loss is checked in every mode below.
-    mode = {"ppo": "token-mean", "gspo": "seq-mean-token-mean", "gspo-token": "seq-mean-token-sum-norm"}[loss_type]
+    mode = {"ppo": "token-mean", "gspo": "seq-mean-token-mean", "gspo-token": "seq-mean-token-sum-norm"}[
+        loss_type
+    ]
     logp, logp_old, adv, mask = property_batch(seed, per_token_adv=True)
     w = np.random.default_rng(seed).uniform(0.5, 2.0, size=SHAPE)
     f = jitted_loss(True, loss_type=loss_type, agg_mode=mode, dual_clip=3.0)
@@ -407,8 +440,9 @@ def test_masked_tokens_change_nothing(seed, garbage, loss_type):
     for key in m1:
         np.testing.assert_array_equal(m1[key], m2[key], err_msg=key)
     for agg in AGG_MODES:
-        assert jitted_aggregate(*f32(dirty[0]), m, mode=agg) == jitted_aggregate(*f32(np.where(mask, logp, 0.0)), m,
-                                                                                  mode=agg)
+        assert jitted_aggregate(*f32(dirty[0]), m, mode=agg) == jitted_aggregate(
+            *f32(np.where(mask, logp, 0.0)), m, mode=agg
+        )
     wt, mt = jitted_tis(*f32(*dirty[:2]), m, level="sequence")
     wc, mc = jitted_tis(*f32(logp, logp_old), m, level="sequence")
     np.testing.assert_array_equal(wt, wc)
@@ -425,9 +459,14 @@ def test_aggregation_modes_agree_for_equal_lengths(seed, valid):
     close = functools.partial(np.testing.assert_allclose, rtol=1e-5, atol=1e-6)
     close(jitted_aggregate(loss, mask, mode="seq-mean-token-mean"), token_mean)
     close(jitted_aggregate(loss, mask, mode="seq-mean-token-sum") / valid, token_mean)
-    close(jitted_aggregate(loss, mask, mode="seq-mean-token-sum-norm", norm_constant=float(valid)), token_mean)
+    close(
+        jitted_aggregate(loss, mask, mode="seq-mean-token-sum-norm", norm_constant=float(valid)), token_mean
+    )
     full = jnp.ones(SHAPE, bool)
-    close(jitted_aggregate(loss, full, mode="seq-mean-token-sum-norm"), jitted_aggregate(loss, full, mode="token-mean"))
+    close(
+        jitted_aggregate(loss, full, mode="seq-mean-token-sum-norm"),
+        jitted_aggregate(loss, full, mode="token-mean"),
+    )
 
 
 @PROPS
@@ -436,13 +475,21 @@ def test_aggregate_matches_numpy_reference(seed, mode):
     rng = np.random.default_rng(seed)
     loss = rng.normal(size=SHAPE)
     mask = rng.random(SHAPE) < 0.5
-    np.testing.assert_allclose(jitted_aggregate(*f32(loss), jnp.asarray(mask), mode=mode),
-                               np_aggregate(loss, mask, mode), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(
+        jitted_aggregate(*f32(loss), jnp.asarray(mask), mode=mode),
+        np_aggregate(loss, mask, mode),
+        rtol=1e-5,
+        atol=1e-6,
+    )
 
 
 @PROPS
-@given(seed=seeds, level=st.sampled_from(["token", "sequence"]), mode=st.sampled_from(["truncate", "mask"]),
-       cap=st.sampled_from([1.5, 2.0, 5.0]))
+@given(
+    seed=seeds,
+    level=st.sampled_from(["token", "sequence"]),
+    mode=st.sampled_from(["truncate", "mask"]),
+    cap=st.sampled_from([1.5, 2.0, 5.0]),
+)
 def test_tis_matches_numpy_reference(seed, level, mode, cap):
     rng = np.random.default_rng(seed)
     trainer = -rng.uniform(0.1, 2.0, size=SHAPE)
@@ -466,8 +513,14 @@ def test_tis_matches_numpy_reference(seed, level, mode, cap):
 def test_jit_with_static_options_equals_eager():
     logp, logp_old, adv, mask = [jnp.asarray(x) for x in random_batch(3, 3, 5, scale=0.5)]
     logp, logp_old, adv = (x.astype(jnp.float32) for x in (logp, logp_old, adv))
-    opts = dict(loss_type="gspo-token", clip_low=0.1, clip_high=0.2, dual_clip=3.0, agg_mode="seq-mean-token-sum-norm",
-                norm_constant=8.0)
+    opts = dict(
+        loss_type="gspo-token",
+        clip_low=0.1,
+        clip_high=0.2,
+        dual_clip=3.0,
+        agg_mode="seq-mean-token-sum-norm",
+        norm_constant=8.0,
+    )
     jitted = jax.jit(policy_loss, static_argnames=STATIC)
     for o in (opts, dict(loss_type="ppo")):
         e, me = policy_loss(logp, logp_old, adv, mask, **o)
@@ -476,11 +529,17 @@ def test_jit_with_static_options_equals_eager():
         for key in me:
             np.testing.assert_allclose(me[key], mj[key], rtol=1e-6, err_msg=key)
     agg = jax.jit(aggregate_loss, static_argnames=("mode", "norm_constant"))
-    np.testing.assert_allclose(agg(logp, mask, mode="seq-mean-token-mean"),
-                               aggregate_loss(logp, mask, "seq-mean-token-mean"), rtol=1e-6)
+    np.testing.assert_allclose(
+        agg(logp, mask, mode="seq-mean-token-mean"),
+        aggregate_loss(logp, mask, "seq-mean-token-mean"),
+        rtol=1e-6,
+    )
     tis = jax.jit(tis_weights, static_argnames=("level", "cap", "mode", "lo", "hi"))
-    np.testing.assert_allclose(tis(logp, logp_old, mask, level="sequence", cap=3.0)[0],
-                               tis_weights(logp, logp_old, mask, level="sequence", cap=3.0)[0], rtol=1e-6)
+    np.testing.assert_allclose(
+        tis(logp, logp_old, mask, level="sequence", cap=3.0)[0],
+        tis_weights(logp, logp_old, mask, level="sequence", cap=3.0)[0],
+        rtol=1e-6,
+    )
 
 
 def test_vmap_equals_loop():
@@ -494,17 +553,27 @@ def test_vmap_equals_loop():
         np.testing.assert_allclose(losses[k], loss_k, rtol=1e-6)
         np.testing.assert_allclose(metrics["clip_frac"][k], metrics_k["clip_frac"], rtol=1e-6)
         np.testing.assert_allclose(
-            jax.vmap(lambda l, m: aggregate_loss(l, m, "seq-mean-token-mean"))(stack[0], stack[3])[k],
-            aggregate_loss(stack[0][k], stack[3][k], "seq-mean-token-mean"), rtol=1e-6)
+            jax.vmap(lambda x, m: aggregate_loss(x, m, "seq-mean-token-mean"))(stack[0], stack[3])[k],
+            aggregate_loss(stack[0][k], stack[3][k], "seq-mean-token-mean"),
+            rtol=1e-6,
+        )
         np.testing.assert_allclose(
-            jax.vmap(lambda a, b, m: tis_weights(a, b, m, level="sequence")[0])(stack[0], stack[1], stack[3])[k],
-            tis_weights(stack[0][k], stack[1][k], stack[3][k], level="sequence")[0], rtol=1e-6)
+            jax.vmap(lambda a, b, m: tis_weights(a, b, m, level="sequence")[0])(stack[0], stack[1], stack[3])[
+                k
+            ],
+            tis_weights(stack[0][k], stack[1][k], stack[3][k], level="sequence")[0],
+            rtol=1e-6,
+        )
 
 
 def test_bfloat16_inputs_are_computed_in_float32():
     logp, logp_old, adv, mask = random_batch(0, 2, 3)
-    loss, _ = policy_loss(jnp.asarray(logp, jnp.bfloat16), jnp.asarray(logp_old, jnp.bfloat16),
-                          jnp.asarray(adv, jnp.bfloat16), jnp.asarray(mask))
+    loss, _ = policy_loss(
+        jnp.asarray(logp, jnp.bfloat16),
+        jnp.asarray(logp_old, jnp.bfloat16),
+        jnp.asarray(adv, jnp.bfloat16),
+        jnp.asarray(mask),
+    )
     assert loss.dtype == jnp.float32
 
 

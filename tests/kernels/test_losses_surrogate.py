@@ -74,7 +74,9 @@ def test_clipped_surrogate_is_rlax_clipped_surrogate_pg_loss_per_token():
     np.testing.assert_allclose(kernels.clipped_surrogate(ratio, adv, eps, eps), rlax_form, rtol=1e-6)
     # dual clip: a negative advantage costs at most -c A
     dual = kernels.clipped_surrogate(ratio, adv, eps, eps, dual_clip=1.5)
-    np.testing.assert_allclose(dual, jnp.where(adv < 0, jnp.minimum(rlax_form, -1.5 * adv), rlax_form), rtol=1e-6)
+    np.testing.assert_allclose(
+        dual, jnp.where(adv < 0, jnp.minimum(rlax_form, -1.5 * adv), rlax_form), rtol=1e-6
+    )
     # clip-higher: the upper bound moves alone
     high = kernels.clipped_surrogate(ratio, adv, eps, 0.5)
     np.testing.assert_allclose(high, -jnp.fmin(ratio * adv, jnp.clip(ratio, 1 - eps, 1.5) * adv), rtol=1e-6)
@@ -85,8 +87,11 @@ def test_policy_loss_per_token_is_the_composition_of_the_pieces(loss_type):
     logp, logp_old, mask, adv = arrays(3)
     weights = jnp.asarray(np.random.default_rng(4).random(mask.shape) * 2, jnp.float32)
     options = dict(clip_low=0.2, clip_high=0.28, dual_clip=3.0)
-    tokens, metrics = jax.jit(lambda *a: kernels.policy_loss_per_token(
-        *a, loss_type=loss_type, importance_weights=weights, **options))(logp, logp_old, adv, mask)
+    tokens, metrics = jax.jit(
+        lambda *a: kernels.policy_loss_per_token(
+            *a, loss_type=loss_type, importance_weights=weights, **options
+        )
+    )(logp, logp_old, adv, mask)
 
     ratio = jnp.exp(kernels.log_ratio(logp, logp_old, mask, loss_type=loss_type))
     per_token_adv = jnp.where(mask, adv[:, None], 0.0)
@@ -105,8 +110,9 @@ def test_log_ratio_kinds_by_hand():
     mask = jnp.array([[True, True, False]])
     np.testing.assert_allclose(kernels.log_ratio(logp, logp_old, mask)[0, :2], [0.1, 0.3], rtol=1e-6)
     for kind in ("gspo", "gspo-token"):
-        np.testing.assert_allclose(kernels.log_ratio(logp, logp_old, mask, loss_type=kind)[0, :2], [0.2, 0.2],
-                                   rtol=1e-6)
+        np.testing.assert_allclose(
+            kernels.log_ratio(logp, logp_old, mask, loss_type=kind)[0, :2], [0.2, 0.2], rtol=1e-6
+        )
     assert float(kernels.log_ratio(jnp.full((1, 2), 30.0), jnp.zeros((1, 2)), None, clamp=5.0)[0, 0]) == 5.0
     # gspo-token: the sequence ratio's value, each token's own gradient
     grad = jax.grad(lambda x: kernels.log_ratio(x, logp_old, mask, loss_type="gspo-token")[0, 0])(logp)
@@ -116,7 +122,10 @@ def test_log_ratio_kinds_by_hand():
 @pytest.mark.parametrize(
     "call, name",
     [
-        (lambda: kernels.log_ratio(jnp.zeros((2, 3)), jnp.zeros((2, 3)), None, loss_type="grpo"), "loss_type"),
+        (
+            lambda: kernels.log_ratio(jnp.zeros((2, 3)), jnp.zeros((2, 3)), None, loss_type="grpo"),
+            "loss_type",
+        ),
         (lambda: kernels.log_ratio(jnp.zeros((2, 3)), jnp.zeros((2, 2)), None), "logp_old"),
         (lambda: kernels.log_ratio(jnp.zeros((2, 3)), jnp.zeros((2, 3)), None, clamp=0.0), "clamp"),
         (lambda: kernels.clipped_surrogate(jnp.ones(3), jnp.ones(2)), "advantages"),

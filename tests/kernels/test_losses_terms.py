@@ -13,9 +13,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from _numeric import np_fd_grad
 from hypothesis import given, settings
 
-from _numeric import np_fd_grad
 from marljax.kernels.losses import entropy_from_logits, kl_penalty, logprobs_from_logits, overlong_penalty
 
 PROPS = settings(max_examples=20, deadline=None)
@@ -44,11 +44,14 @@ jitted_kl = jax.jit(kl_penalty, static_argnames=("kind", "clamp"))
 def test_logprobs_hand_case():
     logits = jnp.array([[[0.0, math.log(3.0)], [0.0, math.log(3.0)]]])
     labels = jnp.array([[1, 0]])
-    np.testing.assert_allclose(logprobs_from_logits(logits, labels), [[math.log(0.75), math.log(0.25)]], rtol=1e-6)
+    np.testing.assert_allclose(
+        logprobs_from_logits(logits, labels), [[math.log(0.75), math.log(0.25)]], rtol=1e-6
+    )
     # Temperature 2: z = [0, log(3) / 2], p(1) = sqrt(3) / (1 + sqrt(3)).
     p1 = math.sqrt(3) / (1 + math.sqrt(3))
-    np.testing.assert_allclose(logprobs_from_logits(logits, labels, temperature=2.0),
-                               [[math.log(p1), math.log(1 - p1)]], rtol=1e-6)
+    np.testing.assert_allclose(
+        logprobs_from_logits(logits, labels, temperature=2.0), [[math.log(p1), math.log(1 - p1)]], rtol=1e-6
+    )
 
 
 def test_logprobs_are_stable_for_huge_logits():
@@ -75,11 +78,14 @@ def test_logprobs_gradient_matches_finite_differences():
     weights = rng.normal(size=(2, 2))
 
     def reference(z):
-        return float((np.take_along_axis(np_log_softmax(z / 0.7), labels[..., None], -1)[..., 0] * weights).sum())
+        return float(
+            (np.take_along_axis(np_log_softmax(z / 0.7), labels[..., None], -1)[..., 0] * weights).sum()
+        )
 
     with jax.enable_x64(True):
         g = jax.grad(lambda z: jnp.sum(logprobs_from_logits(z, jnp.asarray(labels), 0.7) * weights))(
-            jnp.asarray(logits))
+            jnp.asarray(logits)
+        )
     np.testing.assert_allclose(g, np_fd_grad(reference, logits), rtol=1e-6, atol=1e-8)
 
 
@@ -96,9 +102,18 @@ def test_logprobs_out_of_range_labels():
     [
         (lambda: logprobs_from_logits(jnp.zeros((2, 3, 4)), jnp.zeros((2, 4), jnp.int32)), "labels"),
         (lambda: logprobs_from_logits(jnp.zeros((2, 3, 4)), jnp.zeros((2, 3))), "labels"),
-        (lambda: logprobs_from_logits(jnp.zeros((2, 3, 4), jnp.int32), jnp.zeros((2, 3), jnp.int32)), "logits"),
-        (lambda: logprobs_from_logits(jnp.zeros((2, 3, 4)), jnp.zeros((2, 3), jnp.int32), 0.0), "temperature"),
-        (lambda: logprobs_from_logits(jnp.zeros((2, 3, 4)), jnp.zeros((2, 3), jnp.int32), "1"), "temperature"),
+        (
+            lambda: logprobs_from_logits(jnp.zeros((2, 3, 4), jnp.int32), jnp.zeros((2, 3), jnp.int32)),
+            "logits",
+        ),
+        (
+            lambda: logprobs_from_logits(jnp.zeros((2, 3, 4)), jnp.zeros((2, 3), jnp.int32), 0.0),
+            "temperature",
+        ),
+        (
+            lambda: logprobs_from_logits(jnp.zeros((2, 3, 4)), jnp.zeros((2, 3), jnp.int32), "1"),
+            "temperature",
+        ),
         (lambda: entropy_from_logits(jnp.zeros((2, 3), jnp.int32)), "logits"),
         (lambda: entropy_from_logits(jnp.zeros(())), "logits"),
         (lambda: kl_penalty(jnp.zeros((2, 3)), jnp.zeros((2, 3)), "k4"), "kind"),
@@ -191,7 +206,9 @@ def test_k1_and_k3_are_unbiased_estimators_of_kl(seed, kind):
 def test_kl_matches_numpy_and_signs(seed, kind, clamp):
     rng = np.random.default_rng(seed)
     logp, ref = rng.normal(scale=2.0, size=(2, 2, 5))
-    out = np.asarray(jitted_kl(jnp.asarray(logp, jnp.float32), jnp.asarray(ref, jnp.float32), kind=kind, clamp=clamp))
+    out = np.asarray(
+        jitted_kl(jnp.asarray(logp, jnp.float32), jnp.asarray(ref, jnp.float32), kind=kind, clamp=clamp)
+    )
     expected = np_kl(logp, ref, kind)
     if clamp is not None:
         expected = np.clip(expected, -clamp, clamp)
@@ -207,8 +224,9 @@ def test_kl_gradient_matches_finite_differences(kind):
     weights = rng.normal(size=(2, 3))
     with jax.enable_x64(True):
         g = jax.grad(lambda x: jnp.sum(kl_penalty(x, jnp.asarray(ref), kind) * weights))(jnp.asarray(logp))
-    np.testing.assert_allclose(g, np_fd_grad(lambda x: float((np_kl(x, ref, kind) * weights).sum()), logp),
-                               rtol=1e-6, atol=1e-8)
+    np.testing.assert_allclose(
+        g, np_fd_grad(lambda x: float((np_kl(x, ref, kind) * weights).sum()), logp), rtol=1e-6, atol=1e-8
+    )
 
 
 def test_k3_stays_finite_for_extreme_log_ratios():
@@ -230,14 +248,17 @@ def test_k3_stays_finite_for_extreme_log_ratios():
 def test_overlong_penalty_hand_case():
     # DAPO with L_max = 20, L_cache = 4, factor 0.5: free up to 16, linear to -0.5 at 20, -0.5 beyond.
     lengths = jnp.array([0, 16, 17, 18, 20, 21, 100])
-    np.testing.assert_allclose(overlong_penalty(lengths, 20, 4, 0.5), [0, 0, -0.125, -0.25, -0.5, -0.5, -0.5],
-                               rtol=1e-6)
+    np.testing.assert_allclose(
+        overlong_penalty(lengths, 20, 4, 0.5), [0, 0, -0.125, -0.25, -0.5, -0.5, -0.5], rtol=1e-6
+    )
     np.testing.assert_allclose(overlong_penalty(jnp.array([17.0, 19.0]), 20, 4), [-0.25, -0.75], rtol=1e-6)
     assert overlong_penalty(jnp.array([3]), 4, 4)[0] == pytest.approx(-0.75)
 
 
 @PROPS
-@given(seed=seeds, max_len=st.integers(1, 50), frac=st.floats(0.01, 1.0), factor=st.sampled_from([0.0, 0.5, 1.0]))
+@given(
+    seed=seeds, max_len=st.integers(1, 50), frac=st.floats(0.01, 1.0), factor=st.sampled_from([0.0, 0.5, 1.0])
+)
 def test_overlong_penalty_matches_dapo_piecewise_formula(seed, max_len, frac, factor):
     buffer_len = max(1, int(frac * max_len))
     lengths = np.random.default_rng(seed).integers(0, 2 * max_len + 2, size=16)
@@ -267,17 +288,23 @@ def test_terms_under_vmap_equal_loop():
         np.testing.assert_allclose(lp[k], logprobs_from_logits(logits[k], labels[k], 0.9), rtol=1e-6)
         np.testing.assert_allclose(ent[k], entropy_from_logits(logits[k]), rtol=1e-6)
         np.testing.assert_allclose(kl[k], kl_penalty(lp[k], lp[::-1][k], "k3"), rtol=1e-6)
-        np.testing.assert_allclose(pen[k], overlong_penalty(jnp.arange(30).reshape(3, 10)[k], 10, 3), rtol=1e-6)
+        np.testing.assert_allclose(
+            pen[k], overlong_penalty(jnp.arange(30).reshape(3, 10)[k], 10, 3), rtol=1e-6
+        )
 
 
 def test_terms_under_jit_equal_eager():
     rng = np.random.default_rng(1)
     logits = jnp.asarray(rng.normal(size=LOGIT_SHAPE), jnp.float32)
     labels = jnp.asarray(rng.integers(0, LOGIT_SHAPE[-1], size=LOGIT_SHAPE[:-1]))
-    np.testing.assert_allclose(jitted_logprobs(logits, labels, temperature=0.6),
-                               logprobs_from_logits(logits, labels, 0.6), rtol=1e-6)
+    np.testing.assert_allclose(
+        jitted_logprobs(logits, labels, temperature=0.6), logprobs_from_logits(logits, labels, 0.6), rtol=1e-6
+    )
     a, b = logits[..., 0], logits[..., 1]
     np.testing.assert_allclose(jitted_kl(a, b, kind="k2", clamp=1.0), kl_penalty(a, b, "k2", 1.0), rtol=1e-6)
     pen = jax.jit(overlong_penalty, static_argnames=("max_len", "buffer_len", "factor"))
-    np.testing.assert_allclose(pen(jnp.arange(12), max_len=10, buffer_len=4, factor=2.0),
-                               overlong_penalty(jnp.arange(12), 10, 4, 2.0), rtol=1e-6)
+    np.testing.assert_allclose(
+        pen(jnp.arange(12), max_len=10, buffer_len=4, factor=2.0),
+        overlong_penalty(jnp.arange(12), 10, 4, 2.0),
+        rtol=1e-6,
+    )

@@ -46,11 +46,13 @@ def reference_advantages(returns, parent, sibling, num_agents, group_size, mode)
     for p in set(parent.tolist()):
         kids = [j for j in range(len(parent)) if parent[j] == p]
         for i in range(num_agents):
-            def choice(s):
+
+            def choice(s, i=i):
                 if mode == "aligned":
                     return s
                 digits = np.unravel_index(s, (group_size,) * num_agents)
                 return digits[i]
+
             credit = np.zeros(group_size)
             for j in kids:
                 credit[choice(sibling[j])] += returns[j]
@@ -102,7 +104,14 @@ def test_matches_recursive_reference(mode, group_size, num_agents, turns, gamma,
     returns = K.tree_returns(jnp.asarray(reward), jnp.asarray(parent), gamma=gamma, max_depth=turns)
     want_returns = reference_returns(reward, parent, gamma)
     np.testing.assert_allclose(returns, want_returns, rtol=1e-5, atol=1e-5)
-    adv = K.magrpo_advantages(returns, jnp.asarray(parent), jnp.asarray(sibling), num_agents=num_agents, group_size=group_size, mode=mode)
+    adv = K.magrpo_advantages(
+        returns,
+        jnp.asarray(parent),
+        jnp.asarray(sibling),
+        num_agents=num_agents,
+        group_size=group_size,
+        mode=mode,
+    )
     want = reference_advantages(want_returns, parent, sibling, num_agents, group_size, mode)
     np.testing.assert_allclose(adv, want, rtol=1e-4, atol=1e-4)
 
@@ -118,11 +127,15 @@ def test_ragged_equals_dense_node_kernel_and_vmap():
     siblings = jnp.asarray(np.concatenate([np.arange(6) % 9, np.tile(np.arange(9), 6)]).astype(np.int32))
     mask = jnp.asarray(np.concatenate([np.ones(6, bool), np.ones(54, bool)]))
     # top-level nodes are distinct joint actions of a 9-way cross of their own; ignore their rows.
-    adv = np.asarray(K.magrpo_advantages(returns, parents, siblings, num_agents=2, group_size=3, mode="cross", mask=mask))
+    adv = np.asarray(
+        K.magrpo_advantages(returns, parents, siblings, num_agents=2, group_size=3, mode="cross", mask=mask)
+    )
     for node in range(6):
         rows = adv[6 + 9 * node : 6 + 9 * (node + 1)]
         for j, (g0, g1) in enumerate(itertools.product(range(3), range(3))):
-            np.testing.assert_allclose(rows[j], [dense[node, 0, g0], dense[node, 1, g1]], rtol=1e-5, atol=1e-5)
+            np.testing.assert_allclose(
+                rows[j], [dense[node, 0, g0], dense[node, 1, g1]], rtol=1e-5, atol=1e-5
+            )
 
 
 def test_masked_nodes_change_nothing():
@@ -131,13 +144,17 @@ def test_masked_nodes_change_nothing():
     mask = jnp.array([True, True, True, True, False])
     returns = K.tree_returns(rewards, parents, gamma=0.5, max_depth=2, mask=mask)
     np.testing.assert_allclose(returns, [2.5, 0, 2, 4, 0])
-    adv = K.magrpo_advantages(returns, parents, jnp.array([0, 1, 0, 1, 1]), num_agents=1, group_size=2, mask=mask)
+    adv = K.magrpo_advantages(
+        returns, parents, jnp.array([0, 1, 0, 1, 1]), num_agents=1, group_size=2, mask=mask
+    )
     np.testing.assert_allclose(adv[:, 0], [1.25, -1.25, -1, 1, 0])
 
 
 def test_bad_input():
     with pytest.raises(ValueError, match="mode"):
-        K.magrpo_advantages(jnp.ones(2), jnp.full(2, -1), jnp.arange(2), num_agents=2, group_size=2, mode="tree")
+        K.magrpo_advantages(
+            jnp.ones(2), jnp.full(2, -1), jnp.arange(2), num_agents=2, group_size=2, mode="tree"
+        )
     with pytest.raises(ValueError, match="sibling_ids"):
         K.magrpo_advantages(jnp.ones(2), jnp.full(2, -1), jnp.array([0, 2]), num_agents=2, group_size=2)
     with pytest.raises(ValueError, match="parent_ids"):

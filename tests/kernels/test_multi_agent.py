@@ -20,13 +20,21 @@ def test_at_grpo_compares_only_same_problem_turn_agent():
     base = np.tile([-1.0, 0.0, 1.0], 8)
     rewards = (base + np.repeat(offsets, 3)).astype(np.float32)
     adv = K.at_grpo_advantages(
-        jnp.asarray(rewards), jnp.asarray(p), jnp.asarray(t), jnp.asarray(a), num_problems=2, num_turns=2, num_agents=2
+        jnp.asarray(rewards),
+        jnp.asarray(p),
+        jnp.asarray(t),
+        jnp.asarray(a),
+        num_problems=2,
+        num_turns=2,
+        num_agents=2,
     )
     np.testing.assert_allclose(adv, base, atol=1e-4)
 
 
 def test_at_grpo_group_ids_layout():
-    ids = K.at_grpo_group_ids(jnp.array([0, 1, 2]), jnp.array([1, 0, 2]), jnp.array([0, 1, 1]), num_turns=3, num_agents=2)
+    ids = K.at_grpo_group_ids(
+        jnp.array([0, 1, 2]), jnp.array([1, 0, 2]), jnp.array([0, 1, 1]), num_turns=3, num_agents=2
+    )
     np.testing.assert_array_equal(ids, [(0 * 3 + 1) * 2 + 0, (1 * 3 + 0) * 2 + 1, (2 * 3 + 2) * 2 + 1])
     with pytest.raises(ValueError, match="turn_ids"):
         K.at_grpo_group_ids(jnp.array([0]), jnp.array([3]), jnp.array([0]), num_turns=3, num_agents=2)
@@ -64,7 +72,9 @@ def test_dr_mas_per_agent_within_problem_groups():
     agents = rng.integers(0, 3, n)
     groups = rng.integers(0, 4, n)
     rewards = rng.normal(size=n).astype(np.float32) + agents * 5
-    adv, _ = K.dr_mas_advantages(jnp.asarray(rewards), jnp.asarray(agents), 3, group_ids=jnp.asarray(groups), num_groups=4)
+    adv, _ = K.dr_mas_advantages(
+        jnp.asarray(rewards), jnp.asarray(agents), 3, group_ids=jnp.asarray(groups), num_groups=4
+    )
     expected = K.group_advantages(jnp.asarray(rewards), jnp.asarray(groups * 3 + agents), 12)
     np.testing.assert_allclose(adv, expected, rtol=1e-6)
     with pytest.raises(ValueError, match="num_groups"):
@@ -72,7 +82,10 @@ def test_dr_mas_per_agent_within_problem_groups():
 
 
 @settings(max_examples=30, deadline=None)
-@given(st.lists(st.tuples(st.floats(-5, 5), st.floats(0.1, 3), st.integers(2, 30)), min_size=1, max_size=4), st.integers(0, 1000))
+@given(
+    st.lists(st.tuples(st.floats(-5, 5), st.floats(0.1, 3), st.integers(2, 30)), min_size=1, max_size=4),
+    st.integers(0, 1000),
+)
 def test_amplification_count_weighted_mean_is_one(specs, seed):
     # Law of total variance: sum_k n_k (sigma_k^2 + (mu_k - mu)^2) = n sigma^2.
     rng = np.random.default_rng(seed)

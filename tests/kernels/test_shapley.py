@@ -18,7 +18,9 @@ SETTINGS = settings(max_examples=25, deadline=None)
 
 def tables(num_agents_range=(1, 6)):
     return st.integers(*num_agents_range).flatmap(
-        lambda k: hnp.arrays(np.float64, 1 << k, elements=st.floats(-10, 10)).map(lambda v: v.astype(np.float32))
+        lambda k: hnp.arrays(np.float64, 1 << k, elements=st.floats(-10, 10)).map(
+            lambda v: v.astype(np.float32)
+        )
     )
 
 
@@ -54,7 +56,12 @@ def test_glove_game():
 @SETTINGS
 @given(tables())
 def test_matches_permutation_definition(values):
-    np.testing.assert_allclose(K.shapley_values(jnp.asarray(values)), by_permutations(values.astype(np.float64)), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(
+        K.shapley_values(jnp.asarray(values)),
+        by_permutations(values.astype(np.float64)),
+        rtol=1e-4,
+        atol=1e-4,
+    )
 
 
 @SETTINGS
@@ -85,11 +92,20 @@ def test_symmetry_and_null_player(values, data):
 
 
 @SETTINGS
-@given(tables((1, 5)).flatmap(lambda v: st.tuples(st.just(v), hnp.arrays(np.float32, v.shape, elements=st.floats(-10, 10, width=32)))))
+@given(
+    tables((1, 5)).flatmap(
+        lambda v: st.tuples(
+            st.just(v), hnp.arrays(np.float32, v.shape, elements=st.floats(-10, 10, width=32))
+        )
+    )
+)
 def test_additivity(pair):
     v, w = pair
     np.testing.assert_allclose(
-        K.shapley_values(jnp.asarray(v + w)), K.shapley_values(jnp.asarray(v)) + K.shapley_values(jnp.asarray(w)), rtol=1e-4, atol=1e-4
+        K.shapley_values(jnp.asarray(v + w)),
+        K.shapley_values(jnp.asarray(v)) + K.shapley_values(jnp.asarray(w)),
+        rtol=1e-4,
+        atol=1e-4,
     )
 
 
@@ -107,7 +123,10 @@ def test_sampled_estimator_converges_to_exact_within_error():
     rng = np.random.default_rng(1)
     values = jnp.asarray(rng.normal(size=1 << 8).astype(np.float32))
     exact = np.asarray(K.shapley_values(values))
-    value_fn = lambda members: values[K.coalition_index(members)]
+
+    def value_fn(members):
+        return values[K.coalition_index(members)]
+
     for antithetic in (False, True):
         est, se = K.sampled_shapley_values(value_fn, 8, jax.random.key(0), 4000, antithetic=antithetic)
         assert np.all(np.abs(np.asarray(est) - exact) < 4.5 * np.asarray(se) + 1e-4)
@@ -132,7 +151,11 @@ def test_sharp_rewards_and_advantages():
     rewards = jnp.array([[1.0, 10.0], [3.0, 30.0], [5.0, 0.0], [7.0, 2.0]])
     adv = K.sharp_advantages(rewards, jnp.array([0, 0, 1, 1]), 2)
     s = np.sqrt(2.0)
-    np.testing.assert_allclose(adv, [[-1 / s, -10 / np.sqrt(200)], [1 / s, 10 / np.sqrt(200)], [-1 / s, -1 / s], [1 / s, 1 / s]], rtol=1e-5)
+    np.testing.assert_allclose(
+        adv,
+        [[-1 / s, -10 / np.sqrt(200)], [1 / s, 10 / np.sqrt(200)], [-1 / s, -1 / s], [1 / s, 1 / s]],
+        rtol=1e-5,
+    )
 
 
 def test_bad_input():

@@ -35,9 +35,10 @@ TOL = 1e-5
 
 def loss_and_logits(params, ids, pos, mask, config):
     logits, _ = forward(params, ids, config=config, positions=pos, attention_mask=mask)
-    lp = token_logprobs(params, ids, jnp.roll(ids, -1, 1), config=config, positions=pos,
-                        attention_mask=mask, chunk_size=4)
-    return -(lp * mask).sum() / mask.sum() + 1e-3 * (logits ** 2).mean(), logits
+    lp = token_logprobs(
+        params, ids, jnp.roll(ids, -1, 1), config=config, positions=pos, attention_mask=mask, chunk_size=4
+    )
+    return -(lp * mask).sum() / mask.sum() + 1e-3 * (logits**2).mean(), logits
 
 
 def check(preset: str, fsdp: int, tensor: int, **changes):
@@ -58,18 +59,21 @@ def check(preset: str, fsdp: int, tensor: int, **changes):
     assert params["layers"]["wq"].sharding.spec == P(None, "fsdp", "tensor"), params["layers"]["wq"].sharding
     assert len(params["layers"]["wq"].addressable_shards) == 8
     # the shardings computed from the config alone (the abstract model) are the placed ones
-    for (path, a), s in zip(jax.tree_util.tree_leaves_with_path(params),
-                            jax.tree.leaves(param_dict_shardings(cfg, mesh))):
+    for (path, a), s in zip(
+        jax.tree_util.tree_leaves_with_path(params), jax.tree.leaves(param_dict_shardings(cfg, mesh))
+    ):
         assert a.sharding.is_equivalent_to(s, a.ndim), (jax.tree_util.keystr(path), s)
     bs = batch_sharding(mesh)
-    (loss2, logits2), grads2 = step(params, *(jax.device_put(x, bs) for x in (ids, pos, mask)),
-                                    config=cfg)
+    (loss2, logits2), grads2 = step(params, *(jax.device_put(x, bs) for x in (ids, pos, mask)), config=cfg)
     assert len(logits2.sharding.device_set) == 8
     np.testing.assert_allclose(logits2, logits1, atol=TOL, rtol=0)
     np.testing.assert_allclose(loss2, loss1, atol=TOL, rtol=0)
     for (path, g1), g2 in zip(jax.tree_util.tree_leaves_with_path(grads1), jax.tree.leaves(grads2)):
         np.testing.assert_allclose(g2, g1, atol=TOL, rtol=0, err_msg=jax.tree_util.keystr(path))
-    assert float(jnp.abs(logits1).std()) > 0.5 and max(float(jnp.abs(g).max()) for g in jax.tree.leaves(grads1)) > 1e-3
+    assert (
+        float(jnp.abs(logits1).std()) > 0.5
+        and max(float(jnp.abs(g).max()) for g in jax.tree.leaves(grads1)) > 1e-3
+    )
 
     # from_pretrained with a mesh places every tensor with its sharding and the same values
     with tempfile.TemporaryDirectory() as d:

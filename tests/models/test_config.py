@@ -5,8 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from marljax.models import PRESETS, ModelConfig, inverse_frequencies
-from marljax.models import testing
+from marljax.models import PRESETS, ModelConfig, inverse_frequencies, testing
 
 
 @pytest.mark.parametrize("name", sorted(PRESETS))
@@ -35,16 +34,19 @@ def test_transformers_v4_style_rope_keys():
     assert (cfg.rope_theta, cfg.rope_type, cfg.rope_factor) == (500000.0, "linear", 4.0)
 
 
-@pytest.mark.parametrize("change, match", [
-    (dict(architectures=["MistralForCausalLM"]), "MistralForCausalLM"),
-    (dict(hidden_act="gelu"), "hidden_act"),
-    (dict(mlp_bias=True), "mlp_bias"),
-    (dict(use_sliding_window=True), "use_sliding_window"),
-    (dict(rope_parameters={"rope_type": "yarn", "factor": 2.0, "rope_theta": 1e4}), "'yarn'"),
-    (dict(rope_parameters={"rope_type": "llama3", "factor": 2.0, "rope_theta": 1e4}), "low_freq_factor"),
-    (dict(num_key_value_heads=3), "num_kv_heads"),
-    (dict(vocab_size=None), "vocab_size"),
-])
+@pytest.mark.parametrize(
+    "change, match",
+    [
+        (dict(architectures=["MistralForCausalLM"]), "MistralForCausalLM"),
+        (dict(hidden_act="gelu"), "hidden_act"),
+        (dict(mlp_bias=True), "mlp_bias"),
+        (dict(use_sliding_window=True), "use_sliding_window"),
+        (dict(rope_parameters={"rope_type": "yarn", "factor": 2.0, "rope_theta": 1e4}), "'yarn'"),
+        (dict(rope_parameters={"rope_type": "llama3", "factor": 2.0, "rope_theta": 1e4}), "low_freq_factor"),
+        (dict(num_key_value_heads=3), "num_kv_heads"),
+        (dict(vocab_size=None), "vocab_size"),
+    ],
+)
 def test_unsupported_hf_configs_name_the_key(change, match):
     d = {**testing.hf_config("llama").to_dict(), **change}
     with pytest.raises(ValueError, match=match):
@@ -64,17 +66,26 @@ def test_field_validation():
         ModelConfig.preset("gpt-5")
 
 
-@pytest.mark.parametrize("rope", [
-    None,
-    {"rope_type": "linear", "factor": 2.0},
-    {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-     "original_max_position_embeddings": 64},
-])
+@pytest.mark.parametrize(
+    "rope",
+    [
+        None,
+        {"rope_type": "linear", "factor": 2.0},
+        {
+            "rope_type": "llama3",
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 64,
+        },
+    ],
+)
 def test_inverse_frequencies_match_transformers(rope):
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-    hf = testing.hf_config("llama", head_dim=64, rope_scaling=rope, rope_theta=500000.0,
-                           max_position_embeddings=1024)
+    hf = testing.hf_config(
+        "llama", head_dim=64, rope_scaling=rope, rope_theta=500000.0, max_position_embeddings=1024
+    )
     cfg = ModelConfig.from_hf(hf)
     if rope is None:
         want = 1.0 / (500000.0 ** (np.arange(0, 64, 2) / 64))

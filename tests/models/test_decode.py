@@ -25,12 +25,18 @@ def test_decode_steps_after_a_prefill_equal_the_full_forward(preset, fuse):
     ids = jnp.asarray(rng.randint(3, cfg.vocab_size, (B, T)))
     mask = jnp.asarray(np.arange(T)[None] >= np.array([[0], [2], [5]]))  # left padding
     pos = positions_from_mask(mask)
-    full, _ = jax.jit(forward, static_argnames="config")(params, ids, config=cfg, positions=pos,
-                                                          attention_mask=mask)
+    full, _ = jax.jit(forward, static_argnames="config")(
+        params, ids, config=cfg, positions=pos, attention_mask=mask
+    )
 
     _, cache = jax.jit(hidden_states, static_argnames="config")(
-        params, ids[:, :P], config=cfg, positions=pos[:, :P], attention_mask=mask[:, :P],
-        cache=init_cache(cfg, B, S))
+        params,
+        ids[:, :P],
+        config=cfg,
+        positions=pos[:, :P],
+        attention_mask=mask[:, :P],
+        cache=init_cache(cfg, B, S),
+    )
     kv = grow_cache(split_cache(cache, P), S)  # the prompt's slots, widened to the whole cache
     assert kv[0].shape == (B, cfg.num_kv_heads, cfg.head_dim, S)
     assert kv[1].shape == (B, cfg.num_kv_heads, S, cfg.head_dim)

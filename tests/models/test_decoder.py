@@ -13,8 +13,6 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from marljax.models.decoder import fuse_projections
-from marljax.models.testing import random_model
 from marljax.models import (
     ModelConfig,
     abstract_model,
@@ -26,7 +24,8 @@ from marljax.models import (
     set_params,
     token_logprobs,
 )
-
+from marljax.models.decoder import fuse_projections
+from marljax.models.testing import random_model
 
 fwd = jax.jit(forward, static_argnames="config")
 logprobs = jax.jit(token_logprobs, static_argnames=("config", "chunk_size"))
@@ -58,12 +57,19 @@ def test_prefill_then_decode_equals_full_forward(preset):
     step = jax.jit(lambda *a, **k: forward(*a, **k), static_argnames="config")  # own jit cache
     P, S = 6, 16  # prompt length, cache slots (> sequence: unused slots must not matter)
     cache = init_cache(cfg, ids.shape[0], S)
-    logits, cache = step(params, ids[:, :P], config=cfg, positions=pos[:, :P],
-                         attention_mask=mask[:, :P], cache=cache)
+    logits, cache = step(
+        params, ids[:, :P], config=cfg, positions=pos[:, :P], attention_mask=mask[:, :P], cache=cache
+    )
     outs = [logits]
     for t in range(P, ids.shape[1]):  # one token at a time: static shapes, one compile
-        logits, cache = step(params, ids[:, t:t + 1], config=cfg, positions=pos[:, t:t + 1],
-                             attention_mask=mask[:, t:t + 1], cache=cache)
+        logits, cache = step(
+            params,
+            ids[:, t : t + 1],
+            config=cfg,
+            positions=pos[:, t : t + 1],
+            attention_mask=mask[:, t : t + 1],
+            cache=cache,
+        )
         outs.append(logits)
     assert int(cache.index) == ids.shape[1]
     assert step._cache_size() == 2  # prefill shape + decode shape
@@ -100,8 +106,16 @@ def test_token_logprobs_equal_log_softmax_of_full_logits(preset, chunk_size):
     pos = positions_from_mask(mask)
     labels = jnp.roll(ids, -1, axis=1)
     temp = 0.7
-    got = logprobs(params, ids, labels, config=cfg, positions=pos, attention_mask=mask,
-                         temperature=temp, chunk_size=chunk_size)
+    got = logprobs(
+        params,
+        ids,
+        labels,
+        config=cfg,
+        positions=pos,
+        attention_mask=mask,
+        temperature=temp,
+        chunk_size=chunk_size,
+    )
     logits, _ = fwd(params, ids, config=cfg, positions=pos, attention_mask=mask)
     want = jnp.take_along_axis(jax.nn.log_softmax(logits / temp, -1), labels[..., None], -1)[..., 0]
     assert got.shape == ids.shape and got.dtype == jnp.float32
@@ -118,8 +132,9 @@ def test_token_logprobs_gradient_matches_full_logits():
     w = mask.astype(jnp.float32)
 
     def chunked(p):
-        lp = token_logprobs(p, ids, labels, config=cfg, positions=pos, attention_mask=mask,
-                            temperature=1.3, chunk_size=4)
+        lp = token_logprobs(
+            p, ids, labels, config=cfg, positions=pos, attention_mask=mask, temperature=1.3, chunk_size=4
+        )
         return (lp * w).sum()
 
     def full(p):
@@ -189,8 +204,10 @@ def test_unrolled_layers_equal_scanned_layers(remat):
     for a, b in zip(jax.tree.leaves(g0), jax.tree.leaves(g1)):
         np.testing.assert_allclose(a, b, atol=1e-6, rtol=1e-5)
     pos = positions_from_mask(mask)
-    outs = [fwd(params, ids, config=c, positions=pos, attention_mask=mask, cache=init_cache(c, 3, 12))
-            for c in (cfg, unrolled)]
+    outs = [
+        fwd(params, ids, config=c, positions=pos, attention_mask=mask, cache=init_cache(c, 3, 12))
+        for c in (cfg, unrolled)
+    ]
     for a, b in zip(jax.tree.leaves(outs[0]), jax.tree.leaves(outs[1])):
         np.testing.assert_allclose(a, b, atol=1e-5, rtol=0)
     assert outs[1][1].k.shape == init_cache(cfg, 3, 12).k.shape  # layers stacked again
@@ -235,8 +252,13 @@ def test_bad_shapes_are_clear_errors():
     with pytest.raises(ValueError, match="positions"):
         model(ids, jnp.zeros((2, 4), jnp.int32))
     with pytest.raises(ValueError, match="segment_ids.*cache"):
-        forward(get_params(model), ids, config=cfg, segment_ids=jnp.zeros((2, 5), jnp.int32),
-                cache=init_cache(cfg, 2, 8))
+        forward(
+            get_params(model),
+            ids,
+            config=cfg,
+            segment_ids=jnp.zeros((2, 5), jnp.int32),
+            cache=init_cache(cfg, 2, 8),
+        )
 
 
 def test_import_does_not_pull_torch():

@@ -10,8 +10,14 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
-from marljax.models import CheckpointError, ModelConfig, from_pretrained, load_tokenizer, save_pretrained
-from marljax.models import testing
+from marljax.models import (
+    CheckpointError,
+    ModelConfig,
+    from_pretrained,
+    load_tokenizer,
+    save_pretrained,
+    testing,
+)
 
 
 def _tensors(path):
@@ -43,18 +49,27 @@ def test_hf_to_marljax_to_hf_is_identical_and_loads_in_transformers(checkpoint, 
     assert torch.equal(want, got)
 
 
-@pytest.mark.parametrize("family,overrides", [("qwen3", {}), ("llama", dict(rope_scaling=None, head_dim=24)),
-                                              ("qwen2", dict(tie_word_embeddings=True))])
+@pytest.mark.parametrize(
+    "family,overrides",
+    [
+        ("qwen3", {}),
+        ("llama", dict(rope_scaling=None, head_dim=24)),
+        ("qwen2", dict(tie_word_embeddings=True)),
+    ],
+)
 def test_torch_free_checkpoint_loads_in_transformers_with_the_same_logits(tmp_path, family, overrides):
     # The demo's checkpoints: written by marljax without torch, read by transformers as they are.
-    torch = pytest.importorskip("torch", reason="the transformers side of this check needs torch ([test] extra)")
+    torch = pytest.importorskip(
+        "torch", reason="the transformers side of this check needs torch ([test] extra)"
+    )
     import transformers
 
     from marljax.models.tiny import write_random_checkpoint
 
     path = write_random_checkpoint(tmp_path / family, family, seed=3, **overrides)
     reference = transformers.AutoModelForCausalLM.from_pretrained(
-        str(path), dtype=torch.float32, attn_implementation="eager").eval()
+        str(path), dtype=torch.float32, attn_implementation="eager"
+    ).eval()
     assert reference.config.model_type == family
     assert transformers.AutoTokenizer.from_pretrained(str(path)).eos_token_id == testing.EOS_ID
     ids = np.random.RandomState(0).randint(3, 512, (2, 7))
@@ -97,8 +112,9 @@ def test_sharded_save_and_load(checkpoint, tmp_path):
 
 def test_tokenizer_and_chat_template(checkpoint):
     tok = load_tokenizer(checkpoint("qwen3-tied-gqa2"))
-    text = tok.apply_chat_template([{"role": "user", "content": "What is 2 + 2?"}],
-                                   tokenize=False, add_generation_prompt=True)
+    text = tok.apply_chat_template(
+        [{"role": "user", "content": "What is 2 + 2?"}], tokenize=False, add_generation_prompt=True
+    )
     assert text == "<|im_start|>user\nWhat is 2 + 2?<|im_end|>\n<|im_start|>assistant\n"
     ids = tok(text)["input_ids"]
     assert ids[0] == testing.IM_START_ID and testing.EOS_ID in ids and max(ids) < 512
@@ -147,8 +163,11 @@ def test_unsupported_architecture_and_options(good_dir):
     _edit_config(good_dir, architectures=["Qwen2ForCausalLM"], hidden_act="gelu")
     with pytest.raises(CheckpointError, match="hidden_act"):
         from_pretrained(good_dir)
-    _edit_config(good_dir, hidden_act="silu", rope_parameters={"rope_type": "yarn", "factor": 4.0,
-                                                               "rope_theta": 10000.0})
+    _edit_config(
+        good_dir,
+        hidden_act="silu",
+        rope_parameters={"rope_type": "yarn", "factor": 4.0, "rope_theta": 10000.0},
+    )
     with pytest.raises(CheckpointError, match="yarn"):
         from_pretrained(good_dir)
 
@@ -166,8 +185,10 @@ def test_missing_and_unexpected_tensors(good_dir):
     with pytest.raises(CheckpointError, match="missing tensor.*model.layers.0.mlp.up_proj.weight"):
         from_pretrained(good_dir)
     shutil.copy(good_dir / "orig", good_dir / "model.safetensors")
-    _rewrite_weights(good_dir, lambda t: t.__setitem__("model.layers.1.mlp.up_proj.weight",
-                                                       np.zeros((128, 64), np.float32)))
+    _rewrite_weights(
+        good_dir,
+        lambda t: t.__setitem__("model.layers.1.mlp.up_proj.weight", np.zeros((128, 64), np.float32)),
+    )
     with pytest.raises(CheckpointError, match="unexpected tensor.*model.layers.1.mlp.up_proj.weight"):
         from_pretrained(good_dir)
 

@@ -11,7 +11,6 @@ import pytest
 
 from marljax.models import from_pretrained, positions_from_mask, testing
 
-
 B, T = 3, 9
 
 
@@ -25,29 +24,31 @@ def _batch(kind: str, vocab: int = 512):
             ids[b, :n] = testing.PAD_ID
     elif kind == "right":
         for b, n in enumerate((0, 2, 6)):
-            mask[b, T - n:] = 0
-            ids[b, T - n:] = testing.PAD_ID
+            mask[b, T - n :] = 0
+            ids[b, T - n :] = testing.PAD_ID
     pos = np.asarray(positions_from_mask(jnp.asarray(mask)))
     if kind == "offset":  # explicit position ids that do not start at 0
         pos = pos + np.array([[37], [0], [100]])
     return ids, mask, pos
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _torch_model(path):
     import torch
     import transformers
 
     return transformers.AutoModelForCausalLM.from_pretrained(
-        str(path), dtype=torch.float32, attn_implementation="eager").eval()
+        str(path), dtype=torch.float32, attn_implementation="eager"
+    ).eval()
 
 
 def _torch_logits(path, ids, mask, pos):
     import torch
 
     with torch.no_grad():
-        out = _torch_model(path)(input_ids=torch.tensor(ids), attention_mask=torch.tensor(mask),
-                                 position_ids=torch.tensor(pos))
+        out = _torch_model(path)(
+            input_ids=torch.tensor(ids), attention_mask=torch.tensor(mask), position_ids=torch.tensor(pos)
+        )
     return out.logits.numpy()
 
 

@@ -7,9 +7,8 @@ from pathlib import Path
 
 import jax
 import pytest
-from jax.sharding import PartitionSpec as P
-
 from flax import nnx
+from jax.sharding import PartitionSpec as P
 
 from marljax.models import logical_to_spec, make_mesh, param_specs
 from marljax.models.testing import random_model
@@ -24,16 +23,19 @@ class _FakeMesh:
 
 def test_rule_table_hand_values():
     mesh = _FakeMesh(data=1, fsdp=4, tensor=2)
-    assert logical_to_spec(("layers", "embed", "q_heads", "head_dim"), (2, 64, 4, 16), mesh) == \
-        P(None, "fsdp", "tensor")
+    assert logical_to_spec(("layers", "embed", "q_heads", "head_dim"), (2, 64, 4, 16), mesh) == P(
+        None, "fsdp", "tensor"
+    )
     assert logical_to_spec(("vocab", "embed"), (512, 64), mesh) == P("tensor", "fsdp")
     assert logical_to_spec(("layers", "mlp", "embed"), (2, 128, 64), mesh) == P(None, "tensor", "fsdp")
     # a dimension that the mesh axis does not divide is replicated (1 kv head on tensor=2)
-    assert logical_to_spec(("layers", "embed", "kv_heads", "head_dim"), (2, 64, 1, 16), mesh) == \
-        P(None, "fsdp")
+    assert logical_to_spec(("layers", "embed", "kv_heads", "head_dim"), (2, 64, 1, 16), mesh) == P(
+        None, "fsdp"
+    )
     # batch goes over data and fsdp; size-1 mesh axes are dropped
-    assert logical_to_spec(("batch", "seq"), (8, 3), _FakeMesh(data=2, fsdp=4, tensor=1)) == \
-        P(("data", "fsdp"))
+    assert logical_to_spec(("batch", "seq"), (8, 3), _FakeMesh(data=2, fsdp=4, tensor=1)) == P(
+        ("data", "fsdp")
+    )
     assert logical_to_spec(("batch", "seq"), (8, 3), mesh) == P("fsdp")
     # without a mesh: the raw rule
     assert logical_to_spec(("embed", "mlp")) == P("fsdp", "tensor")
@@ -45,8 +47,9 @@ def test_every_parameter_has_logical_axes():
     for preset in ("tiny-qwen2", "tiny-qwen3", "tiny-llama"):
         model = random_model(preset)
         state = nnx.state(model)
-        specs = jax.tree.leaves(param_specs(state, _FakeMesh(data=1, fsdp=2, tensor=2)),
-                                is_leaf=lambda x: isinstance(x, P))
+        specs = jax.tree.leaves(
+            param_specs(state, _FakeMesh(data=1, fsdp=2, tensor=2)), is_leaf=lambda x: isinstance(x, P)
+        )
         assert len(specs) == len(jax.tree.leaves(state)) > 10
 
 

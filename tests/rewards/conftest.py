@@ -82,7 +82,10 @@ def sandbox_processes() -> set[int]:
                 cmd = f.read()
         except OSError:
             continue
-        if any(s in cmd for s in (b"marljax_harness", b"marljax_zygote", HARNESS_PATH.encode(), ZYGOTE_PATH.encode())):
+        if any(
+            s in cmd
+            for s in (b"marljax_harness", b"marljax_zygote", HARNESS_PATH.encode(), ZYGOTE_PATH.encode())
+        ):
             found.add(pid)
     return found
 
@@ -108,14 +111,20 @@ def _offered_levels() -> dict:
 
 OFFERED, MISSING = _offered_levels()
 # (level, how): every level fresh, and forked from a warm sandbox where the level can keep its promises so.
-RUNS = [(level, how) for level, iso in OFFERED.items() for how in ("fresh", "fork_server")
-        if how == "fresh" or forks_programs(iso)]
+RUNS = [
+    (level, how)
+    for level, iso in OFFERED.items()
+    for how in ("fresh", "fork_server")
+    if how == "fresh" or forks_programs(iso)
+]
 FORKING = [level for level, iso in OFFERED.items() if forks_programs(iso)]
 
 
 def pytest_report_header(config):
-    return [f"sandbox: levels offered here {list(OFFERED)}, fork server at {FORKING}",
-            *(f"sandbox: level {level!r} not offered: {why}" for level, why in MISSING.items())]
+    return [
+        f"sandbox: levels offered here {list(OFFERED)}, fork server at {FORKING}",
+        *(f"sandbox: level {level!r} not offered: {why}" for level, why in MISSING.items()),
+    ]
 
 
 @pytest.fixture(params=list(OFFERED))
@@ -153,8 +162,10 @@ def no_leaks():
     assert open_fds() <= fds0, f"leaked file descriptors: {fds0} -> {open_fds()}"
 
 
-_NO_FORKING = ("no isolation level here can fork programs from a warm sandbox (bwrap, or unshare as root): "
-               f"offered {list(OFFERED)}; missing: {MISSING}")
+_NO_FORKING = (
+    "no isolation level here can fork programs from a warm sandbox (bwrap, or unshare as root): "
+    f"offered {list(OFFERED)}; missing: {MISSING}"
+)
 
 
 @pytest.fixture(params=FORKING or [pytest.param(None, marks=pytest.mark.skip(reason=_NO_FORKING))])

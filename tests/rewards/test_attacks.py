@@ -35,8 +35,10 @@ def test_fork_bomb_is_contained_and_reaped(run, isolation):
     # Bounded on purpose: at most 2**7 = 128 sleeping processes even if no cap applied.
     # Which process meets the cap first is a race, so the outcome is a caught fork error
     # or the timeout kill; either way nothing passes and nothing is left (no_leaks).
-    code = ("import os, time\ndef f():\n    for _ in range(7):\n        os.fork()\n"
-            "    time.sleep(30)\n    return 1\n")
+    code = (
+        "import os, time\ndef f():\n    for _ in range(7):\n        os.fork()\n"
+        "    time.sleep(30)\n    return 1\n"
+    )
     res = run(call(code, 0), LIM)
     assert not res.passed
     assert res.status in (Status.RUNTIME_ERROR, Status.TIMEOUT), res
@@ -45,8 +47,10 @@ def test_fork_bomb_is_contained_and_reaped(run, isolation):
 def test_process_cap_is_enforced(run, isolation):
     # Only the original process forks (children just sleep), so with a working
     # RLIMIT_NPROC it deterministically meets EAGAIN before its 64th child.
-    code = ("import os, time\ndef f():\n    for _ in range(64):\n        if os.fork() == 0:\n"
-            "            time.sleep(30)\n            os._exit(0)\n    return 1\n")
+    code = (
+        "import os, time\ndef f():\n    for _ in range(64):\n        if os.fork() == 0:\n"
+        "            time.sleep(30)\n            os._exit(0)\n    return 1\n"
+    )
     res = run(call(code, 0), LIM)
     assert not res.passed
     if isolation.privileges_dropped or os.geteuid() != 0:
@@ -74,8 +78,14 @@ def test_recursion_with_raised_limit_crashes_cleanly(run):
     assert res.status in (Status.RUNTIME_ERROR, Status.MEMORY_EXCEEDED, Status.TIMEOUT)
 
 
-@pytest.mark.parametrize("how", ["print('x' * (50 << 20))", "import os\n    os.write(1, b'x' * (8 << 20))",
-                                 "import sys\n    sys.stdout.buffer.write(b'y' * (8 << 20))"])
+@pytest.mark.parametrize(
+    "how",
+    [
+        "print('x' * (50 << 20))",
+        "import os\n    os.write(1, b'x' * (8 << 20))",
+        "import sys\n    sys.stdout.buffer.write(b'y' * (8 << 20))",
+    ],
+)
 def test_megabytes_of_output(run, how):
     res = run(call(f"def f():\n    {how}\n    return 1\n", 1), LIM)
     assert res.status is Status.RUNTIME_ERROR and res.pass_fraction() == 0.0
@@ -92,10 +102,14 @@ def test_exit_before_tests_run_is_not_a_pass(run, code):
 
 def test_killing_the_parent(run, isolation):
     if isolation.level == "none" and not isolation.privileges_dropped:
-        pytest.skip("isolation 'none' without a dropped uid: the program runs as the parent's user and "
-                    "could really kill it; contained only with bwrap/unshare or a throw-away uid")
-    code = ("import os, signal\ndef f():\n    for target in (os.getppid(), 1, -1):\n        try:\n"
-            "            os.kill(target, signal.SIGKILL)\n        except OSError:\n            pass\n    return 1\n")
+        pytest.skip(
+            "isolation 'none' without a dropped uid: the program runs as the parent's user and "
+            "could really kill it; contained only with bwrap/unshare or a throw-away uid"
+        )
+    code = (
+        "import os, signal\ndef f():\n    for target in (os.getppid(), 1, -1):\n        try:\n"
+        "            os.kill(target, signal.SIGKILL)\n        except OSError:\n            pass\n    return 1\n"
+    )
     res = run(call(code, 2), LIM)
     assert not res.passed  # kill(-1) may take the program itself down: runtime_error or wrong_answer
     assert res.status in (Status.WRONG_ANSWER, Status.RUNTIME_ERROR)
@@ -105,16 +119,25 @@ def test_killing_the_parent(run, isolation):
 
 def test_writing_outside_the_working_directory(run, isolation, tmp_path):
     if not isolation.fs_confined:
-        pytest.skip(f"isolation {isolation.level!r} does not confine writes (runs as the parent's user "
-                    "without a mount namespace)")
+        pytest.skip(
+            f"isolation {isolation.level!r} does not confine writes (runs as the parent's user "
+            "without a mount namespace)"
+        )
     token = secrets.token_hex(8)
-    targets = [str(tmp_path / f"escape-{token}"), os.path.join(tempfile.gettempdir(), f"marljax-escape-{token}"),
-               f"/dev/shm/marljax-escape-{token}", f"/var/tmp/marljax-escape-{token}",
-               os.path.join(os.getcwd(), f"escape-{token}"), f"/escape-{token}"]
-    code = ("def f(paths):\n    ok = []\n    for p in paths:\n        try:\n"
-            "            with open(p, 'w') as fh:\n                fh.write('x')\n            ok.append(p)\n"
-            "        except OSError:\n            pass\n    with open('inside.txt', 'w') as fh:\n"
-            "        fh.write('fine')\n    return len(ok)\n")
+    targets = [
+        str(tmp_path / f"escape-{token}"),
+        os.path.join(tempfile.gettempdir(), f"marljax-escape-{token}"),
+        f"/dev/shm/marljax-escape-{token}",
+        f"/var/tmp/marljax-escape-{token}",
+        os.path.join(os.getcwd(), f"escape-{token}"),
+        f"/escape-{token}",
+    ]
+    code = (
+        "def f(paths):\n    ok = []\n    for p in paths:\n        try:\n"
+        "            with open(p, 'w') as fh:\n                fh.write('x')\n            ok.append(p)\n"
+        "        except OSError:\n            pass\n    with open('inside.txt', 'w') as fh:\n"
+        "        fh.write('fine')\n    return len(ok)\n"
+    )
     res = run(call(code, 0, [targets]), LIM)
     assert res.tests[0].status in (Status.PASSED, Status.WRONG_ANSWER)
     for p in targets:
@@ -123,21 +146,25 @@ def test_writing_outside_the_working_directory(run, isolation, tmp_path):
 
 def test_files_left_anywhere_writable_do_not_reach_the_next_program(run, isolation):
     if not isolation.fs_confined:
-        pytest.skip(f"isolation {isolation.level!r} does not confine writes (runs as the parent's user "
-                    "without a mount namespace)")
+        pytest.skip(
+            f"isolation {isolation.level!r} does not confine writes (runs as the parent's user "
+            "without a mount namespace)"
+        )
     # The first program drops a file into every directory it can write (three levels deep from /,
     # plus the usual world-writable places); the second looks for each of them.
     token = "marljax-left-" + secrets.token_hex(8)
-    litter = ("import os\ndef f(token):\n    seen, left = set(), []\n"
-              "    todo = [('/', 0)] + [(d, 9) for d in ('/tmp', '/var/tmp', '/dev/shm', '/run/lock', '/dev/mqueue',"
-              " os.getcwd())]\n"
-              "    while todo:\n        d, depth = todo.pop()\n        if d in seen or d.startswith(('/proc', '/sys')):\n"
-              "            continue\n        seen.add(d)\n        try:\n"
-              "            with open(os.path.join(d, token), 'w') as fh:\n                fh.write('x')\n"
-              "            left.append(os.path.join(d, token))\n        except OSError:\n            pass\n"
-              "        if depth < 3:\n            try:\n"
-              "                todo += [(e.path, depth + 1) for e in os.scandir(d) if e.is_dir(follow_symlinks=False)]\n"
-              "            except OSError:\n                pass\n    return left\n")
+    litter = (
+        "import os\ndef f(token):\n    seen, left = set(), []\n"
+        "    todo = [('/', 0)] + [(d, 9) for d in ('/tmp', '/var/tmp', '/dev/shm', '/run/lock', '/dev/mqueue',"
+        " os.getcwd())]\n"
+        "    while todo:\n        d, depth = todo.pop()\n        if d in seen or d.startswith(('/proc', '/sys')):\n"
+        "            continue\n        seen.add(d)\n        try:\n"
+        "            with open(os.path.join(d, token), 'w') as fh:\n                fh.write('x')\n"
+        "            left.append(os.path.join(d, token))\n        except OSError:\n            pass\n"
+        "        if depth < 3:\n            try:\n"
+        "                todo += [(e.path, depth + 1) for e in os.scandir(d) if e.is_dir(follow_symlinks=False)]\n"
+        "            except OSError:\n                pass\n    return left\n"
+    )
     first = run(call(litter, None, [token]), LIM)
     left = eval(first.tests[0].actual)  # noqa: S307 - the program's JSON list of paths
     assert os.path.join("/tmp", token) in left or any(p.startswith("/sandbox/") for p in left), left
@@ -151,11 +178,13 @@ def test_reading_other_processes_environment(run, isolation):
     os.environ["MARLJAX_TEST_SECRET"] = secret  # in the parent's own environment ...
     holder = subprocess.Popen(["sleep", "30"], env={"MARLJAX_TEST_SECRET": secret})  # ... and in a process's
     try:
-        code = ("import os\ndef f(secret):\n    found = [k for k, v in os.environ.items() if secret in v]\n"
-                "    for pid in os.listdir('/proc'):\n        try:\n"
-                "            with open(f'/proc/{pid}/environ', 'rb') as fh:\n"
-                "                if secret.encode() in fh.read():\n                    found.append(pid)\n"
-                "        except OSError:\n            pass\n    return found\n")
+        code = (
+            "import os\ndef f(secret):\n    found = [k for k, v in os.environ.items() if secret in v]\n"
+            "    for pid in os.listdir('/proc'):\n        try:\n"
+            "            with open(f'/proc/{pid}/environ', 'rb') as fh:\n"
+            "                if secret.encode() in fh.read():\n                    found.append(pid)\n"
+            "        except OSError:\n            pass\n    return found\n"
+        )
         res = run(call(code, [], [secret]), LIM)
     finally:
         holder.kill()
@@ -182,24 +211,30 @@ def test_opening_a_network_socket(run, isolation):
         except OSError:
             pass
 
-    code = ("import socket\ndef f(port):\n    for host in ('127.0.0.1', '1.1.1.1'):\n        try:\n"
-            "            socket.create_connection((host, port if host == '127.0.0.1' else 53), timeout=1).close()\n"
-            "            return 'connected ' + host\n        except OSError as exc:\n"
-            "            last = type(exc).__name__\n    return 'denied'\n")
+    code = (
+        "import socket\ndef f(port):\n    for host in ('127.0.0.1', '1.1.1.1'):\n        try:\n"
+        "            socket.create_connection((host, port if host == '127.0.0.1' else 53), timeout=1).close()\n"
+        "            return 'connected ' + host\n        except OSError as exc:\n"
+        "            last = type(exc).__name__\n    return 'denied'\n"
+    )
     res = run(call(code, "denied", [port]), LIM)
     accept()
     server.close()
     for c in accepted:
         c.close()
     if not isolation.network_denied:
-        pytest.skip(f"isolation {isolation.level!r} cannot deny network (no network namespace at this level); "
-                    f"the program reported {res.tests[0].actual or res.status.value}")
+        pytest.skip(
+            f"isolation {isolation.level!r} cannot deny network (no network namespace at this level); "
+            f"the program reported {res.tests[0].actual or res.status.value}"
+        )
     assert res.passed, f"network reachable from the sandbox: {res.tests[0].actual}"
     assert not accepted
 
 
 def test_harness_survives_threads_and_signals(run):
-    code = ("import threading, os, signal\ndef f():\n    signal.signal(signal.SIGALRM, signal.SIG_IGN)\n"
-            "    threading.Thread(target=lambda: os._exit(0), daemon=True).start()\n    while True:\n        pass\n")
+    code = (
+        "import threading, os, signal\ndef f():\n    signal.signal(signal.SIGALRM, signal.SIG_IGN)\n"
+        "    threading.Thread(target=lambda: os._exit(0), daemon=True).start()\n    while True:\n        pass\n"
+    )
     res = run(call(code, 1), LIM)
     assert not res.passed and res.status in (Status.RUNTIME_ERROR, Status.TIMEOUT)

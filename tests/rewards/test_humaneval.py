@@ -27,15 +27,18 @@ def problems():
 def test_all_canonical_solutions_pass(problems, no_leaks):
     with SandboxPool(limits=LIMITS) as pool:
         results = pool.map([humaneval_program(p, p["canonical_solution"]) for p in problems])
-    failed = {p["task_id"]: (r.status.value, r.error_message, r.tests[0].message)
-              for p, r in zip(problems, results) if not r.passed}
+    failed = {
+        p["task_id"]: (r.status.value, r.error_message, r.tests[0].message)
+        for p, r in zip(problems, results)
+        if not r.passed
+    }
     assert not failed
     assert all(r.pass_fraction() == 1.0 for r in results)
 
 
 # The wrong-value mutant keeps the canonical solution and perturbs what it returns,
 # keeping the type, so the check's asserts (not the candidate) fail.
-PERTURB = '''
+PERTURB = """
 _marljax_orig = {entry}
 def _marljax_perturb(r):
     if isinstance(r, bool):
@@ -51,7 +54,7 @@ def _marljax_perturb(r):
     return object()
 def {entry}(*args, **kwargs):
     return _marljax_perturb(_marljax_orig(*args, **kwargs))
-'''
+"""
 
 
 def _mutants(p):
@@ -76,10 +79,13 @@ def test_mutants_fail_with_the_right_class(problems, no_leaks):
             expect.append((p["task_id"], cls))
     with SandboxPool(limits=Limits(test_timeout_s=1.0, program_timeout_s=10.0)) as pool:
         results = pool.map(jobs)
-    wrong = [(tid, cls, r.status.value, r.error_message or r.tests[0].message)
-             for (tid, cls), r in zip(expect, results) if r.status.value != cls]
+    wrong = [
+        (tid, cls, r.status.value, r.error_message or r.tests[0].message)
+        for (tid, cls), r in zip(expect, results)
+        if r.status.value != cls
+    ]
     assert not wrong
-    for (tid, cls), r in zip(expect, results):
+    for (_tid, cls), r in zip(expect, results):
         assert r.pass_fraction() == 0.0
         if cls == "runtime_error":
             assert r.tests[0].exc_type == "ValueError" and "mutant" in r.tests[0].message

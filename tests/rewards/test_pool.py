@@ -14,14 +14,31 @@ def _job(k: int):
     """Program k and the status it must get (independent of scheduling)."""
     kind = k % 5
     if kind == 0:
-        return Program(f"def f(x):\n    return x + {k}\n", (CallTest((1,), 1 + k), CallTest((2,), 2 + k)),
-                       fn_name="f"), Status.PASSED, 1.0
+        return (
+            Program(
+                f"def f(x):\n    return x + {k}\n",
+                (CallTest((1,), 1 + k), CallTest((2,), 2 + k)),
+                fn_name="f",
+            ),
+            Status.PASSED,
+            1.0,
+        )
     if kind == 1:
-        return Program(f"def f(x):\n    return x + {k}\n", (CallTest((1,), 1 + k), CallTest((2,), 3 + k)),
-                       fn_name="f"), Status.WRONG_ANSWER, 0.5
+        return (
+            Program(
+                f"def f(x):\n    return x + {k}\n",
+                (CallTest((1,), 1 + k), CallTest((2,), 3 + k)),
+                fn_name="f",
+            ),
+            Status.WRONG_ANSWER,
+            0.5,
+        )
     if kind == 2:
-        return Program("def f(x):\n    return 1 // (x - 1)\n", (CallTest((1,), 0),), fn_name="f"), \
-            Status.RUNTIME_ERROR, 0.0
+        return (
+            Program("def f(x):\n    return 1 // (x - 1)\n", (CallTest((1,), 0),), fn_name="f"),
+            Status.RUNTIME_ERROR,
+            0.0,
+        )
     if kind == 3:
         return Program(f"print(int(input()) * {k})\n", (StdioTest("3\n", f"{3 * k}\n"),)), Status.PASSED, 1.0
     return Program("import sys\nsys.exit(0)\n", (CallTest((), 0),), fn_name="f"), Status.RUNTIME_ERROR, 0.0
@@ -47,7 +64,9 @@ def test_results_come_back_in_order(no_leaks):
 
 
 def test_back_pressure_blocks_then_raises_when_full(no_leaks):
-    slow = Program("import time\ndef f():\n    time.sleep(0.5)\n    return 1\n", (CallTest((), 1),), fn_name="f")
+    slow = Program(
+        "import time\ndef f():\n    time.sleep(0.5)\n    return 1\n", (CallTest((), 1),), fn_name="f"
+    )
     with SandboxPool(max_workers=1, max_queue=1) as pool:
         futs = [pool.submit(slow)]  # taken by the worker (soon)
         futs.append(pool.submit(slow))  # may wait in the queue

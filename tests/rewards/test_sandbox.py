@@ -4,8 +4,18 @@ from __future__ import annotations
 
 import pytest
 
-from marljax.rewards import (AssertTest, CallTest, Limits, Program, SandboxConfig, Status, StdioTest, io_program,
-                             mbpp_program, run_program)
+from marljax.rewards import (
+    AssertTest,
+    CallTest,
+    Limits,
+    Program,
+    SandboxConfig,
+    Status,
+    StdioTest,
+    io_program,
+    mbpp_program,
+    run_program,
+)
 from marljax.rewards.sandbox import LEVELS
 
 FAST = Limits(test_timeout_s=1.0, program_timeout_s=10.0, memory_mb=256)
@@ -21,8 +31,11 @@ def test_each_level_reports_itself_and_its_promises(run, isolation):
 
 
 def test_call_based_passed_and_wrong_answer(level_config, no_leaks):
-    prog = Program("def f(x):\n    return x * 2\n",
-                   (CallTest((1,), 2), CallTest((3,), 7), CallTest((2,), 4, "private")), fn_name="f")
+    prog = Program(
+        "def f(x):\n    return x * 2\n",
+        (CallTest((1,), 2), CallTest((3,), 7), CallTest((2,), 4, "private")),
+        fn_name="f",
+    )
     res = run_program(prog, FAST, level_config)
     assert [t.status for t in res.tests] == [Status.PASSED, Status.WRONG_ANSWER, Status.PASSED]
     assert res.status is Status.WRONG_ANSWER
@@ -51,8 +64,11 @@ def test_stdin_styles_open0_and_buffer(run):
 
 
 def test_mbpp_asserts_report_input_expected_actual(run):
-    prog = mbpp_program("def add(a, b):\n    return a + b + (a == 2)\n",
-                        ["assert add(1, 2) == 3", "assert add(2, 2) == 4"], challenge_tests=["assert add(0, 0) == 0"])
+    prog = mbpp_program(
+        "def add(a, b):\n    return a + b + (a == 2)\n",
+        ["assert add(1, 2) == 3", "assert add(2, 2) == 4"],
+        challenge_tests=["assert add(0, 0) == 0"],
+    )
     res = run(prog, FAST)
     assert [t.status for t in res.tests] == [Status.PASSED, Status.WRONG_ANSWER, Status.PASSED]
     wa = res.tests[1]
@@ -101,27 +117,36 @@ def test_leetcode_style_solution_class(run):
 
 def test_timeout_then_later_tests_still_classified(level_config, no_leaks):
     code = "def f(x):\n    while x:\n        pass\n    return 0\n"
-    res = run_program(Program(code, (CallTest((0,), 0), CallTest((1,), 0), CallTest((0,), 0)), fn_name="f"),
-                      FAST, level_config)
+    res = run_program(
+        Program(code, (CallTest((0,), 0), CallTest((1,), 0), CallTest((0,), 0)), fn_name="f"),
+        FAST,
+        level_config,
+    )
     assert [t.status for t in res.tests] == [Status.PASSED, Status.TIMEOUT, Status.PASSED]
     assert res.status is Status.TIMEOUT
 
 
 def test_uninterruptible_timeout_is_killed_by_the_parent(run):
     # A C-level loop ignores the child's alarm and the code swallows the alarm exception anyway.
-    code = ("def f():\n    while True:\n        try:\n            sum(range(10**9))\n"
-            "        except BaseException:\n            pass\n")
+    code = (
+        "def f():\n    while True:\n        try:\n            sum(range(10**9))\n"
+        "        except BaseException:\n            pass\n"
+    )
     res = run(Program(code, (CallTest((), 0), CallTest((), 0)), fn_name="f"), FAST)
     assert [t.status for t in res.tests] == [Status.TIMEOUT, Status.NOT_RUN]
     assert res.status is Status.TIMEOUT and res.wall_s < FAST.test_timeout_s + 3.0
 
 
 def test_memory_exceeded(run):
-    res = run(Program("def f():\n    return len(bytearray(2 << 30))\n", (CallTest((), 0),), fn_name="f"), FAST)
+    res = run(
+        Program("def f():\n    return len(bytearray(2 << 30))\n", (CallTest((), 0),), fn_name="f"), FAST
+    )
     assert res.status is Status.MEMORY_EXCEEDED and res.tests[0].exc_type == "MemoryError"
 
 
-@pytest.mark.parametrize("exit_code", ["import sys\nsys.exit(0)", "import os\nos._exit(0)", "raise SystemExit"])
+@pytest.mark.parametrize(
+    "exit_code", ["import sys\nsys.exit(0)", "import os\nos._exit(0)", "raise SystemExit"]
+)
 @pytest.mark.parametrize("where", ["load", "test"])
 def test_early_exit_never_passes(level_config, exit_code, where, no_leaks):
     if where == "load":
@@ -129,17 +154,21 @@ def test_early_exit_never_passes(level_config, exit_code, where, no_leaks):
     else:
         body = "\n".join("    " + line for line in exit_code.splitlines())
         code = f"def f():\n{body}\n    return 1\n"
-    for prog in (Program(code, (CallTest((), 1),), fn_name="f"),
-                 Program(code, (AssertTest("assert f() == 1"),)),):
+    for prog in (
+        Program(code, (CallTest((), 1),), fn_name="f"),
+        Program(code, (AssertTest("assert f() == 1"),)),
+    ):
         res = run_program(prog, FAST, level_config)
         assert not res.passed and res.status is Status.RUNTIME_ERROR, res
         assert res.pass_fraction() == 0.0
 
 
 def test_printing_fake_records_does_not_pass(run):
-    code = ('import sys\nprint("passed")\nfor i in range(3):\n'
-            '    print(\'00 {"e": "end", "i": %d, "status": "passed"}\' % i)\n'
-            "sys.stdout.flush()\nimport os\nos._exit(0)\n")
+    code = (
+        'import sys\nprint("passed")\nfor i in range(3):\n'
+        '    print(\'00 {"e": "end", "i": %d, "status": "passed"}\' % i)\n'
+        "sys.stdout.flush()\nimport os\nos._exit(0)\n"
+    )
     res = run(mbpp_program(code, ["assert True"] * 3), FAST)
     assert res.status is Status.RUNTIME_ERROR and res.pass_fraction() == 0.0
 

@@ -7,22 +7,55 @@ import sys
 
 import pytest
 
-from marljax.rewards import (CallTest, ExecutionResult, Limits, Status, TestResult, compare_stdout, compare_value,
-                             error_feedback, extract_answer, extract_code, humaneval_program, io_program,
-                             is_equivalent, make_task, make_tasks, math_reward, run_many, run_program)
+from marljax.rewards import (
+    CallTest,
+    ExecutionResult,
+    Limits,
+    Status,
+    TestResult,
+    compare_stdout,
+    compare_value,
+    error_feedback,
+    extract_answer,
+    extract_code,
+    humaneval_program,
+    io_program,
+    is_equivalent,
+    make_task,
+    make_tasks,
+    math_reward,
+    run_many,
+    run_program,
+)
 
 
 def test_package_does_not_import_jax():
-    out = subprocess.run([sys.executable, "-c", "import sys, marljax.rewards; print('jax' in sys.modules)"],
-                         capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", "import sys, marljax.rewards; print('jax' in sys.modules)"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     assert out.stdout.strip() == "False"
 
 
-@pytest.mark.parametrize("actual,expected,ok", [
-    ("3\n", "3", True), ("3  \n\n", "3\n", True), ("1 2\n3\n", "1 2\n3", True), ("1.0\n", "1.00\n", True),
-    ("1e2", "100", True), ("3\n", "4\n", False), ("1 2", "1  2", True), ("1 2 3", "1 2", False),
-    ("0.1", "0.10000001", False), ("", "0", False), ("yes", "YES", False), ("a\r\nb\r\n", "a\nb", True),
-])
+@pytest.mark.parametrize(
+    "actual,expected,ok",
+    [
+        ("3\n", "3", True),
+        ("3  \n\n", "3\n", True),
+        ("1 2\n3\n", "1 2\n3", True),
+        ("1.0\n", "1.00\n", True),
+        ("1e2", "100", True),
+        ("3\n", "4\n", False),
+        ("1 2", "1  2", True),
+        ("1 2 3", "1 2", False),
+        ("0.1", "0.10000001", False),
+        ("", "0", False),
+        ("yes", "YES", False),
+        ("a\r\nb\r\n", "a\nb", True),
+    ],
+)
 def test_compare_stdout(actual, expected, ok):
     assert compare_stdout(actual, expected) is ok
 
@@ -41,8 +74,11 @@ def test_io_program_formats():
 
 
 def test_humaneval_program_accepts_full_definitions():
-    prob = {"prompt": "from typing import List\n\ndef g(xs: List[int]) -> int:\n    \"\"\"doc\"\"\"\n",
-            "entry_point": "g", "test": "def check(candidate):\n    assert candidate([1, 2]) == 3\n"}
+    prob = {
+        "prompt": 'from typing import List\n\ndef g(xs: List[int]) -> int:\n    """doc"""\n',
+        "entry_point": "g",
+        "test": "def check(candidate):\n    assert candidate([1, 2]) == 3\n",
+    }
     full = "def g(xs: List[int]) -> int:\n    return sum(xs)\n"
     body = "    return sum(xs)\n"
     res = run_many([humaneval_program(prob, full), humaneval_program(prob, body)])
@@ -70,15 +106,24 @@ def _res(status, tests=(), **kw):
 def test_feedback_wrong_answer_shows_input_expected_actual():
     r = run_program(io_program("def f(x):\n    return x * 2\n", [[3], [4]], [6, 9], fn_name="f", public=2))
     fb = error_feedback(r)
-    assert "Wrong answer" in fb and "Input: 4" in fb and "Expected output: 9" in fb and "Actual output: 8" in fb
+    assert (
+        "Wrong answer" in fb and "Input: 4" in fb and "Expected output: 9" in fb and "Actual output: 8" in fb
+    )
     assert "Passed 1 of 2 tests" in fb
     ok = run_program(io_program("def f(x):\n    return x * 2\n", [[3]], [6], fn_name="f"))
     assert ok.passed and error_feedback(ok) == ""
 
 
 def test_feedback_runtime_error_timeout_and_private_tests_hidden():
-    rt = TestResult(0, "public", Status.RUNTIME_ERROR, input="1", exc_type="ZeroDivisionError",
-                    message="division by zero", traceback="Traceback...\nZeroDivisionError: division by zero")
+    rt = TestResult(
+        0,
+        "public",
+        Status.RUNTIME_ERROR,
+        input="1",
+        exc_type="ZeroDivisionError",
+        message="division by zero",
+        traceback="Traceback...\nZeroDivisionError: division by zero",
+    )
     fb = error_feedback(_res(Status.RUNTIME_ERROR, [rt]))
     assert "ZeroDivisionError: division by zero" in fb and "Traceback" in fb
     to = TestResult(0, "public", Status.TIMEOUT, input="10**9")
@@ -91,23 +136,42 @@ def test_feedback_runtime_error_timeout_and_private_tests_hidden():
     long = TestResult(0, "public", Status.WRONG_ANSWER, input="x" * 10_000, expected="y" * 10_000, actual="z")
     assert len(error_feedback(_res(Status.WRONG_ANSWER, [long]), max_chars=500)) <= 500
     assert "No code" in error_feedback(_res(Status.NO_CODE))
-    assert "Syntax error" in error_feedback(_res(Status.SYNTAX_ERROR, error_type="SyntaxError", error_message="bad"))
+    assert "Syntax error" in error_feedback(
+        _res(Status.SYNTAX_ERROR, error_type="SyntaxError", error_message="bad")
+    )
 
 
-@pytest.mark.parametrize("text,answer", [
-    ("so the answer is \\boxed{42}.", "42"), ("\\boxed{\\frac{1}{2}} wait no \\boxed{\\frac{3}{4}}", "\\frac{3}{4}"),
-    ("x = 3, then y = -7.5", "-7.5"), ("total 1,234,567 apples", "1234567"), ("no numbers", None),
-    ("\\boxed{\\sqrt{\\frac{1}{2}}}", "\\sqrt{\\frac{1}{2}}"),
-])
+@pytest.mark.parametrize(
+    "text,answer",
+    [
+        ("so the answer is \\boxed{42}.", "42"),
+        ("\\boxed{\\frac{1}{2}} wait no \\boxed{\\frac{3}{4}}", "\\frac{3}{4}"),
+        ("x = 3, then y = -7.5", "-7.5"),
+        ("total 1,234,567 apples", "1234567"),
+        ("no numbers", None),
+        ("\\boxed{\\sqrt{\\frac{1}{2}}}", "\\sqrt{\\frac{1}{2}}"),
+    ],
+)
 def test_extract_answer(text, answer):
     assert extract_answer(text) == answer
 
 
-@pytest.mark.parametrize("a,b,eq", [
-    ("42", "42.0", True), ("0.5", "\\frac{1}{2}", True), ("1/2", "\\dfrac{1}{2}", True), ("-3/6", "-0.5", True),
-    ("1,000", "1000", True), ("$7$", "7", True), ("\\text{5 }", "5", True), ("0.333", "1/3", False),
-    ("2", "3", False), ("x = 4", "4", True), ("10^{\\circ}", "10", True),
-])
+@pytest.mark.parametrize(
+    "a,b,eq",
+    [
+        ("42", "42.0", True),
+        ("0.5", "\\frac{1}{2}", True),
+        ("1/2", "\\dfrac{1}{2}", True),
+        ("-3/6", "-0.5", True),
+        ("1,000", "1000", True),
+        ("$7$", "7", True),
+        ("\\text{5 }", "5", True),
+        ("0.333", "1/3", False),
+        ("2", "3", False),
+        ("x = 4", "4", True),
+        ("10^{\\circ}", "10", True),
+    ],
+)
 def test_is_equivalent_exact(a, b, eq):
     assert is_equivalent(a, b) is eq
 
@@ -136,9 +200,9 @@ def test_synthetic_tasks_are_deterministic_and_verifiable(no_leaks):
         cheats.append(t.program(f"def f(*a):\n    return {table!r}.get(repr(tuple(a)), 0)\n"))
     res = run_many(programs + cheats, limits=Limits(test_timeout_s=5))
     assert all(r.passed for r in res[: len(tasks)])
-    for r in res[len(tasks):]:
+    for r in res[len(tasks) :]:
         assert r.pass_fraction("public") == 1.0
-    assert sum(r.pass_fraction("private") < 1.0 for r in res[len(tasks):]) >= len(tasks) - 2
+    assert sum(r.pass_fraction("private") < 1.0 for r in res[len(tasks) :]) >= len(tasks) - 2
     assert all(len(t.public) == 4 and len(t.private) == 8 for t in tasks)
     assert "f(" in tasks[0].prompt and str(tasks[0].public[0][1]) in tasks[0].prompt
 

@@ -2,20 +2,47 @@
 
 import pytest
 
-from marljax.rewards import AssertTest, ExecutionResult, Program, SandboxVerifier, Status, TestResult, public_feedback
+from marljax.rewards import (
+    AssertTest,
+    ExecutionResult,
+    Program,
+    SandboxVerifier,
+    Status,
+    TestResult,
+    public_feedback,
+)
 from marljax.train.data import parse_row
 
-STDIO = {"task_id": "inc", "question": "Write f(x) returning x + 1.", "fn_name": "f", "inputs": [[1], [2]],
-         "outputs": [2, 3], "public": 1, "solution": "def f(x):\n    return x + 1\n"}
-MBPP = {"task_id": 7, "text": "Add one.", "test_list": ["assert not (add_one(1) == 3)", "assert add_one(1) == 2"]}
-HUMANEVAL = {"task_id": "h/0", "prompt": "def g(x):\n", "test": "def check(c):\n    assert c(1)\n",
-             "entry_point": "g"}
+STDIO = {
+    "task_id": "inc",
+    "question": "Write f(x) returning x + 1.",
+    "fn_name": "f",
+    "inputs": [[1], [2]],
+    "outputs": [2, 3],
+    "public": 1,
+    "solution": "def f(x):\n    return x + 1\n",
+}
+MBPP = {
+    "task_id": 7,
+    "text": "Add one.",
+    "test_list": ["assert not (add_one(1) == 3)", "assert add_one(1) == 2"],
+}
+HUMANEVAL = {
+    "task_id": "h/0",
+    "prompt": "def g(x):\n",
+    "test": "def check(c):\n    assert c(1)\n",
+    "entry_point": "g",
+}
 MATH = {"id": "m", "problem": "1 + 1?", "answer": 2}
 
 
 def test_problem_accessors():
-    stdio, mbpp, human, math = (parse_row(r, s, f"<t>:{k}") for k, (r, s) in
-                                enumerate([(STDIO, "stdio"), (MBPP, "mbpp"), (HUMANEVAL, "humaneval"), (MATH, "math")]))
+    stdio, mbpp, human, math = (
+        parse_row(r, s, f"<t>:{k}")
+        for k, (r, s) in enumerate(
+            [(STDIO, "stdio"), (MBPP, "mbpp"), (HUMANEVAL, "humaneval"), (MATH, "math")]
+        )
+    )
     assert [p.entry_point for p in (stdio, mbpp, human, math)] == ["f", "add_one", "g", None]
     assert [p.is_math for p in (stdio, mbpp, human, math)] == [False, False, False, True]
     assert stdio.solution == STDIO["solution"] and mbpp.solution is None
@@ -55,14 +82,23 @@ def test_math_needs_no_sandbox_and_code_does():
 
 
 def result(status, *tests):
-    return ExecutionResult(status, tests=tuple(TestResult(i, split, Status.PASSED if ok else Status.WRONG_ANSWER,
-                                                          input="1", expected="2", actual="3")
-                                               for i, (split, ok) in enumerate(tests)))
+    return ExecutionResult(
+        status,
+        tests=tuple(
+            TestResult(
+                i, split, Status.PASSED if ok else Status.WRONG_ANSWER, input="1", expected="2", actual="3"
+            )
+            for i, (split, ok) in enumerate(tests)
+        ),
+    )
 
 
 def test_public_feedback():
     assert public_feedback(None) == ""
-    assert public_feedback(result(Status.PASSED, ("public", True), ("private", True))) == "All 1 public tests passed."
+    assert (
+        public_feedback(result(Status.PASSED, ("public", True), ("private", True)))
+        == "All 1 public tests passed."
+    )
     hidden = result(Status.WRONG_ANSWER, ("public", True), ("public", True), ("private", False))
     assert public_feedback(hidden) == "All 2 public tests passed."  # the private failure stays hidden
     assert public_feedback(result(Status.WRONG_ANSWER, ("private", False))) == "No public tests."

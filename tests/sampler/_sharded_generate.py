@@ -38,7 +38,9 @@ def main():
     engine = get_engine(cfg, mesh)
     assert engine.stats.prefill_calls == 2 and engine.batch_bucket(5) == 8
     # decode phases over growing cache windows on the mesh (the default uses them from 128 tokens)
-    s3 = generate(sharded, prompts, temperature=1.0, top_p=0.9, n=2, seed=3, buckets=Buckets(kv_phases=3), **kw)
+    s3 = generate(
+        sharded, prompts, temperature=1.0, top_p=0.9, n=2, seed=3, buckets=Buckets(kv_phases=3), **kw
+    )
 
     # the cache really is split: batch over data, kv heads over tensor
     ids = np.zeros((8, 16), np.int32)

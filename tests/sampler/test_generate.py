@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from marljax.models import forward, from_pretrained, get_params, load_tokenizer, token_logprobs, testing
+from marljax.models import forward, from_pretrained, get_params, load_tokenizer, testing, token_logprobs
 from marljax.sampler import Buckets, generate, generate_text, get_engine, truncation_mask
 from marljax.sampler.engine import kv_windows
 
@@ -25,13 +25,14 @@ def _prompts(seed=0, lengths=(5, 2, 9)):
     return [rng.randint(3, 512, size=n).tolist() for n in lengths]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _torch_model(path):
     import torch
     import transformers
 
     return transformers.AutoModelForCausalLM.from_pretrained(
-        str(path), dtype=torch.float32, attn_implementation="eager").eval()
+        str(path), dtype=torch.float32, attn_implementation="eager"
+    ).eval()
 
 
 # every family with the automatic (fused q/k/v, gate/up on small CPU models) decode step, and
@@ -48,14 +49,25 @@ def test_greedy_equals_transformers_generate_per_row(checkpoint, case, fuse):
     path = checkpoint(case)
     model, _ = from_pretrained(path)
     prompts = _prompts(seed=1)
-    out = generate(model, prompts, max_new_tokens=MAX_NEW, temperature=0.0,
-                   eos_ids=[testing.EOS_ID], fuse_projections=fuse)
+    out = generate(
+        model,
+        prompts,
+        max_new_tokens=MAX_NEW,
+        temperature=0.0,
+        eos_ids=[testing.EOS_ID],
+        fuse_projections=fuse,
+    )
     hf = _torch_model(path)
     for i, p in enumerate(prompts):
         with torch.no_grad():
-            g = hf.generate(torch.tensor([p]), do_sample=False, max_new_tokens=MAX_NEW,
-                            eos_token_id=testing.EOS_ID, pad_token_id=testing.PAD_ID)
-        want = g[0, len(p):].tolist()
+            g = hf.generate(
+                torch.tensor([p]),
+                do_sample=False,
+                max_new_tokens=MAX_NEW,
+                eos_token_id=testing.EOS_ID,
+                pad_token_id=testing.PAD_ID,
+            )
+        want = g[0, len(p) :].tolist()
         assert out.completions()[i] == want, f"row {i} (prompt length {len(p)})"
         assert out.finish_reason[i] == ("eos" if want[-1] == testing.EOS_ID else "length")
     assert len({tuple(c) for c in out.completions()}) == len(prompts)  # rows really differ
@@ -69,13 +81,13 @@ def _teacher_forced(params, config, prompts, out):
     ids = np.zeros((len(rows), T), np.int32)
     mask = np.zeros((len(rows), T), bool)
     for r, seq in enumerate(rows):
-        ids[r, :len(seq)], mask[r, :len(seq)] = seq, True
+        ids[r, : len(seq)], mask[r, : len(seq)] = seq, True
     ids, mask = jnp.asarray(ids), jnp.asarray(mask)
     labels = jnp.roll(ids, -1, axis=1)
     lp = jax.jit(token_logprobs, static_argnames=("config",))(
-        params, ids, labels, config=config, attention_mask=mask)
-    logits, _ = jax.jit(forward, static_argnames=("config",))(params, ids, config=config,
-                                                              attention_mask=mask)
+        params, ids, labels, config=config, attention_mask=mask
+    )
+    logits, _ = jax.jit(forward, static_argnames=("config",))(params, ids, config=config, attention_mask=mask)
     return np.asarray(lp), np.asarray(logits)
 
 
@@ -84,8 +96,18 @@ def test_logprobs_equal_teacher_forcing_for_sampled_tokens(qwen3):
     params = get_params(model)
     prompts = _prompts(seed=2)
     temperature, top_k, top_p = 0.9, 40, 0.8
-    out = generate(model, prompts, max_new_tokens=MAX_NEW, temperature=temperature, top_k=top_k,
-                   top_p=top_p, n=2, seed=3, return_sampling_logprobs=True, eos_ids=())
+    out = generate(
+        model,
+        prompts,
+        max_new_tokens=MAX_NEW,
+        temperature=temperature,
+        top_k=top_k,
+        top_p=top_p,
+        n=2,
+        seed=3,
+        return_sampling_logprobs=True,
+        eos_ids=(),
+    )
     lp, logits = _teacher_forced(params, config, prompts, out)
     n_checked, truncation_visible = 0, 0
     for r, i in enumerate(out.prompt_index):
@@ -93,9 +115,9 @@ def test_logprobs_equal_teacher_forcing_for_sampled_tokens(qwen3):
         assert n == MAX_NEW and out.finish_reason[r] == "length"
         toks = out.tokens[r, :n]
         # raw model, temperature 1, no truncation
-        np.testing.assert_allclose(out.logprobs[r, :n], lp[r, L - 1:L - 1 + n], atol=1e-5, rtol=0)
+        np.testing.assert_allclose(out.logprobs[r, :n], lp[r, L - 1 : L - 1 + n], atol=1e-5, rtol=0)
         # sampling distribution: temperature, top-k, top-p applied, renormalised
-        pos_logits = jnp.asarray(logits[r, L - 1:L - 1 + n])
+        pos_logits = jnp.asarray(logits[r, L - 1 : L - 1 + n])
         x, keep = truncation_mask(pos_logits, temperature=temperature, top_k=top_k, top_p=top_p)
         assert bool(keep[jnp.arange(n), toks].all()), "a token outside the nucleus was sampled"
         want = jax.nn.log_softmax(jnp.where(keep, x, -jnp.inf), axis=-1)[jnp.arange(n), toks]
@@ -125,7 +147,7 @@ def test_phased_decode_over_growing_cache_windows_equals_one_phase(qwen3):
     np.testing.assert_array_equal(out.finish_reason, one.finish_reason)
     for r, i in enumerate(out.prompt_index):
         L, n = len(prompts[i]), int(out.lengths[r])
-        np.testing.assert_allclose(out.logprobs[r, :n], lp[r, L - 1:L - 1 + n], atol=1e-5, rtol=0)
+        np.testing.assert_allclose(out.logprobs[r, :n], lp[r, L - 1 : L - 1 + n], atol=1e-5, rtol=0)
 
 
 def test_rows_stop_independently_on_eos_and_stop_sequences(qwen3):
@@ -137,14 +159,15 @@ def test_rows_stop_independently_on_eos_and_stop_sequences(qwen3):
 
     def first_end(row, seq):  # index after the first occurrence of seq in row, or None
         for s in range(len(row) - len(seq) + 1):
-            if list(row[s:s + len(seq)]) == list(seq):
+            if list(row[s : s + len(seq)]) == list(seq):
                 return s + len(seq)
         return None
 
     eos = int(G[0, 3])
     stop = [int(t) for t in G[1, 5:7]]
-    out = generate(model, prompts, max_new_tokens=MAX_NEW, temperature=0.0, eos_ids=[eos],
-                   stop=[stop, [511, 510, 509]])
+    out = generate(
+        model, prompts, max_new_tokens=MAX_NEW, temperature=0.0, eos_ids=[eos], stop=[stop, [511, 510, 509]]
+    )
     expected = []
     for r in range(len(prompts)):
         e, s = first_end(G[r], [eos]), first_end(G[r], stop)
@@ -158,8 +181,13 @@ def test_rows_stop_independently_on_eos_and_stop_sequences(qwen3):
     assert out.steps == MAX_NEW or out.steps == max(e for e, _ in expected)
 
     # every row hits an EOS within 3 tokens -> the loop exits early
-    early = generate(model, prompts, max_new_tokens=MAX_NEW, temperature=0.0,
-                     eos_ids=sorted({int(G[r, 2]) for r in range(len(prompts))}))
+    early = generate(
+        model,
+        prompts,
+        max_new_tokens=MAX_NEW,
+        temperature=0.0,
+        eos_ids=sorted({int(G[r, 2]) for r in range(len(prompts))}),
+    )
     assert (early.finish_reason == "eos").all() and early.lengths.max() <= 3
     assert early.steps == early.lengths.max() < MAX_NEW
     assert get_engine(model.config).stats.last_steps == early.steps
@@ -172,7 +200,10 @@ def test_same_seed_same_tokens_and_n_samples_share_one_prefill(qwen3):
     stats = get_engine(config).stats
     before = (stats.prefill_calls, stats.prefill_rows, stats.decode_rows)
     a = generate(model, prompts, n=4, seed=11, **kw)
-    assert (stats.prefill_calls - before[0], stats.prefill_rows - before[1]) == (1, 4)  # 3 prompts -> bucket 4
+    assert (stats.prefill_calls - before[0], stats.prefill_rows - before[1]) == (
+        1,
+        4,
+    )  # 3 prompts -> bucket 4
     assert stats.decode_rows - before[2] == 16  # 12 samples -> bucket 16
     b = generate(model, prompts, n=4, seed=11, **kw)
     np.testing.assert_array_equal(a.tokens, b.tokens)
@@ -199,8 +230,12 @@ def test_new_parameters_and_sampling_settings_do_not_recompile(qwen3):
     other = jax.tree.map(lambda x: x * 1.05 + 0.01, params)  # another agent's parameters
     other_greedy = generate(model, prompts, max_new_tokens=MAX_NEW, temperature=0.0, params=other)
     assert (other_greedy.tokens != greedy.tokens).any()
-    for kw in [dict(temperature=1.3, top_k=7, seed=5), dict(temperature=0.5, top_p=0.5, seed=9),
-               dict(temperature=1.0, max_new_tokens=9), dict(temperature=0.2, params=other)]:
+    for kw in [
+        dict(temperature=1.3, top_k=7, seed=5),
+        dict(temperature=0.5, top_p=0.5, seed=9),
+        dict(temperature=1.0, max_new_tokens=9),
+        dict(temperature=0.2, params=other),
+    ]:
         kw = {"max_new_tokens": MAX_NEW, **kw}
         generate(model, _prompts(seed=7, lengths=(3, 12, 7)), **kw)  # other lengths, same bucket
     assert engine.stats.compiles == compiles
@@ -213,8 +248,10 @@ def test_new_parameters_and_sampling_settings_do_not_recompile(qwen3):
 def test_generate_text_through_the_chat_template(qwen3):
     model, _, path = qwen3
     tok = load_tokenizer(path)
-    prompts = ["hello agents", [{"role": "system", "content": "be brief"},
-                                {"role": "user", "content": "what is 1 + 1?"}]]
+    prompts = [
+        "hello agents",
+        [{"role": "system", "content": "be brief"}, {"role": "user", "content": "what is 1 + 1?"}],
+    ]
     res = generate_text(model, tok, prompts, max_new_tokens=MAX_NEW, temperature=0.0)
     assert res.prompts[0] == "<|im_start|>user\nhello agents<|im_end|>\n<|im_start|>assistant\n"
     assert res.prompts[1].startswith("<|im_start|>system\nbe brief<|im_end|>")
@@ -230,11 +267,15 @@ def test_generate_text_through_the_chat_template(qwen3):
 
 def test_bad_arguments_are_clear_errors(qwen3):
     model, config, _ = qwen3
-    for kw, match in [(dict(prompt_ids=[[1, 2], []]), "prompt 1 is empty"),
-                      (dict(prompt_ids=[[1, 600]]), "outside"),
-                      (dict(top_p=0.0), "top_p"), (dict(temperature=-1.0), "temperature"),
-                      (dict(top_k=-2), "top_k"), (dict(n=0), "n must"),
-                      (dict(max_new_tokens=0), "max_new_tokens")]:
+    for kw, match in [
+        (dict(prompt_ids=[[1, 2], []]), "prompt 1 is empty"),
+        (dict(prompt_ids=[[1, 600]]), "outside"),
+        (dict(top_p=0.0), "top_p"),
+        (dict(temperature=-1.0), "temperature"),
+        (dict(top_k=-2), "top_k"),
+        (dict(n=0), "n must"),
+        (dict(max_new_tokens=0), "max_new_tokens"),
+    ]:
         args = {"prompt_ids": [[1, 2, 3]], "max_new_tokens": 4, **kw}
         with pytest.raises(ValueError, match=match):
             generate(model, args.pop("prompt_ids"), **args)

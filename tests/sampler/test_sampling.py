@@ -24,19 +24,33 @@ _sample_jit = jax.jit(sample_tokens, static_argnames=("greedy", "bound", "method
 
 
 def _mask(logits, temperature=1.0, top_k=0, top_p=1.0, **static):
-    return _mask_jit(jnp.asarray(logits), temperature=jnp.float32(temperature),
-                     top_k=jnp.int32(top_k), top_p=jnp.float32(top_p), **static)[1]
+    return _mask_jit(
+        jnp.asarray(logits),
+        temperature=jnp.float32(temperature),
+        top_k=jnp.int32(top_k),
+        top_p=jnp.float32(top_p),
+        **static,
+    )[1]
 
 
 def _sample(logits, keys, temperature=1.0, top_k=0, top_p=1.0, **static):
-    return _sample_jit(jnp.asarray(logits), keys, temperature=jnp.asarray(temperature, jnp.float32),
-                       top_k=jnp.int32(top_k), top_p=jnp.float32(top_p), **static)
+    return _sample_jit(
+        jnp.asarray(logits),
+        keys,
+        temperature=jnp.asarray(temperature, jnp.float32),
+        top_k=jnp.int32(top_k),
+        top_p=jnp.float32(top_p),
+        **static,
+    )
 
 
 def _hf_keep(logits, temperature, top_k, top_p):
     import torch
     from transformers.generation.logits_process import (
-        TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper)
+        TemperatureLogitsWarper,
+        TopKLogitsWarper,
+        TopPLogitsWarper,
+    )
 
     s = TemperatureLogitsWarper(temperature)(None, torch.tensor(logits))
     if top_k:
@@ -51,15 +65,22 @@ def test_truncation_equals_transformers_warpers(method, bound):
     rng = np.random.default_rng(0)
     checked = 0
     for V in (7, 64, 300):
-        for temperature, top_k, top_p in [(1.0, 0, 0.9), (0.7, 5, 1.0), (1.3, 20, 0.8),
-                                          (0.5, 0, 0.3), (2.0, 200, 0.99), (1.0, 1, 0.9),
-                                          (1.0, 400, 0.5)]:
+        for temperature, top_k, top_p in [
+            (1.0, 0, 0.9),
+            (0.7, 5, 1.0),
+            (1.3, 20, 0.8),
+            (0.5, 0, 0.3),
+            (2.0, 200, 0.99),
+            (1.0, 1, 0.9),
+            (1.0, 400, 0.5),
+        ]:
             scale = rng.uniform(0.5, 4.0)
             logits = (rng.standard_normal((8, V)) * scale).astype(np.float32)  # no ties
             want = _hf_keep(logits, temperature, top_k, top_p)
             keep = _mask(logits, temperature, top_k, top_p, bound=bound, method=method)
-            np.testing.assert_array_equal(np.asarray(keep), want,
-                                          err_msg=f"V={V} T={temperature} k={top_k} p={top_p}")
+            np.testing.assert_array_equal(
+                np.asarray(keep), want, err_msg=f"V={V} T={temperature} k={top_k} p={top_p}"
+            )
             checked += int(want.sum() < want.size)
     assert checked >= 15  # the filters really removed tokens in most cases
 
@@ -94,9 +115,10 @@ def _chi2_sf(x: float, df: int) -> float:
     regularised upper incomplete gamma function Q(df/2, x/2))."""
     h = x / 2.0
     if df % 2 == 0:
-        return math.exp(-h) * sum(h ** i / math.factorial(i) for i in range(df // 2))
+        return math.exp(-h) * sum(h**i / math.factorial(i) for i in range(df // 2))
     return math.erfc(math.sqrt(h)) + math.exp(-h) * sum(
-        h ** (i - 0.5) / math.gamma(i + 0.5) for i in range(1, (df - 1) // 2 + 1))
+        h ** (i - 0.5) / math.gamma(i + 0.5) for i in range(1, (df - 1) // 2 + 1)
+    )
 
 
 def _chi2_critical(df: int, alpha: float) -> float:
@@ -111,15 +133,17 @@ def _chi2_critical(df: int, alpha: float) -> float:
     return (lo + hi) / 2
 
 
-LOGITS = np.array([2.0, 1.7, 1.5, 1.2, 1.0, 0.8, 0.5, 0.3, 0.0, -0.3, -0.7, -1.0,
-                   -1.5, -2.0, -3.0, -4.0], np.float32)
+LOGITS = np.array(
+    [2.0, 1.7, 1.5, 1.2, 1.0, 0.8, 0.5, 0.3, 0.0, -0.3, -0.7, -1.0, -1.5, -2.0, -3.0, -4.0], np.float32
+)
 ALPHA = 1e-4  # per test; 4 settings x 2 paths -> family-wise false-alarm rate <= 8e-4
 DRAWS = 20_000
 
 
 @pytest.mark.parametrize("method,bound", [("auto", 64), ("auto", 2)])
-@pytest.mark.parametrize("temperature,top_k,top_p", [(0.8, 5, 1.0), (1.2, 0, 0.8),
-                                                     (1.0, 6, 0.7), (1.0, 0, 1.0)])
+@pytest.mark.parametrize(
+    "temperature,top_k,top_p", [(0.8, 5, 1.0), (1.2, 0, 0.8), (1.0, 6, 0.7), (1.0, 0, 1.0)]
+)
 def test_sample_frequencies_match_truncated_distribution(temperature, top_k, top_p, method, bound):
     """Chi-square goodness of fit of DRAWS samples against softmax(x) restricted to the
     kept set and renormalised, at false-alarm rate ALPHA (critical value by
@@ -130,7 +154,7 @@ def test_sample_frequencies_match_truncated_distribution(temperature, top_k, top
     keep = _reference_keep(x[None], top_k, top_p)[0]
     p = np.where(keep, np.exp(x - x.max()), 0.0)
     p /= p.sum()
-    assert 2 <= keep.sum() < len(LOGITS)  or (top_k == 0 and top_p == 1.0)
+    assert 2 <= keep.sum() < len(LOGITS) or (top_k == 0 and top_p == 1.0)
 
     logits = jnp.broadcast_to(jnp.asarray(LOGITS), (DRAWS, len(LOGITS)))
     keys = jax.random.split(jax.random.key(1234), DRAWS)
@@ -146,6 +170,7 @@ def test_sample_frequencies_match_truncated_distribution(temperature, top_k, top
     crit = _chi2_critical(df, ALPHA)
     try:
         from scipy.stats import chi2
+
         assert abs(crit - chi2.ppf(1 - ALPHA, df)) / chi2.ppf(1 - ALPHA, df) < 1e-6
     except ImportError:
         pass
@@ -178,7 +203,7 @@ def test_each_row_depends_only_on_its_logits_and_key():
     tok_again, _ = _sample(logits, keys, **kw)
     np.testing.assert_array_equal(tok, tok_again)
     for r in (0, 5, 15):  # one row alone, and the same row next to a row that needs the fallback
-        alone, _ = _sample(logits[r:r + 1], keys[r:r + 1], **kw)
+        alone, _ = _sample(logits[r : r + 1], keys[r : r + 1], **kw)
         assert int(alone[0]) == int(tok[r])
         flat = jnp.stack([logits[r], jnp.zeros(100)])  # flat row: nucleus larger than the bound
         pair, _ = _sample(flat, jnp.stack([keys[r], keys[0]]), bound=4, **kw)

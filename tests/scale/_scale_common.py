@@ -8,14 +8,25 @@ TOL = 1e-5  # float32 parity of sharded / multi-process updates with the single-
 MIN_CHANGE = 1e-3  # an update must move some parameter by much more than TOL
 
 
-def policy_config(mesh: dict | None = None, sampler_mesh: dict | None = None, *, preset: str = "tiny-qwen3",
-                  micro_batch_size: int = 4, mini_batches: int = 2, lr: float = 3e-3):
+def policy_config(
+    mesh: dict | None = None,
+    sampler_mesh: dict | None = None,
+    *,
+    preset: str = "tiny-qwen3",
+    micro_batch_size: int = 4,
+    mini_batches: int = 2,
+    lr: float = 3e-3,
+):
     from marljax.train.config import PolicyConfig
 
-    data = {"model": {"preset": preset, "seed": 3}, "micro_batch_size": micro_batch_size,
-            # eps well above float32 noise: Adam's g / sqrt(v) would amplify the sign of near-zero gradients
-            "mini_batches": mini_batches, "optimizer": {"name": "adamw", "lr": lr, "eps": 1e-4, "weight_decay": 0.01},
-            "mesh": mesh or {}}
+    data = {
+        "model": {"preset": preset, "seed": 3},
+        "micro_batch_size": micro_batch_size,
+        # eps well above float32 noise: Adam's g / sqrt(v) would amplify the sign of near-zero gradients
+        "mini_batches": mini_batches,
+        "optimizer": {"name": "adamw", "lr": lr, "eps": 1e-4, "weight_decay": 0.01},
+        "mesh": mesh or {},
+    }
     if sampler_mesh is not None:
         data["sampler_mesh"] = sampler_mesh
     return PolicyConfig.model_validate(data)
@@ -27,7 +38,7 @@ def samples(n: int, seed: int = 0, vocab: int = 300):
 
     rng = np.random.default_rng(seed)
     out = []
-    for k in range(n):
+    for _ in range(n):
         prompt = rng.integers(3, vocab, rng.integers(2, 9))
         completion = rng.integers(3, vocab, rng.integers(1, 12))
         logp = -rng.random(len(completion)).astype(np.float32) - 4.0
@@ -45,5 +56,7 @@ def host(tree):
 def max_diff(a, b) -> float:
     import jax
 
-    return max(float(np.max(np.abs(np.asarray(x, np.float64) - np.asarray(y, np.float64))))
-               for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
+    return max(
+        float(np.max(np.abs(np.asarray(x, np.float64) - np.asarray(y, np.float64))))
+        for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b))
+    )

@@ -12,16 +12,16 @@ assert "--xla_force_host_platform_device_count=8" in os.environ.get("XLA_FLAGS",
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
+from _scale_common import MIN_CHANGE, host, max_diff, policy_config, samples  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
-from _scale_common import MIN_CHANGE, host, max_diff, policy_config, samples  # noqa: E402
 from marljax.models import param_dict_shardings  # noqa: E402
 from marljax.models.sharding import reshard  # noqa: E402
 from marljax.sampler import generate  # noqa: E402
-from marljax.train.generation import PolicyGenerator, disjoint_devices  # noqa: E402
-from marljax.workflows.base import Agent  # noqa: E402
 from marljax.train.config import SamplerConfig  # noqa: E402
+from marljax.train.generation import PolicyGenerator, disjoint_devices  # noqa: E402
 from marljax.train.policy import Policy  # noqa: E402
+from marljax.workflows.base import Agent  # noqa: E402
 
 assert jax.device_count() == 8, jax.devices()
 DEVICES = jax.devices()
@@ -42,9 +42,17 @@ def devices_of(tree) -> set:
 
 def main():
     # a: FSDP trainer, data x tensor sampler on the same 4 devices; b: one layout for both
-    pols = {"a": Policy("a", policy_config({"fsdp": 4, "devices": [0, 1, 2, 3]},
-                                           {"data": 2, "tensor": 2, "devices": [0, 1, 2, 3]})),
-            "b": Policy("b", policy_config({"fsdp": 2, "tensor": 2, "devices": [4, 5, 6, 7]}, preset="tiny-llama"))}
+    pols = {
+        "a": Policy(
+            "a",
+            policy_config(
+                {"fsdp": 4, "devices": [0, 1, 2, 3]}, {"data": 2, "tensor": 2, "devices": [0, 1, 2, 3]}
+            ),
+        ),
+        "b": Policy(
+            "b", policy_config({"fsdp": 2, "tensor": 2, "devices": [4, 5, 6, 7]}, preset="tiny-llama")
+        ),
+    }
     for name, pol in pols.items():
         assert devices_of(pol.state()) == GROUPS[name], (name, devices_of(pol.state()))
 
@@ -71,8 +79,18 @@ def main():
     greedy = SamplerConfig(max_new_tokens=6, temperature=0.0)
     prompts = [[5, 9, 11, 40], [7, 8], [100, 3, 4, 5, 6, 7]]
     outs = {name: pol.generate(prompts, n=2, seed=0, sampler=greedy) for name, pol in pols.items()}
-    ref = generate(a.config, prompts, params=a.params, n=2, seed=0, max_new_tokens=6, temperature=0.0,
-                   eos_ids=a.eos_ids, pad_id=a.pad_id, mesh=a.mesh)
+    ref = generate(
+        a.config,
+        prompts,
+        params=a.params,
+        n=2,
+        seed=0,
+        max_new_tokens=6,
+        temperature=0.0,
+        eos_ids=a.eos_ids,
+        pad_id=a.pad_id,
+        mesh=a.mesh,
+    )
     np.testing.assert_array_equal(outs["a"].tokens, ref.tokens)
     np.testing.assert_allclose(outs["a"].logprobs, ref.logprobs, atol=1e-5)
     assert outs["b"].tokens.shape[0] == 6

@@ -19,7 +19,6 @@ import sys
 from pathlib import Path
 
 import numpy as np
-
 from _scale_common import MIN_CHANGE, TOL, host, max_diff, policy_config, samples
 
 BATCHES = [samples(12, seed=21), samples(12, seed=22)]
@@ -44,8 +43,14 @@ def worker(pid: int, port: int, out: Path) -> None:
     jax.config.update("jax_num_cpu_devices", 2)
     from marljax.train.distributed import DistributedConfig, initialize
 
-    assert initialize(DistributedConfig(coordinator_address=f"localhost:{port}", num_processes=2, process_id=pid,
-                                        initialization_timeout=120))
+    assert initialize(
+        DistributedConfig(
+            coordinator_address=f"localhost:{port}",
+            num_processes=2,
+            process_id=pid,
+            initialization_timeout=120,
+        )
+    )
     from jax.experimental import multihost_utils
     from jax.sharding import PartitionSpec as P
 

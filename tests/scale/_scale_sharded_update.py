@@ -11,9 +11,9 @@ assert "--xla_force_host_platform_device_count=8" in os.environ.get("XLA_FLAGS",
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
+from _scale_common import MIN_CHANGE, TOL, host, max_diff, policy_config, samples  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
-from _scale_common import MIN_CHANGE, TOL, host, max_diff, policy_config, samples  # noqa: E402
 from marljax.train.memory import policy_estimate  # noqa: E402
 from marljax.train.policy import Policy  # noqa: E402
 
@@ -23,8 +23,13 @@ assert jax.device_count() == 8, jax.devices()
 def device0_bytes(tree) -> int:
     """Bytes that the arrays of `tree` hold on device 0 (any array with a shape)."""
     dev = jax.devices()[0]
-    return sum(s.data.nbytes for x in jax.tree.leaves(tree) if isinstance(x, jax.Array) and x.ndim
-               for s in x.addressable_shards if s.device == dev)
+    return sum(
+        s.data.nbytes
+        for x in jax.tree.leaves(tree)
+        if isinstance(x, jax.Array) and x.ndim
+        for s in x.addressable_shards
+        if s.device == dev
+    )
 
 
 def main():
@@ -62,7 +67,11 @@ def main():
         diff = max_diff(host(pol.params), want)
         assert diff <= TOL, f"{name}: sharded update differs from single-device by {diff}"
         for k in ("loss", "pg_loss", "grad_norm", "entropy"):
-            assert abs(metrics[k] - metrics1[k]) <= 1e-5 * max(1.0, abs(metrics1[k])), (k, metrics[k], metrics1[k])
+            assert abs(metrics[k] - metrics1[k]) <= 1e-5 * max(1.0, abs(metrics1[k])), (
+                k,
+                metrics[k],
+                metrics1[k],
+            )
         assert pol.params["layers"]["wq"].sharding.spec == P(None, "fsdp", "tensor")  # layout kept
         print(f"sharded update {name}: OK (max diff {diff:.2e}, parameters moved {moved:.2e})")
 

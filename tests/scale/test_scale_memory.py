@@ -20,11 +20,17 @@ def nbytes(tree) -> int:
     return sum(x.nbytes for x in jax.tree.leaves(tree))
 
 
-@pytest.mark.parametrize("optimizer, param_dtype", [("adamw", "float32"), ("sgd", "float32"),
-                                                    ("adam", "bfloat16")])
+@pytest.mark.parametrize(
+    "optimizer, param_dtype", [("adamw", "float32"), ("sgd", "float32"), ("adam", "bfloat16")]
+)
 def test_parameter_and_optimizer_bytes_are_the_real_ones(optimizer, param_dtype):
-    cfg = PolicyConfig.model_validate({"model": {"preset": "tiny-llama", "param_dtype": param_dtype},
-                                       "optimizer": {"name": optimizer}, "reference": True})
+    cfg = PolicyConfig.model_validate(
+        {
+            "model": {"preset": "tiny-llama", "param_dtype": param_dtype},
+            "optimizer": {"name": optimizer},
+            "reference": True,
+        }
+    )
     pol = Policy("p", cfg)
     est = policy_estimate(pol, seq_len=64)
     assert est.params == est.total_params == nbytes(pol.params)
@@ -46,8 +52,15 @@ def test_activations_shrink_with_remat_and_micro_batches():
     assert 0.5e9 < big.total_params < 1.5e9  # about 0.6 B parameters, 2 bytes each
     assert sharded.params < big.params / 6 and sharded.rows == 2  # 8 rows over fsdp=4
     text = big.report("adamw", device_limit=16 * 2**30)
-    for word in ("parameters", "optimizer (adamw, 2 moments)", "remat off", "DOES NOT FIT", ".model.remat",
-                 ".micro_batch_size", ".mesh.fsdp"):
+    for word in (
+        "parameters",
+        "optimizer (adamw, 2 moments)",
+        "remat off",
+        "DOES NOT FIT",
+        ".model.remat",
+        ".micro_batch_size",
+        ".mesh.fsdp",
+    ):
         assert word in text, (word, text)
 
 

@@ -23,7 +23,9 @@ def free_port() -> int:
 
 
 def env() -> dict:
-    out = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "MARLJAX_")) and k != "XLA_FLAGS"}
+    out = {
+        k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "MARLJAX_")) and k != "XLA_FLAGS"
+    }
     out.update(JAX_PLATFORMS="cpu", PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
     return out
 
@@ -31,9 +33,16 @@ def env() -> dict:
 @pytest.mark.slow
 def test_two_processes_match_one_and_share_a_checkpoint(tmp_path):
     port = free_port()
-    workers = [subprocess.Popen([sys.executable, str(SCRIPT), "worker", str(pid), str(port), str(tmp_path)],
-                                env=env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-               for pid in (0, 1)]
+    workers = [
+        subprocess.Popen(
+            [sys.executable, str(SCRIPT), "worker", str(pid), str(port), str(tmp_path)],
+            env=env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for pid in (0, 1)
+    ]
     logs = []
     try:
         for w in workers:
@@ -41,11 +50,18 @@ def test_two_processes_match_one_and_share_a_checkpoint(tmp_path):
     except subprocess.TimeoutExpired:
         for w in workers:
             w.kill()
-        pytest.fail(f"workers did not finish within {TIMEOUT_S} s:\n" + "\n".join(w.communicate()[0][-3000:]
-                                                                                  for w in workers))
+        pytest.fail(
+            f"workers did not finish within {TIMEOUT_S} s:\n"
+            + "\n".join(w.communicate()[0][-3000:] for w in workers)
+        )
     for pid, (w, log) in enumerate(zip(workers, logs)):
         assert w.returncode == 0 and f"worker {pid}: OK" in log, log[-6000:]
-    single = subprocess.run([sys.executable, str(SCRIPT), "single", str(tmp_path)], env=env(),
-                            capture_output=True, text=True, timeout=TIMEOUT_S)
+    single = subprocess.run(
+        [sys.executable, str(SCRIPT), "single", str(tmp_path)],
+        env=env(),
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+    )
     assert single.returncode == 0, single.stdout[-3000:] + single.stderr[-6000:]
     assert "single process: OK" in single.stdout

@@ -19,21 +19,29 @@ POLICIES = ("proposer", "reviser")
 def policy_state(name: str, step: int) -> dict:
     rng = np.random.default_rng([step, POLICIES.index(name)])
     return {
-        "params": {"w": rng.standard_normal((512, 1024), dtype=np.float32),  # 2 MiB
-                   "b": rng.standard_normal((1024,), dtype=np.float32)},
+        "params": {
+            "w": rng.standard_normal((512, 1024), dtype=np.float32),  # 2 MiB
+            "b": rng.standard_normal((1024,), dtype=np.float32),
+        },
         "step": np.int32(step),
     }
 
 
 def loop_state(step: int) -> dict:
     rng = np.random.default_rng([step, 99])
-    return {"step": step, "key": rng.integers(0, 2**32, 2).tolist(),
-            "buffer": rng.integers(0, 10_000, 100_000).tolist(), "note": f"step {step}"}
+    return {
+        "step": step,
+        "key": rng.integers(0, 2**32, 2).tolist(),
+        "buffer": rng.integers(0, 10_000, 100_000).tolist(),
+        "note": f"step {step}",
+    }
 
 
 def abstract_states() -> dict:
-    return {p: jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), policy_state(p, 0))
-            for p in POLICIES}
+    return {
+        p: jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), policy_state(p, 0))
+        for p in POLICIES
+    }
 
 
 def main(run_dir: str, last: int) -> None:

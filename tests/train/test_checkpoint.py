@@ -40,9 +40,15 @@ def make_tx():
 def policy_state(seed: int) -> dict:
     """Params, a real optax state after one update, and ints, all a function of `seed`."""
     k = jax.random.split(jax.random.key(seed), 3)
-    params = {"embed": jax.random.normal(k[0], (16, 8), jnp.float32),
-              "layers": {"0": {"w": jax.random.normal(k[1], (8, 8), jnp.float32),
-                               "b": jnp.full((8,), 0.5 * seed, jnp.float32)}}}
+    params = {
+        "embed": jax.random.normal(k[0], (16, 8), jnp.float32),
+        "layers": {
+            "0": {
+                "w": jax.random.normal(k[1], (8, 8), jnp.float32),
+                "b": jnp.full((8,), 0.5 * seed, jnp.float32),
+            }
+        },
+    }
     tx = make_tx()
     opt_state = tx.init(params)
     grads = jax.tree.map(lambda p: jnp.sin(p * (seed + 1)), params)
@@ -52,12 +58,19 @@ def policy_state(seed: int) -> dict:
 
 
 def abstract(state):
-    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype) if isinstance(x, jax.Array) else x, state)
+    return jax.tree.map(
+        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype) if isinstance(x, jax.Array) else x, state
+    )
 
 
 def loop_state(step: int) -> dict:
-    return {"step": step, "keys": [[0, step], [7, 2**31 + step]], "prior": {"a": 0.1 * step, "b": [1.5, -2.25e-8]},
-            "buffer": [{"text": f"sample {i} of step {step}", "reward": i / 3} for i in range(5)], "done": False}
+    return {
+        "step": step,
+        "keys": [[0, step], [7, 2**31 + step]],
+        "prior": {"a": 0.1 * step, "b": [1.5, -2.25e-8]},
+        "buffer": [{"text": f"sample {i} of step {step}", "reward": i / 3} for i in range(5)],
+        "done": False,
+    }
 
 
 def save_steps(run_dir, steps, *, keep=3):
@@ -127,7 +140,7 @@ def _corrupt_truncate(path: Path):
 def _corrupt_flip(path: Path):
     data = bytearray(path.read_bytes())
     mid = len(data) // 2
-    data[mid: mid + 4] = bytes(b ^ 0xFF for b in data[mid: mid + 4])
+    data[mid : mid + 4] = bytes(b ^ 0xFF for b in data[mid : mid + 4])
     path.write_bytes(bytes(data))
 
 
@@ -156,9 +169,12 @@ def test_complete_steps_that_do_not_fit_this_run_are_an_error_not_a_fresh_start(
     # E.g. an optimiser state of another layout: starting afresh would only fail at the first save.
     save_steps(tmp_path, [1, 2])
     wider = {p: abstract({**policy_state(0), "params": {"embed": jnp.zeros((16, 9))}}) for p in POLICIES}
-    with RunCheckpointer(tmp_path, POLICIES) as ckpt:
-        with pytest.warns(RuntimeWarning, match="step 2"), pytest.raises(RuntimeError, match="do not fit") as err:
-            ckpt.restore(wider)
+    with (
+        RunCheckpointer(tmp_path, POLICIES) as ckpt,
+        pytest.warns(RuntimeWarning, match="step 2"),
+        pytest.raises(RuntimeError, match="do not fit") as err,
+    ):
+        ckpt.restore(wider)
     assert str(tmp_path) in str(err.value) and "step 2" in str(err.value)
 
 
@@ -192,9 +208,8 @@ def test_step_incomplete_in_one_manager_is_skipped(tmp_path, damage):
         ckpt.save(3, {p: policy_state(i) for i, p in enumerate(POLICIES)}, loop_state(33))
         ckpt.wait()
         assert ckpt.latest_step() == 3
-    with RunCheckpointer(tmp_path, POLICIES) as ckpt:
-        with pytest.raises(FileExistsError, match="step 3"):
-            ckpt.save(3, {p: policy_state(i) for i, p in enumerate(POLICIES)}, loop_state(3))
+    with RunCheckpointer(tmp_path, POLICIES) as ckpt, pytest.raises(FileExistsError, match="step 3"):
+        ckpt.save(3, {p: policy_state(i) for i, p in enumerate(POLICIES)}, loop_state(3))
     assert restore(tmp_path)[2] == loop_state(33)
 
 
@@ -206,8 +221,15 @@ def test_restore_onto_shardings(tmp_path):
     states = {p: policy_state(i) for i, p in enumerate(POLICIES)}
     with RunCheckpointer(tmp_path, POLICIES) as ckpt:
         ckpt.save(1, states, {"x": 1})
-    target = {p: jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=single)
-                              if isinstance(x, jax.Array) else x, s) for p, s in states.items()}
+    target = {
+        p: jax.tree.map(
+            lambda x: (
+                jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=single) if isinstance(x, jax.Array) else x
+            ),
+            s,
+        )
+        for p, s in states.items()
+    }
     target["reviser"]["params"]["embed"] = jax.ShapeDtypeStruct((16, 8), jnp.float32, sharding=named)
     with RunCheckpointer(tmp_path, POLICIES) as ckpt:
         _, got, _ = ckpt.restore(target)
@@ -227,11 +249,19 @@ class Writer:
     """The writer subprocess, its stdout lines collected by a thread (so waits can time out)."""
 
     def __init__(self, run_dir: Path, last: int, log: Path):
-        env = dict(os.environ, JAX_PLATFORMS="cpu",
-                   PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+        env = dict(
+            os.environ,
+            JAX_PLATFORMS="cpu",
+            PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+        )
         self.log = open(log, "a")
-        self.proc = subprocess.Popen([sys.executable, str(WRITER_PATH), str(run_dir), str(last)],
-                                     stdout=subprocess.PIPE, stderr=self.log, text=True, env=env)
+        self.proc = subprocess.Popen(
+            [sys.executable, str(WRITER_PATH), str(run_dir), str(last)],
+            stdout=subprocess.PIPE,
+            stderr=self.log,
+            text=True,
+            env=env,
+        )
         self.lines: queue.Queue = queue.Queue()
         self.seen: list[str] = []
         self.reader = threading.Thread(target=self._read, daemon=True)
@@ -291,8 +321,14 @@ def test_sigkill_at_any_moment_leaves_a_restorable_step(tmp_path):
     done = 0  # newest step the writer reported fully written, across restarts
     # (line "word start+offset" to wait for, extra delay before SIGKILL); each run resumes after the
     # last restorable step, so leftovers of the previous kill are in the way of its first save.
-    kills = [("saved", 1, 0.0), ("done", 1, 0.0), ("saved", 2, rng.uniform(0.0, 0.05)),
-             ("saved", 1, rng.uniform(0.0, 0.3)), ("start", 0, rng.uniform(0.0, 0.2)), (None, 0, rng.uniform(1.0, 3.0))]
+    kills = [
+        ("saved", 1, 0.0),
+        ("done", 1, 0.0),
+        ("saved", 2, rng.uniform(0.0, 0.05)),
+        ("saved", 1, rng.uniform(0.0, 0.3)),
+        ("start", 0, rng.uniform(0.0, 0.2)),
+        (None, 0, rng.uniform(1.0, 3.0)),
+    ]
     writers: list[Writer] = []
     try:
         for word, offset, delay in kills:

@@ -10,23 +10,48 @@ from pathlib import Path
 import pytest
 
 from marljax.rewards import AssertTest, CallTest, StdioTest, make_tasks, math_reward, run_program
-from marljax.train.data import (DataError, Problem, ProblemStream, load_problems, parse_row, synthetic_rows,
-                                write_jsonl)
+from marljax.train.data import (
+    DataError,
+    Problem,
+    ProblemStream,
+    load_problems,
+    parse_row,
+    synthetic_rows,
+    write_jsonl,
+)
 
 HUMANEVAL = Path(__file__).resolve().parents[2].parent / "shared/data/HumanEval.jsonl.gz"
 SRC = "data/train.jsonl:7"
 
-HUMANEVAL_ROW = {"task_id": "Toy/0", "prompt": 'def add(a, b):\n    """Sum."""\n', "entry_point": "add",
-                 "test": "def check(candidate):\n    assert candidate(2, 3) == 5\n    assert candidate(-1, 1) == 0\n",
-                 "canonical_solution": "    return a + b\n"}
-MBPP_ROW = {"task_id": 11, "text": "Write a function to double a number.",
-            "test_list": ["assert double(2) == 4", "assert double(0) == 0"],
-            "challenge_test_list": ["assert double(K) == 2 * K"], "test_setup_code": "K = 21",
-            "test_imports": ["import math"]}
-STDIN_ROW = {"id": "sum-2", "question": "Read two integers and print their sum.",
-             "inputs": ["1 2\n", "5 -5\n", "10 20\n"], "outputs": ["3\n", "0\n", "30\n"], "public": 1}
-CALL_ROW = {"task_id": "lcb/1", "prompt": "Implement Solution.maxOf(a, b).", "fn_name": "maxOf",
-            "inputs": [[1, 2], "7\n3"], "outputs": [2, "7"]}
+HUMANEVAL_ROW = {
+    "task_id": "Toy/0",
+    "prompt": 'def add(a, b):\n    """Sum."""\n',
+    "entry_point": "add",
+    "test": "def check(candidate):\n    assert candidate(2, 3) == 5\n    assert candidate(-1, 1) == 0\n",
+    "canonical_solution": "    return a + b\n",
+}
+MBPP_ROW = {
+    "task_id": 11,
+    "text": "Write a function to double a number.",
+    "test_list": ["assert double(2) == 4", "assert double(0) == 0"],
+    "challenge_test_list": ["assert double(K) == 2 * K"],
+    "test_setup_code": "K = 21",
+    "test_imports": ["import math"],
+}
+STDIN_ROW = {
+    "id": "sum-2",
+    "question": "Read two integers and print their sum.",
+    "inputs": ["1 2\n", "5 -5\n", "10 20\n"],
+    "outputs": ["3\n", "0\n", "30\n"],
+    "public": 1,
+}
+CALL_ROW = {
+    "task_id": "lcb/1",
+    "prompt": "Implement Solution.maxOf(a, b).",
+    "fn_name": "maxOf",
+    "inputs": [[1, 2], "7\n3"],
+    "outputs": [2, "7"],
+}
 MATH_ROW = {"problem": "What is 1/4 + 1/4?", "answer": "\\frac{1}{2}"}
 
 STDIN_CODE = "a, b = map(int, input().split())\nprint(a + b)\n"
@@ -40,7 +65,13 @@ def passes(program) -> bool:
 # ------------------------------------------------------------------ schemas
 def test_humaneval_row():
     p = parse_row(HUMANEVAL_ROW, "humaneval", SRC)
-    assert (p.id, p.prompt, p.schema, p.source, p.answer) == ("Toy/0", HUMANEVAL_ROW["prompt"], "humaneval", SRC, None)
+    assert (p.id, p.prompt, p.schema, p.source, p.answer) == (
+        "Toy/0",
+        HUMANEVAL_ROW["prompt"],
+        "humaneval",
+        SRC,
+        None,
+    )
     program = p.program("    return a + b\n")
     assert [type(t) for t in program.tests] == [AssertTest] and "check(add)" in program.tests[0].code
     assert passes(program)
@@ -76,14 +107,21 @@ def test_stdio_row_call_based():
     p = parse_row(CALL_ROW, "stdio", SRC)
     program = p.program(CALL_CODE)
     assert program.fn_name == "maxOf"
-    assert [(t.args, t.output, t.split) for t in program.tests] == [((1, 2), 2, "public"), ((7, 3), 7, "public")]
+    assert [(t.args, t.output, t.split) for t in program.tests] == [
+        ((1, 2), 2, "public"),
+        ((7, 3), 7, "public"),
+    ]
     assert passes(program)
     assert not passes(p.program(CALL_CODE.replace("max(", "min(")))
 
 
 def test_math_row():
     p = parse_row(MATH_ROW, "math", SRC)
-    assert (p.id, p.prompt, p.answer) == (SRC, MATH_ROW["problem"], "\\frac{1}{2}")  # id defaults to the source
+    assert (p.id, p.prompt, p.answer) == (
+        SRC,
+        MATH_ROW["problem"],
+        "\\frac{1}{2}",
+    )  # id defaults to the source
     assert math_reward("So the sum is \\boxed{0.5}.", p.answer) == 1.0
     assert math_reward("So the sum is \\boxed{1/3}.", p.answer) == 0.0
     assert parse_row({"question": "2+2?", "answer": 4, "id": 9}, "math", SRC).answer == "4"
@@ -98,8 +136,16 @@ def test_problem_rebuilds_from_json_fields(row):
     assert parse_row(again, p.schema, p.source) == p
 
 
-@pytest.mark.parametrize("row, schema", [(HUMANEVAL_ROW, "humaneval"), (MBPP_ROW, "mbpp"), (STDIN_ROW, "stdio"),
-                                         (CALL_ROW, "stdio"), (MATH_ROW, "math")])
+@pytest.mark.parametrize(
+    "row, schema",
+    [
+        (HUMANEVAL_ROW, "humaneval"),
+        (MBPP_ROW, "mbpp"),
+        (STDIN_ROW, "stdio"),
+        (CALL_ROW, "stdio"),
+        (MATH_ROW, "math"),
+    ],
+)
 def test_auto_detection(row, schema):
     assert parse_row(row, "auto", SRC).schema == schema
 
@@ -138,7 +184,9 @@ def test_bad_rows_name_file_line_and_key(row, schema, key):
 
 
 def test_error_message_shape():
-    with pytest.raises(DataError, match=r"^data/train.jsonl:7: missing key 'entry_point' \(schema humaneval\)$"):
+    with pytest.raises(
+        DataError, match=r"^data/train.jsonl:7: missing key 'entry_point' \(schema humaneval\)$"
+    ):
         parse_row(drop(HUMANEVAL_ROW, "entry_point"), "humaneval", SRC)
     assert issubclass(DataError, ValueError)
 
@@ -146,11 +194,15 @@ def test_error_message_shape():
 # ------------------------------------------------------------------ loading
 def test_load_jsonl_sources_and_blank_lines(tmp_path):
     path = tmp_path / "mix.jsonl"
-    path.write_text("\n".join([json.dumps(HUMANEVAL_ROW), "", "  ", json.dumps(STDIN_ROW),
-                               json.dumps(MATH_ROW)]) + "\n\n")
+    path.write_text(
+        "\n".join([json.dumps(HUMANEVAL_ROW), "", "  ", json.dumps(STDIN_ROW), json.dumps(MATH_ROW)]) + "\n\n"
+    )
     problems = load_problems(path)
     assert [(p.schema, p.source) for p in problems] == [
-        ("humaneval", f"{path}:1"), ("stdio", f"{path}:4"), ("math", f"{path}:5")]
+        ("humaneval", f"{path}:1"),
+        ("stdio", f"{path}:4"),
+        ("math", f"{path}:5"),
+    ]
     assert problems[2].id == f"{path}:5"
 
 
@@ -223,8 +275,10 @@ def test_synthetic_rows_run_in_the_sandbox(tmp_path):
 
 # ------------------------------------------------------------------- stream
 def toy(n: int) -> list[Problem]:
-    return [parse_row({"problem": f"q{i}", "answer": str(i), "id": f"p{i}"}, "math", f"toy:{i + 1}")
-            for i in range(n)]
+    return [
+        parse_row({"problem": f"q{i}", "answer": str(i), "id": f"p{i}"}, "math", f"toy:{i + 1}")
+        for i in range(n)
+    ]
 
 
 def ids(batches) -> list[str]:
@@ -243,7 +297,7 @@ def test_shuffle_is_a_fresh_permutation_each_epoch():
     assert [len(b) for b in batches] == [4] * 7 + [2]  # 30 problems; batches straddle epochs
     assert all(isinstance(b, list) and isinstance(b[0], Problem) for b in batches)
     flat = ids(batches)
-    epochs = [flat[i:i + 10] for i in range(0, 30, 10)]
+    epochs = [flat[i : i + 10] for i in range(0, 30, 10)]
     assert all(sorted(e) == everything for e in epochs)
     assert len({tuple(e) for e in epochs}) == 3
     assert epochs[0] != everything
@@ -259,8 +313,9 @@ def test_shuffle_is_a_fresh_permutation_each_epoch():
 
 def test_no_shuffle_epochs_and_drop_remainder():
     problems = toy(10)
-    stream = ProblemStream(problems, batch_size=4, shuffle=False, epochs=2, drop_remainder=True,
-                           shard_index=0, shard_count=1)
+    stream = ProblemStream(
+        problems, batch_size=4, shuffle=False, epochs=2, drop_remainder=True, shard_index=0, shard_count=1
+    )
     batches = list(stream)
     assert [len(b) for b in batches] == [4] * 5
     assert ids(batches) == [f"p{i}" for i in list(range(10)) * 2]
@@ -290,14 +345,15 @@ def test_endless_stream_cycles_epoch_after_epoch(batch_size, shuffle):
     everything = [p.id for p in problems]
 
     def make(**kw):
-        return ProblemStream(problems, batch_size=batch_size, seed=3, shuffle=shuffle, shard_index=0, shard_count=1,
-                             **kw)
+        return ProblemStream(
+            problems, batch_size=batch_size, seed=3, shuffle=shuffle, shard_index=0, shard_count=1, **kw
+        )
 
     stream = make()
     steps = epochs * 4 // batch_size
     flat = [i for batch in take(stream, steps) for i in batch]
     assert len(flat) == steps * batch_size and stream.epoch == epochs
-    per_epoch = [flat[e * 4:(e + 1) * 4] for e in range(epochs)]
+    per_epoch = [flat[e * 4 : (e + 1) * 4] for e in range(epochs)]
     assert all(sorted(e) == everything for e in per_epoch)  # every problem once per epoch
     assert flat == ids(make(epochs=epochs))  # the same order as a finite stream of as many epochs
     if shuffle:
@@ -310,16 +366,18 @@ def test_shards_are_disjoint_and_cover_each_epoch():
     problems = toy(10)
     everything = {p.id for p in problems}
     full = ids(ProblemStream(problems, batch_size=1, seed=7, epochs=2, shard_index=0, shard_count=1))
-    shards = [ids(ProblemStream(problems, batch_size=2, seed=7, epochs=2, shard_index=i, shard_count=3))
-              for i in range(3)]
+    shards = [
+        ids(ProblemStream(problems, batch_size=2, seed=7, epochs=2, shard_index=i, shard_count=3))
+        for i in range(3)
+    ]
     sizes = [len(s) // 2 for s in shards]
     assert sizes == [4, 3, 3]
     for e in range(2):
-        parts = [set(s[e * n:(e + 1) * n]) for s, n in zip(shards, sizes)]
+        parts = [set(s[e * n : (e + 1) * n]) for s, n in zip(shards, sizes)]
         assert set().union(*parts) == everything and sum(map(len, parts)) == 10
         # every process slices the same global permutation of this epoch
         for i, (s, n) in enumerate(zip(shards, sizes)):
-            assert s[e * n:(e + 1) * n] == full[e * 10:(e + 1) * 10][i::3]
+            assert s[e * n : (e + 1) * n] == full[e * 10 : (e + 1) * 10][i::3]
     assert set(shards[0][:4]) != set(shards[0][4:])  # a shard gets different problems in different epochs
 
 
@@ -355,12 +413,18 @@ def test_state_from_another_stream_is_refused():
         ProblemStream(toy(10)[::-1], batch_size=4, seed=1, shard_index=0, shard_count=1).set_state(state)
 
 
-@pytest.mark.parametrize("kw, name", [(dict(batch_size=0), "batch_size"), (dict(batch_size=1.0), "batch_size"),
-                                      (dict(batch_size=2, shard_index=3, shard_count=3), "shard_index"),
-                                      (dict(batch_size=2, shard_index=0), "shard_count"),
-                                      (dict(batch_size=2, epochs=0), "epochs"),
-                                      (dict(batch_size=2, epochs=float("inf")), "epochs"),
-                                      (dict(batch_size=2, seed=-1), "seed")])
+@pytest.mark.parametrize(
+    "kw, name",
+    [
+        (dict(batch_size=0), "batch_size"),
+        (dict(batch_size=1.0), "batch_size"),
+        (dict(batch_size=2, shard_index=3, shard_count=3), "shard_index"),
+        (dict(batch_size=2, shard_index=0), "shard_count"),
+        (dict(batch_size=2, epochs=0), "epochs"),
+        (dict(batch_size=2, epochs=float("inf")), "epochs"),
+        (dict(batch_size=2, seed=-1), "seed"),
+    ],
+)
 def test_stream_rejects_bad_arguments(kw, name):
     with pytest.raises(ValueError, match=name):
         ProblemStream(toy(4), **kw)

@@ -25,11 +25,11 @@ def read_events(logdir: Path) -> list[event_pb2.Event]:
     for path in sorted(logdir.glob("events.out.tfevents.*")):
         data, pos = path.read_bytes(), 0
         while pos < len(data):
-            header = data[pos:pos + 8]
+            header = data[pos : pos + 8]
             (n,) = struct.unpack("<Q", header)
-            assert struct.unpack("<I", data[pos + 8:pos + 12])[0] == masked_crc32c(header)
-            body = data[pos + 12:pos + 12 + n]
-            assert struct.unpack("<I", data[pos + 12 + n:pos + 16 + n])[0] == masked_crc32c(body)
+            assert struct.unpack("<I", data[pos + 8 : pos + 12])[0] == masked_crc32c(header)
+            body = data[pos + 12 : pos + 12 + n]
+            assert struct.unpack("<I", data[pos + 12 + n : pos + 16 + n])[0] == masked_crc32c(body)
             events.append(event_pb2.Event.FromString(body))
             pos += 16 + n
     return events
@@ -45,11 +45,28 @@ def scalars(events) -> dict[str, list[tuple[int, float]]]:
 
 def test_round_trip_numpy_jax_and_nonfinite(tmp_path):
     with MetricsWriter(tmp_path, tensorboard=False, enabled=True) as w:
-        w.write(np.int64(1), {"agent/coder/reward": np.float32(0.5), "agent/coder/n": np.int32(3),
-                              "policy/main/loss": jnp.asarray(0.25), "policy/main/kl_ref": jnp.array([1e-3])})
-        assert [r["step"] for r in read_metrics(tmp_path)] == [1]  # flushed per line: a kill now loses nothing
-        w.write(2, {"agent/coder/reward": float("nan"), "policy/main/grad_norm": np.float64(np.inf),
-                    "policy/main/loss": -math.inf, "eval/pass_at_1": 1, "flag": np.bool_(True)})
+        w.write(
+            np.int64(1),
+            {
+                "agent/coder/reward": np.float32(0.5),
+                "agent/coder/n": np.int32(3),
+                "policy/main/loss": jnp.asarray(0.25),
+                "policy/main/kl_ref": jnp.array([1e-3]),
+            },
+        )
+        assert [r["step"] for r in read_metrics(tmp_path)] == [
+            1
+        ]  # flushed per line: a kill now loses nothing
+        w.write(
+            2,
+            {
+                "agent/coder/reward": float("nan"),
+                "policy/main/grad_norm": np.float64(np.inf),
+                "policy/main/loss": -math.inf,
+                "eval/pass_at_1": 1,
+                "flag": np.bool_(True),
+            },
+        )
     records = read_metrics(tmp_path)
     assert [r["step"] for r in records] == [1, 2]
     first, second = records
@@ -61,9 +78,11 @@ def test_round_trip_numpy_jax_and_nonfinite(tmp_path):
     assert math.isnan(second["agent/coder/reward"])
     assert second["policy/main/grad_norm"] == math.inf and second["policy/main/loss"] == -math.inf
     assert second["eval/pass_at_1"] == 1 and second["flag"] == 1
+
     # The file is strict JSON: bare NaN / Infinity would be refused here.
     def refuse(name):
         raise AssertionError(f"non-JSON constant {name}")
+
     for line in (tmp_path / "metrics.jsonl").read_text().splitlines():
         json.loads(line, parse_constant=refuse)
 
@@ -198,15 +217,44 @@ def test_progress_enabled_and_disabled():
 
 def _records():
     return [
-        {"step": 0, "time": 0.0, "agent/coder/reward": 0.1, "agent/tester/reward": 0.2,
-         "agent/coder/pass_rate": 0.0, "policy/main/kl_ref": 0.0, "policy/main/loss": 1.0,
-         "agent/coder/adv_mean": 0.0, "time/step_s": 1.5},
-        {"step": 1, "time": 1.0, "agent/coder/reward": 0.3, "policy/main/kl_ref": 0.01,
-         "policy/main/loss": 0.8, "eval/pass_at_1": 0.25, "eval/pass_at_8": 0.5},
-        {"step": 2, "time": 2.0, "agent/coder/reward": 0.5, "agent/tester/reward": float("nan"),
-         "agent/coder/pass_rate": 0.5, "policy/main/kl_ref": 0.02, "policy/main/loss": 0.7},
-        {"step": 3, "time": 3.0, "agent/coder/reward": 0.6, "agent/tester/reward": 0.7,
-         "policy/main/kl_ref": 0.03, "policy/main/loss": 0.6, "eval/pass_at_1": 0.5},
+        {
+            "step": 0,
+            "time": 0.0,
+            "agent/coder/reward": 0.1,
+            "agent/tester/reward": 0.2,
+            "agent/coder/pass_rate": 0.0,
+            "policy/main/kl_ref": 0.0,
+            "policy/main/loss": 1.0,
+            "agent/coder/adv_mean": 0.0,
+            "time/step_s": 1.5,
+        },
+        {
+            "step": 1,
+            "time": 1.0,
+            "agent/coder/reward": 0.3,
+            "policy/main/kl_ref": 0.01,
+            "policy/main/loss": 0.8,
+            "eval/pass_at_1": 0.25,
+            "eval/pass_at_8": 0.5,
+        },
+        {
+            "step": 2,
+            "time": 2.0,
+            "agent/coder/reward": 0.5,
+            "agent/tester/reward": float("nan"),
+            "agent/coder/pass_rate": 0.5,
+            "policy/main/kl_ref": 0.02,
+            "policy/main/loss": 0.7,
+        },
+        {
+            "step": 3,
+            "time": 3.0,
+            "agent/coder/reward": 0.6,
+            "agent/tester/reward": 0.7,
+            "policy/main/kl_ref": 0.03,
+            "policy/main/loss": 0.6,
+            "eval/pass_at_1": 0.5,
+        },
     ]
 
 

@@ -14,25 +14,43 @@ from marljax.workflows.types import Sample
 
 def config(seed: int, lr: float = 1e-3) -> PolicyConfig:
     # no clipping or weight decay: Adam's first step then moves each weight by lr (up to eps)
-    return PolicyConfig.model_validate({
-        "model": {"preset": "tiny-qwen3", "seed": seed}, "micro_batch_size": 4,
-        "optimizer": {"lr": lr, "weight_decay": 0.0, "max_grad_norm": None}})
+    return PolicyConfig.model_validate(
+        {
+            "model": {"preset": "tiny-qwen3", "seed": seed},
+            "micro_batch_size": 4,
+            "optimizer": {"lr": lr, "weight_decay": 0.0, "max_grad_norm": None},
+        }
+    )
 
 
 def samples(n: int = 4) -> list[Sample]:
     rng = np.random.default_rng(0)
-    return [Sample(rng.integers(3, 200, 6), rng.integers(3, 200, 5), np.full(5, -4.0, np.float32), reward=0.0,
-                   advantage=float(rng.normal()), policy="p") for _ in range(n)]
+    return [
+        Sample(
+            rng.integers(3, 200, 6),
+            rng.integers(3, 200, 5),
+            np.full(5, -4.0, np.float32),
+            reward=0.0,
+            advantage=float(rng.normal()),
+            policy="p",
+        )
+        for _ in range(n)
+    ]
 
 
 LOWERINGS: list[float] = []  # every jit cache miss lowers its function to StableHLO first
 jax.monitoring.register_event_duration_secs_listener(
-    lambda event, secs, **kw: LOWERINGS.append(secs) if event.endswith("jaxpr_to_mlir_module_duration") else None)
+    lambda event, secs, **kw: (
+        LOWERINGS.append(secs) if event.endswith("jaxpr_to_mlir_module_duration") else None
+    )
+)
 
 
 def moved(policy: Policy, before) -> float:
-    return max(float(np.max(np.abs(np.asarray(a) - b))) for a, b in
-               zip(jax.tree.leaves(policy.params), jax.tree.leaves(before)))
+    return max(
+        float(np.max(np.abs(np.asarray(a) - b)))
+        for a, b in zip(jax.tree.leaves(policy.params), jax.tree.leaves(before))
+    )
 
 
 def test_a_second_agent_of_the_same_model_compiles_nothing():
@@ -57,8 +75,11 @@ def test_other_optimiser_settings_get_their_own_step():
 def test_the_first_shape_compiles_once(source, checkpoint):
     # Loaded weights are committed to their device while optax makes its step counter uncommitted:
     # the update's second call then saw other input shardings and compiled the same shapes again.
-    model = ({"preset": "tiny-qwen3", "seed": 1} if source == "preset"
-             else {"path": str(checkpoint("qwen3-tied-gqa2"))})
+    model = (
+        {"preset": "tiny-qwen3", "seed": 1}
+        if source == "preset"
+        else {"path": str(checkpoint("qwen3-tied-gqa2"))}
+    )
     _step_functions.cache_clear()  # the other case's model config may equal this one's
     policy = Policy("p", PolicyConfig.model_validate({"model": model, "micro_batch_size": 4}))
     lowered = []

@@ -38,8 +38,15 @@ def write(tmp_path, data, name="run.yaml") -> Path:
 
 def with_(**changes) -> dict:
     """MINIMAL with dotted-path changes, e.g. with_(**{"train.steps": 0})."""
-    return apply_overrides(MINIMAL, [f"{k}={yaml.safe_dump(v, default_flow_style=True).strip()}"
-                                     if not isinstance(v, str) else f"{k}={v}" for k, v in changes.items()])
+    return apply_overrides(
+        MINIMAL,
+        [
+            f"{k}={yaml.safe_dump(v, default_flow_style=True).strip()}"
+            if not isinstance(v, str)
+            else f"{k}={v}"
+            for k, v in changes.items()
+        ],
+    )
 
 
 def problems(tmp_path, data, overrides=()) -> list[str]:
@@ -102,7 +109,11 @@ def test_defaults():
     assert pol.optimizer == OptimizerConfig()
     assert (pol.optimizer.name, pol.optimizer.lr, pol.optimizer.max_grad_norm) == ("adamw", 1e-6, 1.0)
     assert (pol.loss.type, pol.loss.agg_mode, pol.loss.kl_estimator, pol.loss.tis_level) == (
-        "ppo", "token-mean", "k3", "token")
+        "ppo",
+        "token-mean",
+        "k3",
+        "token",
+    )
     assert pol.loss.tis_cap is None and not pol.reference
     assert pol.buffer.threshold == 8 and pol.buffer.max_staleness is None
     assert (pol.micro_batch_size, pol.mini_batches) == (8, 1)
@@ -131,15 +142,18 @@ def test_workflow_without_kind_is_grpo():
 # ------------------------------------------------------------------ errors name file and key
 
 
-@pytest.mark.parametrize("key", [
-    "bogus",
-    "train.bogus",
-    "policies.main.optimizer.lrx",
-    "policies.main.model.bogus",
-    "policies.main.mesh.bogus",
-    "data.synthetic.bogus",
-    "workflow.bogus",
-])
+@pytest.mark.parametrize(
+    "key",
+    [
+        "bogus",
+        "train.bogus",
+        "policies.main.optimizer.lrx",
+        "policies.main.model.bogus",
+        "policies.main.mesh.bogus",
+        "data.synthetic.bogus",
+        "workflow.bogus",
+    ],
+)
 def test_unknown_key_at_any_depth(tmp_path, key):
     msg = only_problem(tmp_path, with_(**{key: 1}))
     assert msg.startswith(f"{tmp_path / 'run.yaml'}: {key}: unknown key"), msg
@@ -165,8 +179,13 @@ def test_boolean_is_not_a_number(tmp_path):
 def test_model_runtime_options_reach_the_model_config():
     from marljax.train.policy import load_model
 
-    spec = config_from_dict(with_(**{"policies.main.model.scan_layers": False,
-                                     "policies.main.model.remat": True})).policies["main"].model
+    spec = (
+        config_from_dict(
+            with_(**{"policies.main.model.scan_layers": False, "policies.main.model.remat": True})
+        )
+        .policies["main"]
+        .model
+    )
     config = load_model(spec)[0]
     assert (config.scan_layers, config.remat) == (False, "full")
     assert load_model(config_from_dict(with_()).policies["main"].model)[0].scan_layers is True  # the default
@@ -177,16 +196,19 @@ def test_wrong_type_for_section(tmp_path):
     assert ": sampler: " in msg and "(got 5)" in msg
 
 
-@pytest.mark.parametrize("key,value", [
-    ("policies.main.optimizer.lr", 0),
-    ("policies.main.optimizer.min_lr_ratio", 1.5),
-    ("policies.main.loss.dual_clip", 1.0),
-    ("policies.main.buffer.threshold", 0),
-    ("policies.main.loss.agg_mode", "mean"),
-    ("sampler.top_p", 0),
-    ("workflow.group_size", 1),
-    ("train.steps", 0),
-])
+@pytest.mark.parametrize(
+    "key,value",
+    [
+        ("policies.main.optimizer.lr", 0),
+        ("policies.main.optimizer.min_lr_ratio", 1.5),
+        ("policies.main.loss.dual_clip", 1.0),
+        ("policies.main.buffer.threshold", 0),
+        ("policies.main.loss.agg_mode", "mean"),
+        ("sampler.top_p", 0),
+        ("workflow.group_size", 1),
+        ("train.steps", 0),
+    ],
+)
 def test_out_of_range(tmp_path, key, value):
     msg = only_problem(tmp_path, with_(**{key: value}))
     assert msg.startswith(f"{tmp_path / 'run.yaml'}: {key}: "), msg
@@ -278,8 +300,14 @@ def test_mesh_devices_must_fill_mesh(tmp_path):
 
 
 def test_multiple_errors_reported_together(tmp_path):
-    data = with_(**{"train.steps": 0, "sampler.bogus": 1, "agents.solver.policy": "x",
-                    "policies.main.optimizer.lr": "fast"})
+    data = with_(
+        **{
+            "train.steps": 0,
+            "sampler.bogus": 1,
+            "agents.solver.policy": "x",
+            "policies.main.optimizer.lr": "fast",
+        }
+    )
     found = problems(tmp_path, data)
     keys = sorted(line.split(": ")[1] for line in found)
     assert keys == ["policies.main.optimizer.lr", "sampler.bogus", "train.steps"]
@@ -322,15 +350,18 @@ def test_missing_file(tmp_path):
 
 def test_overrides_parse_values(tmp_path):
     path = write(tmp_path, MINIMAL)
-    cfg = load_config(path, [
-        "policies.main.optimizer.lr=1e-6",          # a YAML 1.1 string, coerced
-        "policies.main.mesh.devices=[0]",
-        "policies.main.optimizer.max_grad_norm=null",
-        "policies.main.model.remat=true",
-        "train.steps=5",
-        "train.steps=7",                            # applied in order
-        "agents.solver.template={role}: {problem}",  # not valid YAML: taken verbatim
-    ])
+    cfg = load_config(
+        path,
+        [
+            "policies.main.optimizer.lr=1e-6",  # a YAML 1.1 string, coerced
+            "policies.main.mesh.devices=[0]",
+            "policies.main.optimizer.max_grad_norm=null",
+            "policies.main.model.remat=true",
+            "train.steps=5",
+            "train.steps=7",  # applied in order
+            "agents.solver.template={role}: {problem}",  # not valid YAML: taken verbatim
+        ],
+    )
     pol = cfg.policies["main"]
     assert pol.optimizer.lr == 1e-6 and isinstance(pol.optimizer.lr, float)
     assert pol.mesh.devices == [0]
@@ -377,7 +408,8 @@ def test_apply_overrides_is_pure():
     assert out["train"] == {"steps": 3} and out["policies"]["main"]["model"]["seed"] == 2
     # an explicit null becomes a mapping when a key is set under it
     assert apply_overrides({"data": {"synthetic": None}}, ["data.synthetic.seed=1"]) == {
-        "data": {"synthetic": {"seed": 1}}}
+        "data": {"synthetic": {"seed": 1}}
+    }
 
 
 # ------------------------------------------------------------------ round trip
@@ -419,10 +451,21 @@ def test_settings_are_frozen_and_equal_settings_are_equal_keys():
 
 
 def test_loss_config_gives_the_policy_loss_options():
-    cfg = LossConfig(type="gspo", clip_low=3e-4, clip_high=4e-4, agg_mode="seq-mean-token-sum-norm",
-                     norm_constant=64.0, kl_coef=0.1)
-    assert cfg.policy_loss_options() == {"loss_type": "gspo", "clip_low": 3e-4, "clip_high": 4e-4,
-                                         "dual_clip": None, "agg_mode": "seq-mean-token-sum-norm",
-                                         "norm_constant": 64.0}
+    cfg = LossConfig(
+        type="gspo",
+        clip_low=3e-4,
+        clip_high=4e-4,
+        agg_mode="seq-mean-token-sum-norm",
+        norm_constant=64.0,
+        kl_coef=0.1,
+    )
+    assert cfg.policy_loss_options() == {
+        "loss_type": "gspo",
+        "clip_low": 3e-4,
+        "clip_high": 4e-4,
+        "dual_clip": None,
+        "agg_mode": "seq-mean-token-sum-norm",
+        "norm_constant": 64.0,
+    }
     # the norm constant goes only where the aggregation divides by it
     assert LossConfig(norm_constant=64.0).policy_loss_options()["norm_constant"] is None

@@ -26,14 +26,23 @@ def seven_task(tmp: Path, run_dir: Path, **train) -> Path:
     with data.open("w") as f:
         for k in range(16):
             f.write(json.dumps({"id": f"q{k}", "problem": f"Question {k}: answer 7", "answer": "7"}) + "\n")
-    cfg = {"name": "seven", "run_dir": str(run_dir),
-           "policies": {"main": {"model": {"preset": "tiny-qwen3"}, "optimizer": {"lr": 3e-3},
-                                 "buffer": {"threshold": 64}, "micro_batch_size": 32}},
-           "agents": {"solver": {"policy": "main"}},
-           "data": {"train": str(data), "eval": str(data), "batch_size": 8},
-           "sampler": {"max_new_tokens": 16},
-           "workflow": {"kind": "grpo", "group_size": 8},
-           "train": {"steps": 30, "save_every": 10, "tensorboard": False, "progress": False, **train}}
+    cfg = {
+        "name": "seven",
+        "run_dir": str(run_dir),
+        "policies": {
+            "main": {
+                "model": {"preset": "tiny-qwen3"},
+                "optimizer": {"lr": 3e-3},
+                "buffer": {"threshold": 64},
+                "micro_batch_size": 32,
+            }
+        },
+        "agents": {"solver": {"policy": "main"}},
+        "data": {"train": str(data), "eval": str(data), "batch_size": 8},
+        "sampler": {"max_new_tokens": 16},
+        "workflow": {"kind": "grpo", "group_size": 8},
+        "train": {"steps": 30, "save_every": 10, "tensorboard": False, "progress": False, **train},
+    }
     path = tmp / "seven.yaml"
     path.write_text(yaml.safe_dump(cfg))
     return path
@@ -41,8 +50,14 @@ def seven_task(tmp: Path, run_dir: Path, **train) -> Path:
 
 def cli(*args, **kw) -> subprocess.Popen:
     env = dict(os.environ, JAX_PLATFORMS="cpu")
-    return subprocess.Popen([sys.executable, "-m", "marljax.cli", *args], env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, **kw)
+    return subprocess.Popen(
+        [sys.executable, "-m", "marljax.cli", *args],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        **kw,
+    )
 
 
 def run_cli(*args, timeout=600) -> subprocess.CompletedProcess:
@@ -82,8 +97,9 @@ def test_export_loads_in_transformers_with_the_trained_logits(grpo_run, tmp_path
     res = run_cli("export", str(run_dir), "--policy", "main", str(tmp_path / "hf"))
     assert res.returncode == 0, res.stderr
     ids = np.array([[5, 17, 42, 99, 7, 250, 3, 11]])
-    ours = np.asarray(forward(trainer.policies["main"].params, jnp.asarray(ids),
-                              config=trainer.policies["main"].config)[0])
+    ours = np.asarray(
+        forward(trainer.policies["main"].params, jnp.asarray(ids), config=trainer.policies["main"].config)[0]
+    )
     theirs = torch_logits(tmp_path / "hf", ids)
     np.testing.assert_allclose(theirs, ours, atol=1e-4)
     from transformers import AutoTokenizer
@@ -144,9 +160,9 @@ def test_sigkill_mid_run_and_mid_checkpoint_then_resume_matches_uninterrupted(tm
 
 @pytest.mark.slow
 def test_corrupt_latest_checkpoint_falls_back_and_says_so(grpo_run, tmp_path):
-    from marljax.train.checkpoint import RunCheckpointer
-
     import shutil
+
+    from marljax.train.checkpoint import RunCheckpointer
 
     trainer, shared_run = grpo_run
     run_dir = tmp_path / "run"  # a copy: other tests restore the shared run's step 30
@@ -163,8 +179,11 @@ def test_corrupt_latest_checkpoint_falls_back_and_says_so(grpo_run, tmp_path):
 
 def test_cli_config_error_names_the_key_and_file(tmp_path):
     path = tmp_path / "bad.yaml"
-    cfg = yaml.safe_load(Path("configs/grpo_tiny.yaml").read_text()) if Path("configs/grpo_tiny.yaml").exists() \
+    cfg = (
+        yaml.safe_load(Path("configs/grpo_tiny.yaml").read_text())
+        if Path("configs/grpo_tiny.yaml").exists()
         else None
+    )
     assert cfg is not None, "run from the repository root"
     cfg["policies"]["main"]["optimizer"]["lrr"] = 1e-3
     path.write_text(yaml.safe_dump(cfg))
@@ -178,8 +197,14 @@ def test_cli_config_error_names_the_key_and_file(tmp_path):
 def test_cli_data_error_names_file_and_line(tmp_path):
     data = tmp_path / "train.jsonl"
     data.write_text(json.dumps({"problem": "1+1?", "answer": "2"}) + "\n" + '{"problem": "oops"\n')
-    res = run_cli("train", "configs/grpo_tiny.yaml", f"run_dir={tmp_path / 'run'}", f"data.train={data}",
-                  "data.synthetic=null", timeout=300)
+    res = run_cli(
+        "train",
+        "configs/grpo_tiny.yaml",
+        f"run_dir={tmp_path / 'run'}",
+        f"data.train={data}",
+        "data.synthetic=null",
+        timeout=300,
+    )
     assert res.returncode == 2
     assert f"{data}:2" in res.stderr
 
@@ -204,14 +229,24 @@ def test_plot_and_eval_commands_on_a_finished_run(grpo_run):
 def test_sft_warm_start_lowers_the_nll_of_reference_solutions(tmp_path):
     from marljax.train.loop import Trainer
 
-    cfg = config_from_dict({
-        "run_dir": str(tmp_path / "run"),
-        "policies": {"main": {"model": {"preset": "tiny-llama"}, "optimizer": {"lr": 3e-3},
-                              "reference": True, "loss": {"kl_coef": 0.01}, "micro_batch_size": 8}},
-        "agents": {"coder": {"policy": "main"}},
-        "data": {"synthetic": {"n_train": 8, "difficulty": 1}, "batch_size": 4},
-        "sampler": {"max_new_tokens": 8},
-        "train": {"steps": 1, "sft_steps": 25, "tensorboard": False, "progress": False}})
+    cfg = config_from_dict(
+        {
+            "run_dir": str(tmp_path / "run"),
+            "policies": {
+                "main": {
+                    "model": {"preset": "tiny-llama"},
+                    "optimizer": {"lr": 3e-3},
+                    "reference": True,
+                    "loss": {"kl_coef": 0.01},
+                    "micro_batch_size": 8,
+                }
+            },
+            "agents": {"coder": {"policy": "main"}},
+            "data": {"synthetic": {"n_train": 8, "difficulty": 1}, "batch_size": 4},
+            "sampler": {"max_new_tokens": 8},
+            "train": {"steps": 1, "sft_steps": 25, "tensorboard": False, "progress": False},
+        }
+    )
     trainer = Trainer(cfg)
     trainer.run()
     nll = [r["sft/main/nll"] for r in read_metrics(tmp_path / "run") if "sft/main/nll" in r]

@@ -24,14 +24,28 @@ CONFIG = ModelConfig.preset("tiny-qwen2", vocab_size=64)
 
 def sample(prompt, completion, adv=0.0, version=0, policy="p", seed=0):
     rng = np.random.default_rng(seed)
-    return Sample(prompt, completion, -rng.random(len(completion)).astype(np.float32), reward=adv,
-                  advantage=adv, policy=policy, version=version)
+    return Sample(
+        prompt,
+        completion,
+        -rng.random(len(completion)).astype(np.float32),
+        reward=adv,
+        advantage=adv,
+        policy=policy,
+        version=version,
+    )
 
 
 def random_samples(n, seed=0):
     rng = np.random.default_rng(seed)
-    return [sample(rng.integers(3, 64, rng.integers(2, 6)), rng.integers(3, 64, rng.integers(1, 9)),
-                   adv=float(rng.normal()), seed=k) for k in range(n)]
+    return [
+        sample(
+            rng.integers(3, 64, rng.integers(2, 6)),
+            rng.integers(3, 64, rng.integers(1, 9)),
+            adv=float(rng.normal()),
+            seed=k,
+        )
+        for k in range(n)
+    ]
 
 
 def test_collate_layout_by_hand():
@@ -54,22 +68,35 @@ def test_collate_loss_positions_pick_completion_logprobs():
     s = random_samples(3, seed=2)
     b = collate(s, micro_batch_size=3, length_multiple=4)
     mb = jax.tree.map(lambda x: jnp.asarray(x[0]), b)
-    logp = np.asarray(token_logprobs(params, mb["tokens"], mb["labels"], config=CONFIG,
-                                     positions=mb["positions"], attention_mask=mb["attention_mask"]))
+    logp = np.asarray(
+        token_logprobs(
+            params,
+            mb["tokens"],
+            mb["labels"],
+            config=CONFIG,
+            positions=mb["positions"],
+            attention_mask=mb["attention_mask"],
+        )
+    )
     for k, smp in enumerate(s):
         ids = np.concatenate([smp.prompt_ids, smp.completion_ids])[None]
-        ref = np.asarray(token_logprobs(params, jnp.asarray(ids), jnp.roll(jnp.asarray(ids), -1, 1), config=CONFIG))
+        ref = np.asarray(
+            token_logprobs(params, jnp.asarray(ids), jnp.roll(jnp.asarray(ids), -1, 1), config=CONFIG)
+        )
         P = len(smp.prompt_ids)
-        np.testing.assert_allclose(logp[k][b["loss_mask"][0, k]], ref[0, P - 1:-1], atol=1e-5)
+        np.testing.assert_allclose(logp[k][b["loss_mask"][0, k]], ref[0, P - 1 : -1], atol=1e-5)
 
 
-@pytest.mark.parametrize("loss_type, agg_mode", [("ppo", "token-mean"), ("gspo", "seq-mean-token-mean"),
-                                                  ("ppo", "seq-mean-token-sum-norm")])
+@pytest.mark.parametrize(
+    "loss_type, agg_mode",
+    [("ppo", "token-mean"), ("gspo", "seq-mean-token-mean"), ("ppo", "seq-mean-token-sum-norm")],
+)
 def test_micro_batches_accumulate_to_the_full_batch_gradient(agg_mode, loss_type):
     params = get_params(init_model(CONFIG, seed=0))
     s = random_samples(6, seed=3)
-    loss = LossConfig(type=loss_type, agg_mode=agg_mode, norm_constant=16.0, entropy_coef=0.01, kl_coef=0.1,
-                      tis_cap=2.0)
+    loss = LossConfig(
+        type=loss_type, agg_mode=agg_mode, norm_constant=16.0, entropy_coef=0.01, kl_coef=0.1, tis_cap=2.0
+    )
     fn = functools.partial(rl_loss, config=CONFIG, loss=loss, use_old_logp=True)
     out = {}
     for mb in (6, 2):  # one micro-batch of 6, or three of 2 with different token counts
@@ -88,7 +115,18 @@ def test_micro_batches_accumulate_to_the_full_batch_gradient(agg_mode, loss_type
 
 
 def test_geometric_buckets_pad_whole_micro_batches_that_change_nothing():
-    assert [geometric_bucket(n) for n in (1, 2, 3, 4, 5, 7, 9, 13, 17, 25)] == [1, 2, 3, 4, 6, 8, 12, 16, 24, 32]
+    assert [geometric_bucket(n) for n in (1, 2, 3, 4, 5, 7, 9, 13, 17, 25)] == [
+        1,
+        2,
+        3,
+        4,
+        6,
+        8,
+        12,
+        16,
+        24,
+        32,
+    ]
     assert [geometric_bucket(n, 32) for n in (1, 33, 65, 97, 129, 200)] == [32, 64, 96, 128, 192, 256]
     params = get_params(init_model(CONFIG, seed=0))
     s = random_samples(9, seed=4)  # 5 micro-batches of 2 -> 6, the last one empty
@@ -117,8 +155,9 @@ def _opt():
 def test_nan_guard_skips_exactly_the_bad_update():
     params = get_params(init_model(CONFIG, seed=0))
     opt = _opt()
-    update = make_update_fn(functools.partial(rl_loss, config=CONFIG, loss=LossConfig(), use_old_logp=False),
-                            opt, "token-mean")
+    update = make_update_fn(
+        functools.partial(rl_loss, config=CONFIG, loss=LossConfig(), use_old_logp=False), opt, "token-mean"
+    )
     good = random_samples(4, seed=5)
     bad = random_samples(4, seed=5)
     bad[2].advantage = float("nan")
@@ -173,7 +212,9 @@ def test_bfloat16_parameters_get_bfloat16_updates_and_skips(schedule):
     updates, _ = opt.update({"w": jnp.full(4, 0.5, jnp.bfloat16)}, opt.init(params), params)
     assert updates["w"].dtype == jnp.bfloat16
     state = opt.init(params)
-    new, kept, _, skipped = guarded_step(opt, params, state, {"w": jnp.full(4, jnp.nan, jnp.bfloat16)}, jnp.float32(0))
+    new, kept, _, skipped = guarded_step(
+        opt, params, state, {"w": jnp.full(4, jnp.nan, jnp.bfloat16)}, jnp.float32(0)
+    )
     assert new["w"].dtype == jnp.bfloat16 and float(skipped) == 1.0 and (np.asarray(new["w"]) == 1).all()
     assert int(applied_steps(kept)) == 0
 
@@ -201,8 +242,14 @@ def test_ppo_step_raises_logprob_of_positive_advantage_tokens():
     mb = jax.tree.map(lambda x: x[0], b)
 
     def seq_logp(p):
-        lp = token_logprobs(p, mb["tokens"], mb["labels"], config=CONFIG, positions=mb["positions"],
-                            attention_mask=mb["attention_mask"])
+        lp = token_logprobs(
+            p,
+            mb["tokens"],
+            mb["labels"],
+            config=CONFIG,
+            positions=mb["positions"],
+            attention_mask=mb["attention_mask"],
+        )
         return np.asarray(jnp.sum(jnp.where(mb["loss_mask"], lp, 0.0), axis=1))
 
     before = seq_logp(params)
@@ -270,7 +317,7 @@ def test_skewed_rates_fast_policy_updates_while_slow_waits():
     t.policies = {"fast": Counting(), "slow": Counting()}
     t.buffers = {"fast": ExperienceBuffer(4), "slow": ExperienceBuffer(3)}
     updates = []
-    for step in range(6):
+    for _ in range(6):
         t.buffers["fast"].add([sample([1], [2], policy="fast") for _ in range(5)])
         t.buffers["slow"].add([sample([1], [2], policy="slow")])
         m = t.update_ready_policies()
@@ -283,7 +330,9 @@ def test_skewed_rates_fast_policy_updates_while_slow_waits():
     assert len(t.buffers["fast"]) == 30 - 28 and len(t.buffers["slow"]) == 0
 
 
-@pytest.mark.parametrize("schedule", [{}, {"warmup_steps": 2}, {"schedule": "cosine", "warmup_steps": 2, "decay_steps": 5}])
+@pytest.mark.parametrize(
+    "schedule", [{}, {"warmup_steps": 2}, {"schedule": "cosine", "warmup_steps": 2, "decay_steps": 5}]
+)
 def test_a_finite_guarded_step_is_bit_for_bit_the_plain_optax_step(schedule):
     # The skip guard must not change a finite step in the last bit: runs stay reproducible across it.
     # (optax.apply_if_finite fails this: its lax.cond compiles the update apart from apply_updates.)

@@ -10,8 +10,16 @@ import pytest
 
 from marljax.envs.base import best_branch
 from marljax.envs.code import parse_asserts
-from marljax.envs.grid import (GridProblem, bfs_distances, grid_prompt, make_grid_problems, parse_plan, plan_reward,
-                               run_plan, shortest_plan)
+from marljax.envs.grid import (
+    GridProblem,
+    bfs_distances,
+    grid_prompt,
+    make_grid_problems,
+    parse_plan,
+    plan_reward,
+    run_plan,
+    shortest_plan,
+)
 from marljax.rewards import SandboxPool, SandboxVerifier
 from marljax.train.data import parse_row
 from marljax.workflows.at_grpo import AtGrpoConfig, AtGrpoWorkflow
@@ -19,25 +27,51 @@ from marljax.workflows.base import Agent, ScriptedGenerator
 
 # ------------------------------------------------------------------ helpers
 ROWS = [  # f(x) = x + 1 and f(x) = 2 x on inputs 1..4; the first 3 cases are public
-    {"task_id": "inc", "question": "Write f(x) returning x + 1.", "fn_name": "f", "inputs": [[1], [2], [3], [4]],
-     "outputs": [2, 3, 4, 5], "public": 3, "solution": "def f(x):\n    return x + 1\n"},
-    {"task_id": "dbl", "question": "Write f(x) returning 2 * x.", "fn_name": "f", "inputs": [[1], [2], [3], [4]],
-     "outputs": [2, 4, 6, 8], "public": 3, "solution": "def f(x):\n    return 2 * x\n"},
+    {
+        "task_id": "inc",
+        "question": "Write f(x) returning x + 1.",
+        "fn_name": "f",
+        "inputs": [[1], [2], [3], [4]],
+        "outputs": [2, 3, 4, 5],
+        "public": 3,
+        "solution": "def f(x):\n    return x + 1\n",
+    },
+    {
+        "task_id": "dbl",
+        "question": "Write f(x) returning 2 * x.",
+        "fn_name": "f",
+        "inputs": [[1], [2], [3], [4]],
+        "outputs": [2, 4, 6, 8],
+        "public": 3,
+        "solution": "def f(x):\n    return 2 * x\n",
+    },
 ]
-CODES = ["def f(x):\n    return x\n",                       # inc 0/4, dbl 0/4
-         "def f(x):\n    return x + 1 if x < 3 else 0\n",   # inc 2/4, dbl 1/4
-         "def f(x):\n    return 2 if x == 1 else 0\n"]      # inc 1/4, dbl 1/4
-TESTS = ["assert f(1) == 2\nassert f(2) == 3",
-         "assert f(3) == 4\nassert f(1) == 5",
-         "assert f(4) == 5\nassert f(3) == 4"]
+CODES = [
+    "def f(x):\n    return x\n",  # inc 0/4, dbl 0/4
+    "def f(x):\n    return x + 1 if x < 3 else 0\n",  # inc 2/4, dbl 1/4
+    "def f(x):\n    return 2 if x == 1 else 0\n",
+]  # inc 1/4, dbl 1/4
+TESTS = [
+    "assert f(1) == 2\nassert f(2) == 3",
+    "assert f(3) == 4\nassert f(1) == 5",
+    "assert f(4) == 5\nassert f(3) == 4",
+]
 # Hand-computed rewards (bonus 0.5). Tester on inc (best code CODES[1] fails f(3), f(4)):
 #   T0 valid 2, caught 0 -> 2/2 = 1; T1 valid 1 (f(3)==4), caught 1 -> (1 + .5)/2 = .75; T2 valid 2, caught 2 -> 1.5.
 # On dbl (reference 2x): T0 valid 1 (f(1)==2), caught 0 -> .5; T1, T2 valid 0 -> 0.
-REWARDS = {("inc", "coder"): [0.0, 0.5, 0.25], ("inc", "tester"): [1.0, 0.75, 1.5],
-           ("dbl", "coder"): [0.0, 0.25, 0.25], ("dbl", "tester"): [0.5, 0.0, 0.0]}
+REWARDS = {
+    ("inc", "coder"): [0.0, 0.5, 0.25],
+    ("inc", "tester"): [1.0, 0.75, 1.5],
+    ("dbl", "coder"): [0.0, 0.25, 0.25],
+    ("dbl", "tester"): [0.5, 0.0, 0.0],
+}
 # (r - mean) / (std_ddof1 + 1e-6), worked out by hand from REWARDS
-ADV = {("inc", "coder"): [-1.0, 1.0, 0.0], ("inc", "tester"): [-0.218218, -0.872872, 1.091089],
-       ("dbl", "coder"): [-1.154701, 0.577350, 0.577350], ("dbl", "tester"): [1.154701, -0.577350, -0.577350]}
+ADV = {
+    ("inc", "coder"): [-1.0, 1.0, 0.0],
+    ("inc", "tester"): [-0.218218, -0.872872, 1.091089],
+    ("dbl", "coder"): [-1.154701, 0.577350, 0.577350],
+    ("dbl", "tester"): [1.154701, -0.577350, -0.577350],
+}
 
 
 def fence(code: str) -> str:
@@ -65,8 +99,10 @@ def code_problems():
 
 
 def agents(shared: bool):
-    return {"coder": Agent("coder", "shared" if shared else "pc", "You write code.\n"),
-            "tester": Agent("tester", "shared" if shared else "pt", "You write tests.\n")}
+    return {
+        "coder": Agent("coder", "shared" if shared else "pc", "You write code.\n"),
+        "tester": Agent("tester", "shared" if shared else "pt", "You write tests.\n"),
+    }
 
 
 @pytest.fixture(scope="module")
@@ -116,7 +152,9 @@ def test_rewards_and_group_advantages_hand_computed(code_run):
         assert s.reward == pytest.approx(REWARDS[key][k]), (key, s.ids)
         assert s.advantage == pytest.approx(ADV[key][k], abs=1e-5), (key, s.ids)
     m = rollout.metrics
-    assert m["agent/coder/reward"] == pytest.approx(np.mean(REWARDS[("inc", "coder")] + REWARDS[("dbl", "coder")]))
+    assert m["agent/coder/reward"] == pytest.approx(
+        np.mean(REWARDS[("inc", "coder")] + REWARDS[("dbl", "coder")])
+    )
     assert m["agent/tester/pass_rate"] == pytest.approx(2 / 6)
     assert m["at_grpo/turns"] == 2 and m["at_grpo/solved"] == 0
 
@@ -125,13 +163,16 @@ def test_feedback_only_from_turn_one(code_run):
     _, gen = code_run
     assert len(gen.batches) == 2
     turn0, turn1 = gen.batches
-    for agent, prompt in turn0:
+    for _agent, prompt in turn0:
         assert "Passed" not in prompt and "previous" not in prompt and "tester's tests" not in prompt
     coder_inc = next(p for a, p in turn1 if a.name == "coder" and "x + 1." in p)
     assert "Your previous code" in coder_inc and CODES[1].strip() in coder_inc
     assert "Passed 2 of 3 tests." in coder_inc  # public split only: f(3) fails, the private f(4) is not shown
     assert "Input: 4" not in coder_inc
-    assert "The tester's tests on this code: passed 0 of 2." in coder_inc and "Failed: assert f(4) == 5" in coder_inc
+    assert (
+        "The tester's tests on this code: passed 0 of 2." in coder_inc
+        and "Failed: assert f(4) == 5" in coder_inc
+    )
     tester_inc = next(p for a, p in turn1 if a.name == "tester" and "x + 1." in p)
     assert "Your previous tests" in tester_inc and "assert f(4) == 5\nassert f(3) == 4" in tester_inc
     assert "Your tests on this code: passed 0 of 2." in tester_inc
@@ -140,7 +181,9 @@ def test_feedback_only_from_turn_one(code_run):
 @pytest.mark.parametrize("shared", [True, False])
 def test_one_generate_call_per_policy_per_turn(pool, shared):
     gen = ScriptedGenerator(code_script)
-    AtGrpoWorkflow("code", num_candidates=2, num_turns=2).rollout(code_problems(), agents(shared), gen, pool, 0)
+    AtGrpoWorkflow("code", num_candidates=2, num_turns=2).rollout(
+        code_problems(), agents(shared), gen, pool, 0
+    )
     want = [("shared", 4)] * 2 if shared else [("pc", 2), ("pt", 2)] * 2
     assert gen.calls == want
 
@@ -148,17 +191,25 @@ def test_one_generate_call_per_policy_per_turn(pool, shared):
 def test_dr_grpo_centres_without_scaling(pool):
     gen = ScriptedGenerator(code_script)
     r = AtGrpoWorkflow("code", num_candidates=3, num_turns=1, estimator="dr_grpo").rollout(
-        code_problems()[:1], {"coder": Agent("coder", "p")} | {"tester": Agent("tester", "p")}, gen, pool, 0)
+        code_problems()[:1], {"coder": Agent("coder", "p")} | {"tester": Agent("tester", "p")}, gen, pool, 0
+    )
     coder = [s.advantage for s in sorted(r.samples, key=lambda s: s.ids["node"]) if s.agent == "coder"]
     assert coder == pytest.approx([-0.25, 0.25, 0.0])
 
 
 def test_evaluate_code_greedy(pool):
-    right = ScriptedGenerator(lambda a, p, k, s: fence(ROWS[0]["solution"] if "x + 1" in p else ROWS[1]["solution"])
-                              if a.name == "coder" else fence("assert f(1) == 2"))
+    right = ScriptedGenerator(
+        lambda a, p, k, s: (
+            fence(ROWS[0]["solution"] if "x + 1" in p else ROWS[1]["solution"])
+            if a.name == "coder"
+            else fence("assert f(1) == 2")
+        )
+    )
     wf = AtGrpoWorkflow("code", num_candidates=2, num_turns=2)
-    assert wf.evaluate(code_problems(), agents(True), right, pool) == {"eval/coder/pass_at_1": 1.0,
-                                                                         "eval/coder/reward": 1.0}
+    assert wf.evaluate(code_problems(), agents(True), right, pool) == {
+        "eval/coder/pass_at_1": 1.0,
+        "eval/coder/reward": 1.0,
+    }
     assert right.calls == [("shared", 4)]  # solved at turn 0: the trees end
     wrong = ScriptedGenerator(code_script)
     out = wf.evaluate(code_problems(), agents(True), wrong, pool)
@@ -169,8 +220,10 @@ def test_parse_asserts():
     text = "tests:\n```python\nimport math\nassert f(1) == 2\nx = 3\nassert f(x) == 4, 'msg'\n```"
     assert parse_asserts(text, 8) == ["assert f(1) == 2", "assert f(x) == 4, 'msg'"]
     assert parse_asserts(text, 1) == ["assert f(1) == 2"]
-    assert parse_asserts("```python\nassert f(1) == 2\ndef broken(:\nassert g(0)\n```", 8) == \
-        ["assert f(1) == 2", "assert g(0)"]
+    assert parse_asserts("```python\nassert f(1) == 2\ndef broken(:\nassert g(0)\n```", 8) == [
+        "assert f(1) == 2",
+        "assert g(0)",
+    ]
     assert parse_asserts("no tests", 8) == []
 
 
@@ -185,8 +238,12 @@ def test_config_checks_agent_names():
     with pytest.raises(ValueError):
         AtGrpoConfig(num_candidates=1)
     wf = AtGrpoWorkflow.from_config(AtGrpoConfig(num_candidates=3, num_turns=4, estimator="dr_grpo"))
-    assert (wf.cfg.num_candidates, wf.cfg.num_turns, wf.cfg.estimator, wf.env.roles) == \
-        (3, 4, "dr_grpo", ("coder", "tester"))
+    assert (wf.cfg.num_candidates, wf.cfg.num_turns, wf.cfg.estimator, wf.env.roles) == (
+        3,
+        4,
+        "dr_grpo",
+        ("coder", "tester"),
+    )
 
 
 # ------------------------------------------------------------------ grid game
@@ -203,16 +260,19 @@ def test_bfs_distances_by_hand():
     assert shortest_plan(GRID) == "RRDDLL" and shortest_plan(GRID, (0, 2)) == "DDLL"
 
 
-@pytest.mark.parametrize("moves,end,reached,illegal,reward", [
-    ("RR", (0, 2), False, False, 0.5 * (1 - 4 / 6)),
-    ("RRDDLL", (2, 0), True, False, 1.0),
-    ("RRDDLLUUU", (2, 0), True, False, 1.0),      # stops at the goal
-    ("D", (0, 0), False, True, 0.0),              # first move into a wall
-    ("L", (0, 0), False, True, 0.0),              # off the grid
-    ("RDR", (0, 1), False, True, 0.5 * (1 - 5 / 6)),  # the wall hit ends the plan: the last R is ignored
-    ("RL", (0, 0), False, False, 0.0),            # no progress
-    ("", (0, 0), False, False, 0.0),
-])
+@pytest.mark.parametrize(
+    "moves,end,reached,illegal,reward",
+    [
+        ("RR", (0, 2), False, False, 0.5 * (1 - 4 / 6)),
+        ("RRDDLL", (2, 0), True, False, 1.0),
+        ("RRDDLLUUU", (2, 0), True, False, 1.0),  # stops at the goal
+        ("D", (0, 0), False, True, 0.0),  # first move into a wall
+        ("L", (0, 0), False, True, 0.0),  # off the grid
+        ("RDR", (0, 1), False, True, 0.5 * (1 - 5 / 6)),  # the wall hit ends the plan: the last R is ignored
+        ("RL", (0, 0), False, False, 0.0),  # no progress
+        ("", (0, 0), False, False, 0.0),
+    ],
+)
 def test_run_plan_and_reward_by_hand(moves, end, reached, illegal, reward):
     res = run_plan(GRID, (0, 0), moves)
     assert (res.pos, res.reached, res.illegal) == (end, reached, illegal)
@@ -249,34 +309,49 @@ def test_plan_tree_multi_turn():
     gen = Recording(plan_script)
     wf = AtGrpoWorkflow("plan", num_candidates=3, num_turns=3)
     r = wf.rollout([GRID_PROBLEM], {"planner": Agent("planner", "p")}, gen, None, seed=1)
-    assert [(s.ids["turn"], s.ids["node"], s.ids["parent"]) for s in r.samples] == \
-        [(0, 0, -1), (0, 1, -1), (0, 2, -1), (1, 3, 1), (1, 4, 1), (1, 5, 1)]  # solved at turn 1: no turn 2
+    assert [(s.ids["turn"], s.ids["node"], s.ids["parent"]) for s in r.samples] == [
+        (0, 0, -1),
+        (0, 1, -1),
+        (0, 2, -1),
+        (1, 3, 1),
+        (1, 4, 1),
+        (1, 5, 1),
+    ]  # solved at turn 1: no turn 2
     assert [s.reward for s in r.samples] == pytest.approx([1 / 12, 1 / 6, 0.0, 0.25, 1.0, 0.0])
     turn1 = gen.batches[1][0][1]
     assert "..A" in turn1 and "Moves so far: RR" in turn1 and "4 moves from G" in turn1
     assert r.metrics["at_grpo/turns"] == 2 and r.metrics["at_grpo/solved"] == 1.0
     # turn 0: [1/12, 1/6, 0] -> mean 1/12, std 1/12 -> [0, 1, -1]; turn 1: [.25, 1, 0] -> mean 5/12, std .520416
-    assert [s.advantage for s in r.samples] == pytest.approx([0, 1, -1, -0.320256, 1.120897, -0.800641],
-                                                             rel=1e-4, abs=1e-6)  # eps 1e-6 in std + eps
+    assert [s.advantage for s in r.samples] == pytest.approx(
+        [0, 1, -1, -0.320256, 1.120897, -0.800641], rel=1e-4, abs=1e-6
+    )  # eps 1e-6 in std + eps
 
 
 def test_plan_ties_go_to_the_lowest_index_and_evaluate():
     gen = Recording(lambda a, p, k, s: "Moves: R")
     r = AtGrpoWorkflow("plan", num_candidates=2, num_turns=2).rollout(
-        [GRID_PROBLEM], {"planner": Agent("planner", "p")}, gen, None, seed=0)
+        [GRID_PROBLEM], {"planner": Agent("planner", "p")}, gen, None, seed=0
+    )
     assert [s.ids["parent"] for s in r.samples if s.ids["turn"] == 1] == [0, 0]
     assert all(s.advantage == 0 for s in r.samples)  # identical candidates: no comparison signal
     wf = AtGrpoWorkflow("plan", num_candidates=2, num_turns=2)
     solve = ScriptedGenerator(lambda a, p, k, s: "Moves: RRDDLL")
-    assert wf.evaluate([GRID_PROBLEM], {"planner": Agent("planner", "p")}, solve, None)["eval/planner/success"] == 1
+    assert (
+        wf.evaluate([GRID_PROBLEM], {"planner": Agent("planner", "p")}, solve, None)["eval/planner/success"]
+        == 1
+    )
     stuck = ScriptedGenerator(lambda a, p, k, s: "Moves: D")
-    assert wf.evaluate([GRID_PROBLEM], {"planner": Agent("planner", "p")}, stuck, None)["eval/planner/success"] == 0
+    assert (
+        wf.evaluate([GRID_PROBLEM], {"planner": Agent("planner", "p")}, stuck, None)["eval/planner/success"]
+        == 0
+    )
 
 
 def test_plan_task_rejects_code_problems():
     with pytest.raises(ValueError, match="schema 'plan'"):
-        AtGrpoWorkflow("plan").rollout(code_problems(), {"planner": Agent("planner", "p")},
-                                       ScriptedGenerator(plan_script), None, 0)
+        AtGrpoWorkflow("plan").rollout(
+            code_problems(), {"planner": Agent("planner", "p")}, ScriptedGenerator(plan_script), None, 0
+        )
 
 
 def test_coder_alone_gets_public_feedback_only(pool):
@@ -298,8 +373,10 @@ class OverrideText:
 
     def generate(self, requests, n, seed):
         out = self.inner.generate(requests, n, seed)
-        return [[dataclasses.replace(g, text=code_script(a, p, k, seed)) for k, g in enumerate(gens)]
-                for (a, p), gens in zip(requests, out)]
+        return [
+            [dataclasses.replace(g, text=code_script(a, p, k, seed)) for k, g in enumerate(gens)]
+            for (a, p), gens in zip(requests, out)
+        ]
 
 
 @pytest.mark.slow
@@ -308,16 +385,19 @@ def test_tiny_real_policy_trains_two_steps(pool):
 
     from marljax.train.buffer import ExperienceBuffer
     from marljax.train.config import PolicyConfig, SamplerConfig
-    from marljax.train.policy import Policy
     from marljax.train.generation import PolicyGenerator
+    from marljax.train.policy import Policy
 
-    cfg = PolicyConfig(model={"preset": "tiny-qwen3"}, optimizer={"lr": 1e-3}, buffer={"threshold": 8},
-                       micro_batch_size=8)
+    cfg = PolicyConfig(
+        model={"preset": "tiny-qwen3"}, optimizer={"lr": 1e-3}, buffer={"threshold": 8}, micro_batch_size=8
+    )
     policy = Policy("shared", cfg)  # one policy for both roles (role prompts)
     before = jax.tree.map(np.asarray, policy.params)
     buffer = ExperienceBuffer(8)
     # prompts cut to their last 128 tokens: one padded shape for both turns, so one compile each
-    gen = OverrideText(PolicyGenerator({"shared": policy}, SamplerConfig(max_new_tokens=16), max_prompt_len=128))
+    gen = OverrideText(
+        PolicyGenerator({"shared": policy}, SamplerConfig(max_new_tokens=16), max_prompt_len=128)
+    )
     wf = AtGrpoWorkflow("code", num_candidates=2, num_turns=2)
     updates = []
     for step in range(2):

@@ -84,18 +84,29 @@ def test_the_workflow_owns_its_typed_config():
 
 
 def test_every_registered_kind_is_a_valid_workflow_section():
-    base = {"policies": {"p": {"model": {"preset": "tiny-qwen3"}}},
-            "agents": {name: {"policy": "p"} for name in ("alice", "bob")},
-            "data": {"synthetic": {"n_train": 2}}}
+    base = {
+        "policies": {"p": {"model": {"preset": "tiny-qwen3"}}},
+        "agents": {name: {"policy": "p"} for name in ("alice", "bob")},
+        "data": {"synthetic": {"n_train": 2}},
+    }
     assert list(REGISTRY)[0] == "grpo"  # the default kind
     assert {"grpo", "magrpo", "mars2", "at_grpo", "dr_mas", "sharp"} <= set(REGISTRY)
-    cfg = config_from_dict({**base, "workflow": {"kind": "magrpo", "agents": ["alice", "bob"], "group_size": 3}})
+    cfg = config_from_dict(
+        {**base, "workflow": {"kind": "magrpo", "agents": ["alice", "bob"], "group_size": 3}}
+    )
     assert type(cfg.workflow) is REGISTRY["magrpo"][0] and cfg.workflow.group_size == 3
 
 
 def gen(agent: str, policy: str = "p", version: int = 0) -> Generation:
-    return Generation("x", np.array([1, 2]), np.array([3]), np.zeros(1, np.float32), agent=agent, policy=policy,
-                      version=version)
+    return Generation(
+        "x",
+        np.array([1, 2]),
+        np.array([3]),
+        np.zeros(1, np.float32),
+        agent=agent,
+        policy=policy,
+        version=version,
+    )
 
 
 def test_rollout_arrays_samples_and_common_metrics():
@@ -116,7 +127,11 @@ def test_rollout_arrays_samples_and_common_metrics():
     factor = kernels.amplification_factor(jnp.asarray(rewards, jnp.float32), jnp.asarray([1, 0, 1, 0, 0]), 2)
     assert [m["agent/a/amplification"], m["agent/b/amplification"]] == pytest.approx(np.asarray(factor))
     assert set(agent_metrics(Rollout(gens[1:2], ids[1:2], [1.0], [0.0], [1]))) == {
-        "agent/a/reward", "agent/a/pass_rate", "agent/a/adv_mean", "agent/a/adv_std"}  # one agent: no amplification
+        "agent/a/reward",
+        "agent/a/pass_rate",
+        "agent/a/adv_mean",
+        "agent/a/adv_std",
+    }  # one agent: no amplification
 
 
 def test_rollout_refuses_ragged_arrays_and_extras_that_shadow_common_metrics():
@@ -125,4 +140,4 @@ def test_rollout_refuses_ragged_arrays_and_extras_that_shadow_common_metrics():
         Rollout([gen("a")], ids, [1.0, 0.0], [0.0], [1])
     clash = Rollout([gen("a")], ids, [1.0], [0.0], [1], extras={"agent/a/reward": 0.3})
     with pytest.raises(ValueError, match="agent/a/reward"):
-        clash.metrics
+        _ = clash.metrics

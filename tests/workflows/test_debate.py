@@ -16,8 +16,10 @@ from marljax.workflows.base import Agent, ScriptedGenerator
 from marljax.workflows.debate import DebateConfig, DebateWorkflow
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
-PROBLEMS = [parse_row({"id": f"q{k}", "problem": f"What is {k} + {k}?", "answer": str(2 * k)}, "math", f"<t>:{k}")
-            for k in (1, 2)]
+PROBLEMS = [
+    parse_row({"id": f"q{k}", "problem": f"What is {k} + {k}?", "answer": str(2 * k)}, "math", f"<t>:{k}")
+    for k in (1, 2)
+]
 AGENTS = {"alice": Agent("alice", "pol_a", "A: "), "bob": Agent("bob", "pol_b", "B: ")}
 
 
@@ -64,8 +66,13 @@ def test_debaters_see_each_other_and_are_rewarded_jointly():
     # per debate: alice's first answer, bob's, alice's revision, bob's (nodes 0..3)
     assert [s.agent for s in out.samples[:4]] == ["alice", "bob", "alice", "bob"]
     for d in range(4):
-        turns = out.samples[4 * d:4 * d + 4]
-        assert [s.ids["node"] for s in turns] == [0, 1, 2, 3] and [s.ids["parent"] for s in turns] == [-1, -1, 0, 1]
+        turns = out.samples[4 * d : 4 * d + 4]
+        assert [s.ids["node"] for s in turns] == [0, 1, 2, 3] and [s.ids["parent"] for s in turns] == [
+            -1,
+            -1,
+            0,
+            1,
+        ]
         assert [s.ids["turn"] for s in turns] == [0, 0, 1, 1] and {s.ids["episode"] for s in turns} == {d}
         assert {s.ids["problem"] for s in turns} == {PROBLEMS[d // 2].id}
         # debate 0 of each problem: both revisions right (joint 1, passed); debate 1: both wrong
@@ -74,7 +81,9 @@ def test_debaters_see_each_other_and_are_rewarded_jointly():
     assert {s.version for s in out.samples if s.agent == "alice"} == {0}
     rewards = [s.reward for s in out.samples]
     groups = [(s.ids["problem"], s.agent) for s in out.samples]  # each agent's turns on one problem
-    np.testing.assert_allclose([s.advantage for s in out.samples], hand_advantages(rewards, groups), atol=1e-5)
+    np.testing.assert_allclose(
+        [s.advantage for s in out.samples], hand_advantages(rewards, groups), atol=1e-5
+    )
     m = out.metrics
     assert m["team/reward"] == 0.5 and m["team/pass_rate"] == 0.5
     assert m["debate/first_reward"] == 0.25  # alice right in one first answer of two, bob never
@@ -85,8 +94,12 @@ def test_debaters_see_each_other_and_are_rewarded_jointly():
 def test_evaluate_one_greedy_debate_per_problem():
     gen = ScriptedGenerator(script)
     m = DebateWorkflow().evaluate(PROBLEMS, AGENTS, gen, SandboxVerifier())
-    assert m == {"eval/alice/pass_at_1": 1.0, "eval/bob/pass_at_1": 1.0, "eval/team/pass_at_1": 1.0,
-                 "eval/team/reward": 1.0}
+    assert m == {
+        "eval/alice/pass_at_1": 1.0,
+        "eval/bob/pass_at_1": 1.0,
+        "eval/team/pass_at_1": 1.0,
+        "eval/team/reward": 1.0,
+    }
     assert gen.calls == [("pol_a", 2), ("pol_b", 2), ("pol_a", 2), ("pol_b", 2)]
 
 
@@ -105,9 +118,18 @@ def test_two_steps_through_the_trainer_on_a_tiny_model(tmp_path):
     from marljax.train.loop import Trainer
     from marljax.train.metrics import read_metrics
 
-    overrides = [f"run_dir={tmp_path / 'run'}", "train.steps=2", "train.save_every=2", "train.eval_every=2",
-                 "train.tensorboard=false", "train.progress=false", "sampler.max_new_tokens=16",
-                 "data.synthetic.n_eval=2", "workflow.group_size=2", "policies.shared.buffer.threshold=16"]
+    overrides = [
+        f"run_dir={tmp_path / 'run'}",
+        "train.steps=2",
+        "train.save_every=2",
+        "train.eval_every=2",
+        "train.tensorboard=false",
+        "train.progress=false",
+        "sampler.max_new_tokens=16",
+        "data.synthetic.n_eval=2",
+        "workflow.group_size=2",
+        "policies.shared.buffer.threshold=16",
+    ]
     trainer = Trainer(load_config(CONFIGS / "debate_tiny.yaml", overrides))
     before = trainer.policies["shared"].version
     trainer.run()
@@ -119,5 +141,7 @@ def test_two_steps_through_the_trainer_on_a_tiny_model(tmp_path):
         for key in ("reward", "pass_rate", "adv_mean", "adv_std", "amplification", "distinct_programs"):
             assert np.isfinite(last[f"agent/{name}/{key}"]), (name, key)
     assert {"team/reward", "debate/first_reward", "eval/team/pass_at_1", "eval/alice/pass_at_1"} <= set(last)
-    assert trainer.policies["shared"].version == before + 2  # 2 problems x 2 debates x 4 turns = one update a step
+    assert (
+        trainer.policies["shared"].version == before + 2
+    )  # 2 problems x 2 debates x 4 turns = one update a step
     assert [r["policy/shared/updates"] for r in records] == [1.0, 1.0]

@@ -4,11 +4,20 @@ from __future__ import annotations
 
 import pytest
 
-from marljax.workflows.diversity import (ast_shape, diversity_metrics, grouped_diversity, jaccard, ngrams,
-                                         normalize_program, per_agent_diversity)
+from marljax.workflows.diversity import (
+    ast_shape,
+    diversity_metrics,
+    grouped_diversity,
+    jaccard,
+    ngrams,
+    normalize_program,
+    per_agent_diversity,
+)
 
 LOOP = "def total(xs):\n    s = 0\n    for x in xs:\n        s += x\n    return s\n"
-LOOP_NOISY = "def total(xs):   # add them up\n    s = 0\n\n    for x in xs:  # each\n        s += x\n    return s"
+LOOP_NOISY = (
+    "def total(xs):   # add them up\n    s = 0\n\n    for x in xs:  # each\n        s += x\n    return s"
+)
 LOOP_RENAMED = "def add_all(values):\n    acc = 0\n    for v in values:\n        acc += v\n    return acc\n"
 BUILTIN = "def total(xs):\n    return sum(xs)\n"
 RECURSIVE = "def total(xs):\n    return xs[0] + total(xs[1:]) if xs else 0\n"
@@ -22,7 +31,9 @@ def metrics(codes):
 
 def test_normalisation_drops_comments_and_layout():
     assert normalize_program(LOOP_NOISY) == normalize_program(LOOP)
-    assert normalize_program("def f(:\n  pass   # broken") == "def f(: pass # broken"  # unparseable: whitespace only
+    assert (
+        normalize_program("def f(:\n  pass   # broken") == "def f(: pass # broken"
+    )  # unparseable: whitespace only
 
 
 def test_identical_programs():
@@ -56,7 +67,9 @@ def test_small_and_empty_inputs():
 
 def test_grouped_and_per_agent():
     m = grouped_diversity([[LOOP, LOOP], [LOOP, BUILTIN], []], "team")
-    assert m["team/distinct_programs"] == pytest.approx(0.75) and m["team/algorithmic_variety"] == pytest.approx(0.75)
+    assert m["team/distinct_programs"] == pytest.approx(0.75) and m[
+        "team/algorithmic_variety"
+    ] == pytest.approx(0.75)
     fenced = [f"Here:\n```python\n{c}```" for c in (LOOP, LOOP_RENAMED)]
     out = per_agent_diversity({"coder": fenced, "tester": [[LOOP, LOOP], [BUILTIN]]})
     assert out["agent/coder/distinct_programs"] == 1.0 and out["agent/coder/algorithmic_variety"] == 0.5

@@ -16,10 +16,12 @@ from marljax.workflows.dr_mas import DrMasConfig, DrMasWorkflow, parse_route, pa
 ROWS = synthetic_rows(2, seed=0)  # p0: f(x) = x*x % 5, p1: f(x) = min(x, 8) // 4; 4 public + 8 private tests
 PROBLEMS = [parse_row(r, "stdio", f"<test>:{k + 1}") for k, r in enumerate(ROWS)]
 # p0: `return 4` passes 3/4 public and 8/12 of all tests; p1: a table of the public cases passes 4/12.
-WRONG = ["def f(x):\n    return 4\n",
-         "def f(x):\n    return {19: 2, -56: -14, 55: 2, 24: 2}.get(x, 0)\n"]
-AGENTS = {"solver": Agent("solver", "pol_s"), "verifier": Agent("verifier", "pol_v"),
-          "router": Agent("router", "pol_r")}
+WRONG = ["def f(x):\n    return 4\n", "def f(x):\n    return {19: 2, -56: -14, 55: 2, 24: 2}.get(x, 0)\n"]
+AGENTS = {
+    "solver": Agent("solver", "pol_s"),
+    "verifier": Agent("verifier", "pol_v"),
+    "router": Agent("router", "pol_r"),
+}
 
 
 @pytest.fixture(scope="module")
@@ -35,6 +37,7 @@ def fence(code: str) -> str:
 def script(route: str = "hmm"):
     """Solver: sample 0 right, sample 1 wrong, every revision wrong. Verifier: ACCEPT iff the public
     tests passed (wrong on p1's table). Router: always `route`."""
+
     def run(agent, prompt, k, seed):
         i = next(i for i, p in enumerate(PROBLEMS) if p.prompt in prompt)
         if agent.name == "solver":
@@ -43,6 +46,7 @@ def script(route: str = "hmm"):
         if agent.name == "verifier":
             return "ACCEPT" if "All 4 public tests passed." in prompt else "REVISE: check f(-31)"
         return route
+
     return run
 
 
@@ -57,14 +61,21 @@ def hand_advantages(rewards, groups):
 
 
 def turns_of(rollout, episode):
-    return [s.agent for s in sorted((s for s in rollout.samples if s.ids["episode"] == episode),
-                                    key=lambda s: s.ids["turn"])]
+    return [
+        s.agent
+        for s in sorted(
+            (s for s in rollout.samples if s.ids["episode"] == episode), key=lambda s: s.ids["turn"]
+        )
+    ]
 
 
 def test_parsers():
     assert parse_verdict("ACCEPT") == (True, "")
     assert parse_verdict("revise: the loop is off by one") == (False, "the loop is off by one")
-    assert parse_verdict("I would not ACCEPT this. REVISE") == (True, "this. REVISE")  # first verdict word wins
+    assert parse_verdict("I would not ACCEPT this. REVISE") == (
+        True,
+        "this. REVISE",
+    )  # first verdict word wins
     assert parse_verdict("looks fine") == (False, "looks fine")  # no verdict word: REVISE
     assert parse_verdict("ACCEPTED") == (False, "ACCEPTED")  # whole words only
     names = ["solver", "verifier"]
@@ -86,14 +97,24 @@ def test_default_order_accept_and_max_loops(pool):
     out = wf.rollout(PROBLEMS, AGENTS, gen, pool, seed=5)
     # p0: e0 right -> ACCEPT; e1 wrong -> REVISE -> (wrong) revision -> REVISE -> max_loops.
     # p1: e2 right -> ACCEPT; e3 public-only table -> ACCEPT (a wrong verdict).
-    assert [turns_of(out, n) for n in range(4)] == [["solver", "verifier"], ["solver", "verifier"] * 2,
-                                                    ["solver", "verifier"], ["solver", "verifier"]]
+    assert [turns_of(out, n) for n in range(4)] == [
+        ["solver", "verifier"],
+        ["solver", "verifier"] * 2,
+        ["solver", "verifier"],
+        ["solver", "verifier"],
+    ]
     # One generate call per stage, one policy per stage here; the first batches G per problem prompt.
     assert gen.calls == [("pol_s", 2), ("pol_v", 4), ("pol_s", 1), ("pol_v", 1)]
     for s in out.samples:
         t = s.ids["turn"]
-        assert s.ids == {"problem": PROBLEMS[s.ids["episode"] // 2].id, "episode": s.ids["episode"], "node": t,
-                         "parent": t - 1, "depth": t, "turn": t}
+        assert s.ids == {
+            "problem": PROBLEMS[s.ids["episode"] // 2].id,
+            "episode": s.ids["episode"],
+            "node": t,
+            "parent": t - 1,
+            "depth": t,
+            "turn": t,
+        }
         assert s.policy == AGENTS[s.agent].policy and s.version == (3 if s.policy == "pol_s" else 0)
     rewards = [s.reward for s in out.samples]
     # solver turns carry the final program's pass fraction, verifier turns their verdict's correctness
@@ -109,7 +130,9 @@ def test_default_order_accept_and_max_loops(pool):
     r = jnp.asarray(rewards, jnp.float32)
     ids = jnp.asarray([s.agent == "verifier" for s in out.samples], jnp.int32)
     amp = np.asarray(K.amplification_factor(r, ids, 2))
-    assert [m["agent/solver/amplification"], m["agent/verifier/amplification"]] == pytest.approx(amp, rel=1e-5)
+    assert [m["agent/solver/amplification"], m["agent/verifier/amplification"]] == pytest.approx(
+        amp, rel=1e-5
+    )
     assert all(np.isfinite(v) for v in m.values())
 
 
@@ -131,18 +154,23 @@ def test_verifier_sees_public_feedback_and_solver_the_comments(pool):
 
 def test_global_normalization_is_global_advantages_per_problem(pool):
     out = DrMasWorkflow(max_loops=2, group_size=2, normalization="global").rollout(
-        PROBLEMS, AGENTS, ScriptedGenerator(script()), pool, seed=5)
+        PROBLEMS, AGENTS, ScriptedGenerator(script()), pool, seed=5
+    )
     r = jnp.asarray([s.reward for s in out.samples], jnp.float32)
     problem = np.array([s.ids["episode"] // 2 for s in out.samples])
-    expect = sum(np.where(problem == p, np.asarray(K.global_advantages(r, mask=jnp.asarray(problem == p))), 0.0)
-                 for p in range(2))
+    expect = sum(
+        np.where(problem == p, np.asarray(K.global_advantages(r, mask=jnp.asarray(problem == p))), 0.0)
+        for p in range(2)
+    )
     assert np.allclose([s.advantage for s in out.samples], expect, atol=1e-6)
     assert np.allclose(expect, hand_advantages(np.asarray(r), problem), atol=1e-5)
 
 
 def test_router_names_the_next_agent_and_budgets_bound_it(pool):
     gen = ScriptedGenerator(script(route="The SOLVER should go again"))
-    out = DrMasWorkflow(router="router", max_loops=2, group_size=2).rollout(PROBLEMS[:1], AGENTS, gen, pool, 1)
+    out = DrMasWorkflow(router="router", max_loops=2, group_size=2).rollout(
+        PROBLEMS[:1], AGENTS, gen, pool, 1
+    )
     # S, router -> S (solver budget now spent: the router is not asked again), V, V (both spent)
     for n in range(2):
         assert turns_of(out, n) == ["solver", "router", "solver", "verifier", "verifier"]
@@ -154,7 +182,8 @@ def test_router_names_the_next_agent_and_budgets_bound_it(pool):
 
 def test_unparseable_route_falls_back_to_the_default_order(pool):
     out = DrMasWorkflow(router="router", max_loops=2, group_size=2).rollout(
-        PROBLEMS[:1], AGENTS, ScriptedGenerator(script(route="no idea")), pool, 1)
+        PROBLEMS[:1], AGENTS, ScriptedGenerator(script(route="no idea")), pool, 1
+    )
     assert turns_of(out, 0) == ["solver", "router", "verifier"]  # ACCEPT ends it
     assert turns_of(out, 1) == ["solver", "router", "verifier", "router", "solver", "verifier"]
     assert out.metrics["agent/router/parse_rate"] == 0.0
@@ -173,8 +202,13 @@ def test_config():
     wf = DrMasWorkflow.from_config(cfg)
     assert wf.names == {"solver": "s", "verifier": "v", "router": "r"} and wf.cfg.max_loops == 3
     assert cfg.check_agents({"s": 0, "v": 0}) == [(("router",), "unknown agent; known: s, v", "r")]
-    for bad in ({"verifier": "solver"}, {"max_loops": 0}, {"group_size": 1}, {"normalization": "batch"},
-                {"unknown": 1}):
+    for bad in (
+        {"verifier": "solver"},
+        {"max_loops": 0},
+        {"group_size": 1},
+        {"normalization": "batch"},
+        {"unknown": 1},
+    ):
         with pytest.raises(ValidationError):
             DrMasConfig(**bad)
 
@@ -185,17 +219,20 @@ def test_tiny_real_models_through_buffers_and_updates(pool):
 
     from marljax.train.buffer import ExperienceBuffer
     from marljax.train.config import PolicyConfig, SamplerConfig
-    from marljax.train.policy import Policy
     from marljax.train.generation import PolicyGenerator
+    from marljax.train.policy import Policy
 
-    cfg = PolicyConfig(model={"preset": "tiny-qwen3"}, optimizer={"lr": 1e-3}, buffer={"threshold": 8},
-                       micro_batch_size=8)
+    cfg = PolicyConfig(
+        model={"preset": "tiny-qwen3"}, optimizer={"lr": 1e-3}, buffer={"threshold": 8}, micro_batch_size=8
+    )
     policy = Policy("main", cfg)  # one LLM shared by both agents (role prompts), as Dr. MAS allows
     before = jax.tree.map(np.array, policy.params)
     agents = {"solver": Agent("solver", "main", "Answer: "), "verifier": Agent("verifier", "main", "Check: ")}
     # math: a random tiny model sometimes ends on a 7, so rewards vary from the first step
-    problems = [parse_row({"id": f"q{k}", "problem": f"Question {k}: answer 7", "answer": "7"}, "math", f"<t>:{k}")
-                for k in range(4)]
+    problems = [
+        parse_row({"id": f"q{k}", "problem": f"Question {k}: answer 7", "answer": "7"}, "math", f"<t>:{k}")
+        for k in range(4)
+    ]
     gen = PolicyGenerator({"main": policy}, SamplerConfig(max_new_tokens=16), max_prompt_len=256)
     buffer, wf, updates = ExperienceBuffer(32), DrMasWorkflow(max_loops=1, group_size=8), []
     for step in range(2):
@@ -206,5 +243,7 @@ def test_tiny_real_models_through_buffers_and_updates(pool):
             updates.append(policy.update(buffer.take(policy.version)[0]))
     assert len(updates) == 4 and all(np.isfinite(v) for u in updates for v in u.values())
     assert any(s.advantage != 0 for s in out.samples)
-    assert any(not np.array_equal(a, np.asarray(b))
-               for a, b in zip(jax.tree.leaves(before), jax.tree.leaves(policy.params)))
+    assert any(
+        not np.array_equal(a, np.asarray(b))
+        for a, b in zip(jax.tree.leaves(before), jax.tree.leaves(policy.params))
+    )

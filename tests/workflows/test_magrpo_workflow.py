@@ -15,14 +15,24 @@ from marljax.workflows.magrpo import MagrpoConfig, MagrpoWorkflow
 
 TEMPLATE = "{role}{problem}\n{history}\n{feedback}"
 # f(x) = 2x on x = 0..3 (the first two public): pass fractions 1, 1/2, 1/4, 0.
-CODE = {"good": "def f(x):\n    return 2 * x", "half": "def f(x):\n    return x * x",
-        "quarter": "def f(x):\n    return x", "zero": "def f(x):\n    return -1"}
+CODE = {
+    "good": "def f(x):\n    return 2 * x",
+    "half": "def f(x):\n    return x * x",
+    "quarter": "def f(x):\n    return x",
+    "zero": "def f(x):\n    return -1",
+}
 EPS = 1e-6
 
 
 def code_problem(pid: str = "p0"):
-    row = {"task_id": pid, "question": f"Double x ({pid}).", "fn_name": "f", "inputs": [[0], [1], [2], [3]],
-           "outputs": [0, 2, 4, 6], "public": 2}
+    row = {
+        "task_id": pid,
+        "question": f"Double x ({pid}).",
+        "fn_name": "f",
+        "inputs": [[0], [1], [2], [3]],
+        "outputs": [0, 2, 4, 6],
+        "public": 2,
+    }
     return parse_row(row, "stdio", f"<{pid}>:1")
 
 
@@ -31,7 +41,10 @@ def math_problem(pid: str = "m0"):
 
 
 def team(helper_policy: str = "ph", main_policy: str = "pm") -> dict[str, Agent]:
-    return {"helper": Agent("helper", helper_policy, "H: ", TEMPLATE), "main": Agent("main", main_policy, "M: ", TEMPLATE)}
+    return {
+        "helper": Agent("helper", helper_policy, "H: ", TEMPLATE),
+        "main": Agent("main", main_policy, "M: ", TEMPLATE),
+    }
 
 
 def fenced(code: str) -> str:
@@ -70,10 +83,23 @@ def by_node(samples):
 # ------------------------------------------------------------------ options
 def test_config_defaults_and_validation():
     cfg = MagrpoConfig()
-    assert (cfg.kind, cfg.agents, cfg.joint, cfg.gamma, cfg.task, cfg.num_turns) == \
-        ("magrpo", ["helper", "main"], "aligned", 0.9, "coop_code", 1)
-    for bad in ({"group_size": 1}, {"num_turns": 0}, {"joint": "diagonal"}, {"gamma": 1.5},
-                {"agents": ["a", "a"], "task": "score"}, {"agents": ["a", "b", "c"]}, {"bogus": 1}):
+    assert (cfg.kind, cfg.agents, cfg.joint, cfg.gamma, cfg.task, cfg.num_turns) == (
+        "magrpo",
+        ["helper", "main"],
+        "aligned",
+        0.9,
+        "coop_code",
+        1,
+    )
+    for bad in (
+        {"group_size": 1},
+        {"num_turns": 0},
+        {"joint": "diagonal"},
+        {"gamma": 1.5},
+        {"agents": ["a", "a"], "task": "score"},
+        {"agents": ["a", "b", "c"]},
+        {"bogus": 1},
+    ):
         with pytest.raises(ValidationError):
             MagrpoConfig(**bad)
     assert MagrpoConfig(agents=["a", "b", "c"], task="score").agents == ["a", "b", "c"]
@@ -94,10 +120,18 @@ def test_check_agents_names_every_unknown_agent_and_flat_templates():
 
 # ----------------------------------------------------------- coop_code task
 def test_uses_result_needs_a_call_inside_the_entry_point_whose_value_is_used():
-    used = ["def f(x):\n    y = aux(x)\n    return y", "def f(x):\n    return g(aux(x)) + 1",
-            "def f(x):\n    if aux(x):\n        return 1\n    return 0"]
-    not_used = ["def f(x):\n    aux(x)\n    return 2 * x", "y = aux(3)\ndef f(x):\n    return y",
-                "def f(x):\n    return self.aux(x)", "def f(x):\n    return aux(x", "def g(x):\n    return aux(x)"]
+    used = [
+        "def f(x):\n    y = aux(x)\n    return y",
+        "def f(x):\n    return g(aux(x)) + 1",
+        "def f(x):\n    if aux(x):\n        return 1\n    return 0",
+    ]
+    not_used = [
+        "def f(x):\n    aux(x)\n    return 2 * x",
+        "y = aux(3)\ndef f(x):\n    return y",
+        "def f(x):\n    return self.aux(x)",
+        "def f(x):\n    return aux(x",
+        "def g(x):\n    return aux(x)",
+    ]
     assert all(coop_code.uses_result(c, "f") for c in used)
     assert not any(coop_code.uses_result(c, "f") for c in not_used)
     assert coop_code.uses_result("print(aux(int(input())))", None)  # a stdin program: whole module
@@ -114,18 +148,33 @@ LEVEL_CASES = [  # (helper code, main code, reward, passed, levels that count)
     (AUX2, CODE["zero"], 0.2, False, {"structure", "syntax"}),
     (AUX2, CODE["half"], 0.2 + 0.3, False, {"structure", "syntax", "tests"}),
     (AUX2, CODE["good"], 0.8, True, {"structure", "syntax", "tests"}),  # aux unused
-    (AUX2, "def f(x):\n    aux(x)\n    return 2 * x", 0.8, True, {"structure", "syntax", "tests"}),  # discarded
+    (
+        AUX2,
+        "def f(x):\n    aux(x)\n    return 2 * x",
+        0.8,
+        True,
+        {"structure", "syntax", "tests"},
+    ),  # discarded
     ("def aux(x):\n    return -1", "def f(x):\n    return aux(x)", 0.2, False, {"structure", "syntax"}),
-    (AUX2, "def aux(x):\n    return 2 * x\ndef f(x):\n    return aux(x)", 0.8, True,
-     {"structure", "syntax", "tests"}),  # main brings its own aux
+    (
+        AUX2,
+        "def aux(x):\n    return 2 * x\ndef f(x):\n    return aux(x)",
+        0.8,
+        True,
+        {"structure", "syntax", "tests"},
+    ),  # main brings its own aux
     ("", "", 0.0, False, set()),
 ]
 
 
 def test_coop_level_reward_on_hand_written_pairs(pool):
     problems = [code_problem()] * len(LEVEL_CASES)
-    scores = coop_code.score_pairs(problems, [fenced(h) if h else "" for h, *_ in LEVEL_CASES],
-                                   [fenced(m) if m else "" for _, m, *_ in LEVEL_CASES], pool)
+    scores = coop_code.score_pairs(
+        problems,
+        [fenced(h) if h else "" for h, *_ in LEVEL_CASES],
+        [fenced(m) if m else "" for _, m, *_ in LEVEL_CASES],
+        pool,
+    )
     for (h, m, reward, passed, counted), s in zip(LEVEL_CASES, scores):
         assert s.reward == pytest.approx(reward), (h, m, s.levels)
         assert s.passed is passed
@@ -142,8 +191,9 @@ def constant_script(agent, prompt, k, seed):
     return "\\boxed{2}" if agent.name == "main" else f"helper {k}"
 
 
-@pytest.mark.parametrize("joint, nodes_per_turn, joints_per_turn", [("aligned", [1, 2], [2, 4]),
-                                                                    ("cross", [1, 4], [4, 16])])
+@pytest.mark.parametrize(
+    "joint, nodes_per_turn, joints_per_turn", [("aligned", [1, 2], [2, 4]), ("cross", [1, 4], [4, 16])]
+)
 def test_tree_shape_and_ids(joint, nodes_per_turn, joints_per_turn):
     wf = MagrpoWorkflow(group_size=2, joint=joint, num_turns=2, task="score")
     problems = [math_problem("m0"), math_problem("m1")]
@@ -152,8 +202,9 @@ def test_tree_shape_and_ids(joint, nodes_per_turn, joints_per_turn):
     for e in range(2):
         nodes = [s for s in tree.nodes if s.episode == e]
         assert [sum(s.turn == t for s in nodes) for t in range(2)] == nodes_per_turn
-        assert [sum(tree.joints[j].node.turn == t for s in nodes for j in s.joints) for t in range(2)] == \
-            joints_per_turn
+        assert [
+            sum(tree.joints[j].node.turn == t for s in nodes for j in s.joints) for t in range(2)
+        ] == joints_per_turn
     samples = wf.rollout(problems, team(), gen, SandboxVerifier(), seed=0).samples
     assert len(samples) == 2 * sum(nodes_per_turn) * 2 * 2  # episodes x nodes x agents x G
     for e, prob in enumerate(problems):
@@ -175,8 +226,12 @@ def two_turn_script(agent, prompt, k, seed):
     """Main's code at turn 0 by sample index; at turn 1 by the parent's main code and the index."""
     if agent.name == "helper":
         return f"# helper note {k}"
-    children = {None: ["half", "zero", "quarter"], "half": ["good", "quarter", "zero"],
-                "zero": ["half", "half", "good"], "quarter": ["zero", "zero", "zero"]}
+    children = {
+        None: ["half", "zero", "quarter"],
+        "half": ["good", "quarter", "zero"],
+        "zero": ["half", "half", "good"],
+        "quarter": ["zero", "zero", "zero"],
+    }
     return fenced(CODE[children[parent_main_code(prompt)][k]])
 
 
@@ -196,7 +251,9 @@ def test_two_turn_returns_and_sibling_advantages_by_hand(pool):
     root = [0.5 + 0.9 * np.mean(leaf[0]), 0.0 + 0.9 * np.mean(leaf[1]), 0.25 + 0.9 * np.mean(leaf[2])]
     expected = root + leaf[0] + leaf[1] + leaf[2]
     np.testing.assert_allclose(returns, expected, atol=1e-6)
-    np.testing.assert_allclose([j.reward for j in tree.joints], [0.5, 0.0, 0.25] + leaf[0] + leaf[1] + leaf[2])
+    np.testing.assert_allclose(
+        [j.reward for j in tree.joints], [0.5, 0.0, 0.25] + leaf[0] + leaf[1] + leaf[2]
+    )
 
     samples = wf.rollout(problems, team(), ScriptedGenerator(two_turn_script), pool, seed=1).samples
     groups = by_node(samples)
@@ -230,8 +287,12 @@ def test_cross_mode_credits_each_agent_by_its_own_choice(pool):
     np.testing.assert_allclose([j.reward for j in tree.joints], table.reshape(-1), atol=1e-9)
     samples = wf.rollout(problems, team(), ScriptedGenerator(cross_script), pool, seed=0).samples
     groups = by_node(samples)
-    np.testing.assert_allclose([s.advantage for s in groups[(0, 0, "helper")]], normalised(table.sum(1)), atol=1e-5)
-    np.testing.assert_allclose([s.advantage for s in groups[(0, 0, "main")]], normalised(table.sum(0)), atol=1e-5)
+    np.testing.assert_allclose(
+        [s.advantage for s in groups[(0, 0, "helper")]], normalised(table.sum(1)), atol=1e-5
+    )
+    np.testing.assert_allclose(
+        [s.advantage for s in groups[(0, 0, "main")]], normalised(table.sum(0)), atol=1e-5
+    )
     np.testing.assert_allclose([s.reward for s in groups[(0, 0, "helper")]], table.mean(1), atol=1e-6)
 
 
@@ -256,8 +317,13 @@ def test_early_stop_closes_a_branch(pool):
     assert rollout.metrics["tree/nodes"] == 2 and rollout.metrics["tree/joint_actions"] == 4
 
 
-@pytest.mark.parametrize("policies, expected", [(("ph", "pm"), [("ph", 1), ("pm", 1), ("ph", 3), ("pm", 3)]),
-                                                (("shared", "shared"), [("shared", 2), ("shared", 6)])])
+@pytest.mark.parametrize(
+    "policies, expected",
+    [
+        (("ph", "pm"), [("ph", 1), ("pm", 1), ("ph", 3), ("pm", 3)]),
+        (("shared", "shared"), [("shared", 2), ("shared", 6)]),
+    ],
+)
 def test_one_generate_call_per_policy_per_turn(pool, policies, expected):
     class Counting(ScriptedGenerator):
         n_calls = 0
@@ -271,7 +337,13 @@ def test_one_generate_call_per_policy_per_turn(pool, policies, expected):
     rollout = wf.rollout([code_problem()], team(*policies), gen, pool, seed=0)
     assert gen.n_calls == 2 and gen.calls == expected
     assert {s.policy for s in rollout.samples} == set(policies)
-    for key in ("agent/helper/adv_std", "agent/main/reward", "team/reward", "team/return", "team/reward_turn1"):
+    for key in (
+        "agent/helper/adv_std",
+        "agent/main/reward",
+        "team/reward",
+        "team/return",
+        "team/reward_turn1",
+    ):
         assert np.isfinite(rollout.metrics[key])
 
 
@@ -303,8 +375,10 @@ class RelabelledGenerator:
         import dataclasses
 
         out = self.inner.generate(requests, n, seed)
-        return [[dataclasses.replace(g, text=self.script(a, p, k, seed)) for k, g in enumerate(gs)]
-                for (a, p), gs in zip(requests, out)]
+        return [
+            [dataclasses.replace(g, text=self.script(a, p, k, seed)) for k, g in enumerate(gs)]
+            for (a, p), gs in zip(requests, out)
+        ]
 
 
 @pytest.mark.slow
@@ -315,19 +389,24 @@ def test_tiny_real_policy_trains_on_magrpo_samples(pool):
 
     from marljax.train.buffer import ExperienceBuffer
     from marljax.train.config import PolicyConfig, SamplerConfig
-    from marljax.train.policy import Policy
     from marljax.train.generation import PolicyGenerator
+    from marljax.train.policy import Policy
 
-    cfg = PolicyConfig(model={"preset": "tiny-qwen3"}, optimizer={"lr": 1e-3}, buffer={"threshold": 8},
-                       micro_batch_size=8)
+    cfg = PolicyConfig(
+        model={"preset": "tiny-qwen3"}, optimizer={"lr": 1e-3}, buffer={"threshold": 8}, micro_batch_size=8
+    )
     policy = Policy("team", cfg)
     before = jax.tree.map(np.array, policy.params)
-    gen = RelabelledGenerator(PolicyGenerator({"team": policy}, SamplerConfig(max_new_tokens=16), 128), cross_script)
+    gen = RelabelledGenerator(
+        PolicyGenerator({"team": policy}, SamplerConfig(max_new_tokens=16), 128), cross_script
+    )
     buffer = ExperienceBuffer(cfg.buffer.threshold)
     wf = MagrpoWorkflow(group_size=2, num_turns=1, task="coop_code")
     updates = []
     for step in range(2):
-        rollout = wf.rollout([code_problem("p0"), code_problem("p1")], team("team", "team"), gen, pool, seed=step)
+        rollout = wf.rollout(
+            [code_problem("p0"), code_problem("p1")], team("team", "team"), gen, pool, seed=step
+        )
         assert all(np.isfinite(v) for v in rollout.metrics.values())
         assert rollout.metrics["agent/main/adv_std"] > 0  # (aux used, 1.0) vs (alone without aux, 0.7)
         assert {s.version for s in rollout.samples} == {step}

@@ -14,7 +14,16 @@ from marljax.rewards import SandboxPool, SandboxVerifier
 from marljax.train.data import parse_row, synthetic_rows
 from marljax.workflows.base import Agent, ScriptedGenerator
 from marljax.workflows.mars2 import Mars2Config, Mars2Workflow, refine_prompt, search_eval
-from marljax.workflows.mars2_search import CONT, GEN, Beta, Node, RewardAverage, Tree, depth_gamma, select_final
+from marljax.workflows.mars2_search import (
+    CONT,
+    GEN,
+    Beta,
+    Node,
+    RewardAverage,
+    Tree,
+    depth_gamma,
+    select_final,
+)
 
 WRONG = "```python\ndef f(x):\n    return -12345\n```"
 REFINE_MARK = "Previous attempt:"
@@ -27,7 +36,10 @@ def pool():
 
 
 def make_problems(n, seed=0):
-    return [parse_row(r, "stdio", f"<test>:{k + 1}") for k, r in enumerate(synthetic_rows(n, seed=seed, difficulty=1))]
+    return [
+        parse_row(r, "stdio", f"<test>:{k + 1}")
+        for k, r in enumerate(synthetic_rows(n, seed=seed, difficulty=1))
+    ]
 
 
 def fenced(code):
@@ -41,14 +53,14 @@ def problem_of(problems, prompt):
 def overfit_code(p):
     """Passes the public tests by table lookup, fails the private ones."""
     f = p.fields
-    table = {a[0]: o for a, o in zip(f["inputs"][:f["public"]], f["outputs"][:f["public"]])}
+    table = {a[0]: o for a, o in zip(f["inputs"][: f["public"]], f["outputs"][: f["public"]])}
     return f"def f(x):\n    return {table!r}.get(x, -12345)\n"
 
 
 def miss_one_public_code(p):
     """The reference solution except on the first public input: public 3/4, private all passed."""
     x0 = p.fields["inputs"][0][0]
-    assert [x0] not in p.fields["inputs"][p.fields["public"]:]  # x0 is not also a private input
+    assert [x0] not in p.fields["inputs"][p.fields["public"] :]  # x0 is not also a private input
     body = p.fields["solution"].split("\n", 1)[1]
     return f"def f(x):\n    if x == {x0}:\n        return -12345\n{body}"
 
@@ -116,7 +128,7 @@ def test_depth_weights():
     assert t.weight(0) == 1.0  # c_0 = 0
     for i, d in enumerate([0, 0, 0, 1]):
         t.nodes.append(Node(i, "a", GEN if d == 0 else CONT, -1 if d == 0 else 0, d))
-    assert t.weight(0) == pytest.approx(0.98 ** 3) and t.weight(1) == pytest.approx(0.93) and t.weight(2) == 1.0
+    assert t.weight(0) == pytest.approx(0.98**3) and t.weight(1) == pytest.approx(0.93) and t.weight(2) == 1.0
 
 
 def scored_tree(priors=None):
@@ -142,17 +154,22 @@ def test_choice_matches_the_documented_rule_draw_by_draw():
     """Re-derive `choose` from the module docstring with the same seeded draws."""
     t = Tree(["a", "b"], 10)
     for i, (kind, agent, parent, depth, r, solved) in enumerate(
-            [(GEN, "a", -1, 0, 0.5, False), (GEN, "b", -1, 0, 1.0, True), (CONT, "b", 0, 1, 0.0, False)]):
+        [(GEN, "a", -1, 0, 0.5, False), (GEN, "b", -1, 0, 1.0, True), (CONT, "b", 0, 1, 0.0, False)]
+    ):
         t.nodes.append(Node(i, agent, kind, parent, depth))
         t.record(t.nodes[-1], r, solved)
     for seed in range(20):
         rng = np.random.default_rng(seed)
-        s0 = rng.beta(1.0, 1.0) * 0.93 ** 1  # node 0 (r .5): child at depth 1, one node there
+        s0 = rng.beta(1.0, 1.0) * 0.93**1  # node 0 (r .5): child at depth 1, one node there
         s2 = rng.beta(0.5, 1.5) * 1.0  # node 2 (r 0): child at depth 2, none there; node 1 is solved
         target = (0, 1) if s0 >= s2 else (2, 2)
-        w_gen, w_cont = 0.98 ** 2, 0.93 ** (1 if target[1] == 1 else 0)
-        arms = [(rng.beta(1.0, 1.0) * w_gen, (GEN, "a", -1)), (rng.beta(0.5, 0.5) * w_cont, (CONT, "a", target[0])),
-                (rng.beta(1.5, 0.5) * w_gen, (GEN, "b", -1)), (rng.beta(0.5, 1.5) * w_cont, (CONT, "b", target[0]))]
+        w_gen, w_cont = 0.98**2, 0.93 ** (1 if target[1] == 1 else 0)
+        arms = [
+            (rng.beta(1.0, 1.0) * w_gen, (GEN, "a", -1)),
+            (rng.beta(0.5, 0.5) * w_cont, (CONT, "a", target[0])),
+            (rng.beta(1.5, 0.5) * w_gen, (GEN, "b", -1)),
+            (rng.beta(0.5, 1.5) * w_cont, (CONT, "b", target[0])),
+        ]
         assert t.choose(np.random.default_rng(seed)) == max(arms, key=lambda x: x[0])[1]
 
 
@@ -176,7 +193,9 @@ def test_feedback_only_in_refinement_prompts(pool):
     fresh = [q for _, q in gen.requests if REFINE_MARK not in q]
     assert refine and fresh and len(gen.requests) == 12
     assert all(q in {p.prompt for p in problems} for q in fresh)  # GEN prompt: the problem only
-    assert all("Feedback on the public tests" in q and "Wrong answer." in q and "return -12345" in q for q in refine)
+    assert all(
+        "Feedback on the public tests" in q and "Wrong answer." in q and "return -12345" in q for q in refine
+    )
     assert not any("Feedback" in q or "Wrong answer" in q for q in fresh)
     assert {s.ids["depth"] > 0 for s in out.samples} == {True, False}
     # without feedback the refinement prompt still shows the previous program, but no feedback
@@ -190,8 +209,14 @@ def test_refine_prompt_uses_template_slots():
     p = make_problems(1)[0]
     plain = refine_prompt(Agent("a", "p", "ROLE: "), p, "CODE", "FB")
     assert plain.startswith("ROLE: " + p.prompt) and "CODE" in plain and "FB" in plain
-    slotted = refine_prompt(Agent("a", "p", "", "{problem}\n<H>{history}</H><F>{feedback}</F>"), p, "CODE", "FB")
-    assert slotted.count("CODE") == 1 and slotted.count("FB") == 1 and "<F>Feedback on the public tests:\nFB</F>" in slotted
+    slotted = refine_prompt(
+        Agent("a", "p", "", "{problem}\n<H>{history}</H><F>{feedback}</F>"), p, "CODE", "FB"
+    )
+    assert (
+        slotted.count("CODE") == 1
+        and slotted.count("FB") == 1
+        and "<F>Feedback on the public tests:\nFB</F>" in slotted
+    )
 
 
 def test_max_nodes_ids_and_one_group_per_tree(pool):
@@ -211,7 +236,9 @@ def test_max_nodes_ids_and_one_group_per_tree(pool):
         by_tree.setdefault(s.ids["episode"], []).append(s)
     assert sorted(by_tree) == [0, 1, 2]
     for i, ss in by_tree.items():
-        assert [s.ids["node"] for s in ss] == list(range(7)) == [s.ids["turn"] for s in ss]  # max_nodes exactly
+        assert (
+            [s.ids["node"] for s in ss] == list(range(7)) == [s.ids["turn"] for s in ss]
+        )  # max_nodes exactly
         assert all(s.ids["problem"] == problems[i].id for s in ss)
         for s in ss:
             assert s.policy == agents[s.agent].policy and s.version == (3 if s.agent == "alpha" else 0)
@@ -221,13 +248,16 @@ def test_max_nodes_ids_and_one_group_per_tree(pool):
             if parent >= 0:
                 assert parent < s.ids["node"] and s.ids["depth"] == ss[parent].ids["depth"] + 1
                 assert ss[parent].reward < 1.0  # only failed nodes are refined
-        np.testing.assert_allclose([s.advantage for s in ss], ref_advantages([s.reward for s in ss]), atol=1e-5)
+        np.testing.assert_allclose(
+            [s.advantage for s in ss], ref_advantages([s.reward for s in ss]), atol=1e-5
+        )
     # the reference itself, by hand: rewards [1, 0, 0] -> mean 1/3, sample std sqrt(1/3)
     assert ref_advantages([1.0, 0.0, 0.0]) == pytest.approx([1.1547, -0.57735, -0.57735], abs=1e-4)
     for name in agents:
         assert math.isfinite(out.metrics[f"agent/{name}/nodes"])
     assert out.metrics["mars2/nodes_per_tree"] == 7 and out.metrics["mars2/solved"] == float(
-        np.mean([any(s.reward == 1 for s in ss) for ss in by_tree.values()]))
+        np.mean([any(s.reward == 1 for s in ss) for ss in by_tree.values()])
+    )
 
 
 def test_agent_normalization_groups_each_agents_nodes_of_a_tree(pool):
@@ -241,15 +271,18 @@ def test_agent_normalization_groups_each_agents_nodes_of_a_tree(pool):
             return fenced(problem_of(problems, prompt).fields["solution"])
         return WRONG
 
-    wf = Mars2Workflow.from_config(Mars2Config(max_nodes=7, expansions_per_round=3, stop_on_solve=False,
-                                               normalization="agent"))
+    wf = Mars2Workflow.from_config(
+        Mars2Config(max_nodes=7, expansions_per_round=3, stop_on_solve=False, normalization="agent")
+    )
     out = wf.rollout(problems, team(), CountingGenerator(script), pool, seed=11)
     groups = {}
     for s in out.samples:
         groups.setdefault((s.ids["episode"], s.agent), []).append(s)
     assert {agent for _, agent in groups} == {"alpha", "beta"}
     for (_, agent), ss in groups.items():
-        np.testing.assert_allclose([s.advantage for s in ss], ref_advantages([s.reward for s in ss]), atol=1e-5)
+        np.testing.assert_allclose(
+            [s.advantage for s in ss], ref_advantages([s.reward for s in ss]), atol=1e-5
+        )
         assert agent == "alpha" or all(s.reward == 0 and s.advantage == 0 for s in ss)
     assert any(s.advantage > 0 for s in out.samples) and any(s.advantage < 0 for s in out.samples)
     with pytest.raises(ValueError, match="normalization"):
@@ -268,7 +301,9 @@ def test_stop_on_solve(pool):
 def test_one_generate_call_per_policy_per_round(pool, heterogeneous):
     problems = make_problems(3)
     gen = CountingGenerator(lambda a, q, k, s: WRONG)
-    out = Mars2Workflow(max_nodes=4, expansions_per_round=2).rollout(problems, team(heterogeneous), gen, pool, 5)
+    out = Mars2Workflow(max_nodes=4, expansions_per_round=2).rollout(
+        problems, team(heterogeneous), gen, pool, 5
+    )
     assert len(gen.rounds) == 2 and len(out.samples) == 12
     for calls in gen.rounds:
         policies = [p for p, _ in calls]
@@ -280,8 +315,9 @@ def test_one_generate_call_per_policy_per_round(pool, heterogeneous):
 
 def test_reward_average_state_is_kept_and_used(pool):
     problems = make_problems(2)
-    wf = Mars2Workflow(["beta", "alpha"], max_nodes=3, prior="reward_average", prior_strength=2.0,
-                       stop_on_solve=False)
+    wf = Mars2Workflow(
+        ["beta", "alpha"], max_nodes=3, prior="reward_average", prior_strength=2.0, stop_on_solve=False
+    )
     out = wf.rollout(problems, team(), CountingGenerator(lambda a, q, k, s: WRONG), pool, 1)
     state = json.loads(json.dumps(wf.state_dict()))
     counts = state["reward_average"]["count"]
@@ -299,11 +335,13 @@ def test_reward_average_state_is_kept_and_used(pool):
 def tplus_script(problems):
     """Problem 0: a fresh solution misses one public test but passes every private one; a
     refinement overfits the public tests. Problem 1: the reference solution."""
+
     def script(agent, prompt, k, seed):
         p = problem_of(problems, prompt)
         if p is problems[1]:
             return fenced(p.fields["solution"])
         return fenced(overfit_code(p) if REFINE_MARK in prompt else miss_one_public_code(p))
+
     return script
 
 
@@ -318,9 +356,13 @@ def test_tplus_picks_by_public_score_and_scores_on_private(pool):
     assert out["eval/search/pass_at_1"] == 0.5 and out["eval/search/oracle"] == 1.0
     assert out["eval/search/solo/chosen"] == 1.0 and out["eval/search/solo/nodes"] == out["eval/search/nodes"]
     # a reward model that prefers the first node of each tree picks the fresh solutions
-    first = lambda problem, texts: [1.0] + [0.0] * (len(texts) - 1)  # noqa: E731
-    again = search_eval(problems, agents, CountingGenerator(tplus_script(problems)), pool, max_nodes=8,
-                        reward_model=first)
+
+    def first(problem, texts):
+        return [1.0] + [0.0] * (len(texts) - 1)
+
+    again = search_eval(
+        problems, agents, CountingGenerator(tplus_script(problems)), pool, max_nodes=8, reward_model=first
+    )
     assert again["eval/search/pass_at_1"] == 1.0
 
 
@@ -334,8 +376,12 @@ def test_evaluate_greedy_per_agent_and_search(pool):
     gen = CountingGenerator(script)
     out = Mars2Workflow(max_nodes=6).evaluate(problems, agents, gen, pool)
     assert len(gen.rounds) == 1 and sorted(gen.rounds[0]) == [("pol_alpha", 2), ("pol_beta", 2)]
-    assert out == {"eval/alpha/pass_at_1": 0.5, "eval/alpha/reward": pytest.approx((11 / 12 + 1) / 2),
-                   "eval/beta/pass_at_1": 0.0, "eval/beta/reward": 0.0}
+    assert out == {
+        "eval/alpha/pass_at_1": 0.5,
+        "eval/alpha/reward": pytest.approx((11 / 12 + 1) / 2),
+        "eval/beta/pass_at_1": 0.0,
+        "eval/beta/reward": 0.0,
+    }
     wf = Mars2Workflow(max_nodes=6, eval_search=True, select="reward_model")
     with pytest.raises(ValueError, match="reward_model"):
         wf.evaluate(problems, agents, CountingGenerator(script), pool)
@@ -351,10 +397,19 @@ def test_config_options_and_agent_checks():
     cfg = Mars2Config(agents=["alpha", "beta"], max_nodes=5, depth_gamma=[0.9, 0.8], prior="reward_average")
     wf = Mars2Workflow.from_config(cfg)
     assert wf.cfg.max_nodes == 5 and wf.cfg.depth_gamma == [0.9, 0.8] and wf.cfg.prior == "reward_average"
-    assert Mars2Workflow.from_config(Mars2Config()).cfg.depth_gamma.model_dump() == {"start": 0.98, "step": 0.05,
-                                                                                 "floor": 0.5}
-    for bad in ({"max_nodes": 1}, {"expansions_per_round": 0}, {"prior": "flat"}, {"depth_gamma": {"start": 2}},
-                {"unknown": 1}, {"max_nodes": True}):
+    assert Mars2Workflow.from_config(Mars2Config()).cfg.depth_gamma.model_dump() == {
+        "start": 0.98,
+        "step": 0.05,
+        "floor": 0.5,
+    }
+    for bad in (
+        {"max_nodes": 1},
+        {"expansions_per_round": 0},
+        {"prior": "flat"},
+        {"depth_gamma": {"start": 2}},
+        {"unknown": 1},
+        {"max_nodes": True},
+    ):
         with pytest.raises(ValueError):
             Mars2Config(**bad)
     with pytest.raises(ValueError):
@@ -371,16 +426,23 @@ def test_two_steps_with_tiny_real_policy(pool):
 
     from marljax.train.buffer import ExperienceBuffer
     from marljax.train.config import PolicyConfig, SamplerConfig
-    from marljax.train.policy import Policy
     from marljax.train.generation import PolicyGenerator
+    from marljax.train.policy import Policy
 
     # math rows whose answer is 7 (a random tiny model sometimes ends with a 7); the entropy
     # bonus makes every update move the weights even when a tree's rewards are all equal.
     # One shared policy for both agents keeps the compile time of this CPU test down.
-    problems = [parse_row({"id": f"q{k}", "problem": f"Question {k}: answer 7", "answer": "7"}, "math", "<t>:1")
-                for k in range(2)]
-    cfg = PolicyConfig(model={"preset": "tiny-qwen3"}, optimizer={"lr": 1e-3}, buffer={"threshold": 6},
-                       micro_batch_size=8, loss={"entropy_coef": 0.01})
+    problems = [
+        parse_row({"id": f"q{k}", "problem": f"Question {k}: answer 7", "answer": "7"}, "math", "<t>:1")
+        for k in range(2)
+    ]
+    cfg = PolicyConfig(
+        model={"preset": "tiny-qwen3"},
+        optimizer={"lr": 1e-3},
+        buffer={"threshold": 6},
+        micro_batch_size=8,
+        loss={"entropy_coef": 0.01},
+    )
     policy = Policy("shared", cfg)
     before = jax.tree.map(np.array, policy.params)
     buffer = ExperienceBuffer(6)
@@ -397,7 +459,9 @@ def test_two_steps_with_tiny_real_policy(pool):
             stats = policy.update(buffer.take(policy.version)[0])
             assert all(math.isfinite(v) for v in stats.values())
     assert policy.version == 2
-    moved = jax.tree.leaves(jax.tree.map(lambda a, b: bool(np.any(a != np.asarray(b))), before, policy.params))
+    moved = jax.tree.leaves(
+        jax.tree.map(lambda a, b: bool(np.any(a != np.asarray(b))), before, policy.params)
+    )
     assert any(moved)
     assert sum(wf.state_dict()["reward_average"]["count"].values()) == 12
 
@@ -408,12 +472,18 @@ def test_binary_reward_option_for_mars2_and_grpo(pool, reward):
     from marljax.workflows.grpo import GrpoWorkflow
 
     problems = make_problems(2)
-    script = lambda a, prompt, k, seed: fenced(overfit_code(problem_of(problems, prompt)))  # noqa: E731
+
+    def script(a, prompt, k, seed):
+        return fenced(overfit_code(problem_of(problems, prompt)))
+
     agents = {"a": Agent("a", "p")}
     expected = 4 / 12 if reward == "fraction" else 0.0
     tree = Mars2Workflow(max_nodes=2, expansions_per_round=2, reward=reward).rollout(
-        problems, agents, ScriptedGenerator(script), pool, seed=0)
-    grpo = GrpoWorkflow(group_size=2, reward=reward).rollout(problems, agents, ScriptedGenerator(script), pool, 0)
+        problems, agents, ScriptedGenerator(script), pool, seed=0
+    )
+    grpo = GrpoWorkflow(group_size=2, reward=reward).rollout(
+        problems, agents, ScriptedGenerator(script), pool, 0
+    )
     for rollout in (tree, grpo):
         assert [s.reward for s in rollout.samples] == pytest.approx([expected] * 4)
     with pytest.raises(ValueError, match="reward"):

@@ -70,7 +70,9 @@ class FakePool:
 
 
 def test_map_once_order_identity_and_keys():
-    progs = [Program(code=c, tests=(AssertTest("assert True"),)) for c in ["ok 1", "bad", "ok 1", "ok 2", "bad"]]
+    progs = [
+        Program(code=c, tests=(AssertTest("assert True"),)) for c in ["ok 1", "bad", "ok 1", "ok 2", "bad"]
+    ]
     fake = FakePool()
     out = map_once(fake, progs)
     assert [p.code for p in fake.seen] == ["ok 1", "bad", "ok 2"]  # first occurrences, in order
@@ -84,10 +86,22 @@ def test_map_once_order_identity_and_keys():
         map_once(FakePool(), progs, keys=[1])
 
 
-INC = {"task_id": "inc", "question": "Write f(x) returning x + 1.", "fn_name": "f", "inputs": [[1], [2], [3], [4]],
-       "outputs": [2, 3, 4, 5], "public": 3, "solution": "def f(x):\n    return x + 1\n"}
-DBL = {**INC, "task_id": "dbl", "question": "Write f(x) returning 2 * x.", "outputs": [2, 4, 6, 8],
-       "solution": "def f(x):\n    return 2 * x\n"}
+INC = {
+    "task_id": "inc",
+    "question": "Write f(x) returning x + 1.",
+    "fn_name": "f",
+    "inputs": [[1], [2], [3], [4]],
+    "outputs": [2, 3, 4, 5],
+    "public": 3,
+    "solution": "def f(x):\n    return x + 1\n",
+}
+DBL = {
+    **INC,
+    "task_id": "dbl",
+    "question": "Write f(x) returning 2 * x.",
+    "outputs": [2, 4, 6, 8],
+    "solution": "def f(x):\n    return 2 * x\n",
+}
 
 
 def fence(code):

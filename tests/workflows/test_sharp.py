@@ -12,13 +12,25 @@ from marljax import kernels as K
 from marljax.rewards import SandboxPool, SandboxVerifier
 from marljax.train.data import parse_row, synthetic_rows
 from marljax.workflows.base import Agent, ScriptedGenerator
-from marljax.workflows.sharp import (SharpConfig, SharpWorkflow, coalition_code, parse_plan, process_rewards,
-                                     sampled_coalitions, shapley_credit, team_value_table)
+from marljax.workflows.sharp import (
+    SharpConfig,
+    SharpWorkflow,
+    coalition_code,
+    parse_plan,
+    process_rewards,
+    sampled_coalitions,
+    shapley_credit,
+    team_value_table,
+)
 
 ROW = synthetic_rows(1, seed=0)[0]  # f(x) = x*x % 5; outputs [4, 4, 1, 4, 0, 4, 4, 4, 4, 0, 1, 4]
 PROBLEM = parse_row(ROW, "stdio", "<test>:1")
-AGENTS = {"planner": Agent("planner", "pol_p"), "w1": Agent("w1", "pol_1"), "w2": Agent("w2", "pol_2"),
-          "w3": Agent("w3", "pol_2")}
+AGENTS = {
+    "planner": Agent("planner", "pol_p"),
+    "w1": Agent("w1", "pol_1"),
+    "w2": Agent("w2", "pol_2"),
+    "w3": Agent("w3", "pol_2"),
+}
 GOOD_PLAN = "1. write a helper g(x) = x * x % 5\n2. write f(x) calling g"
 HELPER = "def g(x):\n    return x * x % 5"
 # without g, f falls back to 4: right on 8 of the 12 tests
@@ -64,7 +76,9 @@ def hand_advantages(rewards):
 
 def test_two_player_shapley_by_hand_and_the_kernel():
     table = np.array([0.0, 0.2, 0.4, 1.0])  # bit 0: player 1, bit 1: player 2
-    assert K.coalition_index(jnp.array([True, False])) == 1 and K.coalition_index(jnp.array([False, True])) == 2
+    assert (
+        K.coalition_index(jnp.array([True, False])) == 1 and K.coalition_index(jnp.array([False, True])) == 2
+    )
     assert shapley_credit(table[None])[0] == pytest.approx([0.4, 0.6])
     tables = np.random.default_rng(0).random((3, 16)).astype(np.float32)
     assert np.allclose(shapley_credit(tables), K.shapley_values(jnp.asarray(tables)))
@@ -93,11 +107,16 @@ def test_coalition_programs_and_the_planner_table():
     assert coalition_code(codes, 0b010) == coalition_code(codes, 0) == ""
     # planner = player 0: with it a coalition is worth its workers' program, without it the empty team's
     assert team_value_table(np.array([0.1, 0.2, 0.3, 0.4])).tolist() == pytest.approx(
-        [0.1, 0.1, 0.1, 0.2, 0.1, 0.3, 0.1, 0.4])
+        [0.1, 0.1, 0.1, 0.2, 0.1, 0.3, 0.1, 0.4]
+    )
 
 
 def test_plan_and_process_rewards():
-    assert parse_plan("Plan:\n1. read\n2) solve\nStep 3: print\n1. again") == {1: "read", 2: "solve", 3: "print"}
+    assert parse_plan("Plan:\n1. read\n2) solve\nStep 3: print\n1. again") == {
+        1: "read",
+        2: "solve",
+        3: "print",
+    }
     assert process_rewards(GOOD_PLAN, [fence(HELPER), fence(ENTRY)], "f").tolist() == [1, 1, 1]
     assert process_rewards("1. all", [fence(BROKEN), "x = 1"], "f").tolist() == [0, 0, 0]
     assert process_rewards("1. a\n2. b", ["x = 1", "print(1)"], None).tolist() == [1, 0, 1]  # stdin: any code
@@ -105,13 +124,20 @@ def test_plan_and_process_rewards():
 
 def test_rollout_credit_rewards_advantages_and_batching(pool):
     gen, rec = ScriptedGenerator(script, versions={"pol_1": 2}), RecordingPool(pool.pool)
-    wf = SharpWorkflow("planner", ["w1", "w2"], group_size=2, global_weight=1.0, shapley_weight=1.0,
-                       process_weight=0.5)
+    wf = SharpWorkflow(
+        "planner", ["w1", "w2"], group_size=2, global_weight=1.0, shapley_weight=1.0, process_weight=0.5
+    )
     out = wf.rollout([PROBLEM], AGENTS, gen, SandboxVerifier(rec), seed=0)
     assert gen.calls == [("pol_p", 1), ("pol_1", 2), ("pol_2", 2)]  # one call per stage, grouped by policy
     # each distinct non-empty coalition program runs once: {w1}, {w2}, {w1, w2} per trajectory
-    assert rec.codes == [HELPER, ENTRY, HELPER + "\n\n" + ENTRY, BROKEN, "def f(x):\n    return 4",
-                         BROKEN + "\n\ndef f(x):\n    return 4"]
+    assert rec.codes == [
+        HELPER,
+        ENTRY,
+        HELPER + "\n\n" + ENTRY,
+        BROKEN,
+        "def f(x):\n    return 4",
+        BROKEN + "\n\ndef f(x):\n    return 4",
+    ]
     assert out.metrics["team/programs_run"] == 6
     # players (planner, w1, w2). Trajectory 0: v(P, w2) = 2/3, v(all) = 1, else 0:
     #   phi = (1/6 * 2/3 + 1/3, 1/3 * (1 - 2/3), 1/6 * 2/3 + 1/3) = (4/9, 1/9, 4/9)
@@ -124,14 +150,21 @@ def test_rollout_credit_rewards_advantages_and_batching(pool):
     assert rewards[0] == pytest.approx([1 + 4 / 9 + 0.5, 1 + 1 / 9 + 0.5, 1 + 4 / 9 + 0.5])
     got = np.array([s.reward for s in out.samples]).reshape(2, 3)
     assert np.allclose(got, rewards, atol=1e-6)
-    assert np.allclose(np.array([s.advantage for s in out.samples]).reshape(2, 3), hand_advantages(rewards),
-                       atol=1e-5)
+    assert np.allclose(
+        np.array([s.advantage for s in out.samples]).reshape(2, 3), hand_advantages(rewards), atol=1e-5
+    )
     assert out.samples[0].advantage == pytest.approx(np.sqrt(0.5), abs=1e-5)
     for n in range(2):
-        for k, s in enumerate(out.samples[3 * n:3 * n + 3]):
+        for k, s in enumerate(out.samples[3 * n : 3 * n + 3]):
             assert s.agent == ["planner", "w1", "w2"][k] and s.policy == AGENTS[s.agent].policy
-            assert s.ids == {"problem": PROBLEM.id, "episode": n, "node": k, "parent": -1 if k == 0 else 0,
-                             "depth": min(k, 1), "turn": min(k, 1)}
+            assert s.ids == {
+                "problem": PROBLEM.id,
+                "episode": n,
+                "node": k,
+                "parent": -1 if k == 0 else 0,
+                "depth": min(k, 1),
+                "turn": min(k, 1),
+            }
             assert s.version == (2 if s.policy == "pol_1" else 0)
     m = out.metrics
     assert m["agent/w1/shapley"] == pytest.approx((1 / 9 - 2 / 9) / 2, abs=1e-6)
@@ -146,7 +179,9 @@ def test_workers_see_the_plan_and_their_sub_task(pool):
         prompts.append((agent.name, prompt))
         return script(agent, prompt, k, seed)
 
-    SharpWorkflow("planner", ["w1", "w2"], group_size=2).rollout([PROBLEM], AGENTS, ScriptedGenerator(spy), pool, 0)
+    SharpWorkflow("planner", ["w1", "w2"], group_size=2).rollout(
+        [PROBLEM], AGENTS, ScriptedGenerator(spy), pool, 0
+    )
     assert [a for a, _ in prompts] == ["planner", "planner", "w1", "w2", "w1", "w2"]
     plan_prompt = prompts[0][1]
     assert "numbered list 1..2" in plan_prompt and "entry point `f`" in plan_prompt
@@ -157,8 +192,16 @@ def test_workers_see_the_plan_and_their_sub_task(pool):
 
 
 def test_sampled_mode_is_efficient_per_trajectory(pool):
-    wf = SharpWorkflow("planner", ["w1", "w2", "w3"], group_size=2, shapley="sampled", num_permutations=2,
-                       global_weight=0.0, shapley_weight=1.0, process_weight=0.0)
+    wf = SharpWorkflow(
+        "planner",
+        ["w1", "w2", "w3"],
+        group_size=2,
+        shapley="sampled",
+        num_permutations=2,
+        global_weight=0.0,
+        shapley_weight=1.0,
+        process_weight=0.0,
+    )
     out = wf.rollout([PROBLEM], AGENTS, ScriptedGenerator(script), pool, seed=3)
     credit = np.array([s.reward for s in out.samples]).reshape(2, 4)  # reward = phi with these weights
     # w3 repeats w2's entry point; with the good plan the team passes everything, else the broken helper fails it
@@ -174,12 +217,20 @@ def test_evaluate(pool):
 
 
 def test_config():
-    cfg = SharpConfig(planner="p", workers=["a", "b"], shapley="sampled", num_permutations=4, process_weight=0.3)
+    cfg = SharpConfig(
+        planner="p", workers=["a", "b"], shapley="sampled", num_permutations=4, process_weight=0.3
+    )
     wf = SharpWorkflow.from_config(cfg)
     assert wf.cfg == cfg
     assert cfg.check_agents({"p": 0, "a": 0}) == [(("workers", 1), "unknown agent; known: p, a", "b")]
-    for bad in ({"workers": []}, {"workers": ["p", "a"], "planner": "p"}, {"workers": ["a", "a"]},
-                {"workers": [f"w{i}" for i in range(9)]}, {"workers": ["a"], "group_size": 1}, {}):
+    for bad in (
+        {"workers": []},
+        {"workers": ["p", "a"], "planner": "p"},
+        {"workers": ["a", "a"]},
+        {"workers": [f"w{i}" for i in range(9)]},
+        {"workers": ["a"], "group_size": 1},
+        {},
+    ):
         with pytest.raises(ValidationError):
             SharpConfig(**bad)
     SharpConfig(workers=[f"w{i}" for i in range(9)], shapley="sampled")  # many workers: sampled is fine

@@ -17,11 +17,21 @@ CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 def test_heterogeneous_mars2_tiny_config_trains_and_resumes(tmp_path):
     from marljax.train.loop import Trainer
 
-    overrides = [f"run_dir={tmp_path / 'run'}", "train.steps=2", "train.save_every=1", "train.eval_every=2",
-                 "train.tensorboard=false", "train.progress=false", "sampler.max_new_tokens=16",
-                 "data.batch_size=2", "data.synthetic.n_eval=2", "workflow.max_nodes=4",
-                 "workflow.prior=reward_average", "policies.coder_qwen.buffer.threshold=4",
-                 "policies.coder_llama.buffer.threshold=4"]
+    overrides = [
+        f"run_dir={tmp_path / 'run'}",
+        "train.steps=2",
+        "train.save_every=1",
+        "train.eval_every=2",
+        "train.tensorboard=false",
+        "train.progress=false",
+        "sampler.max_new_tokens=16",
+        "data.batch_size=2",
+        "data.synthetic.n_eval=2",
+        "workflow.max_nodes=4",
+        "workflow.prior=reward_average",
+        "policies.coder_qwen.buffer.threshold=4",
+        "policies.coder_llama.buffer.threshold=4",
+    ]
     cfg = load_config(CONFIGS / "mars2_tiny.yaml", overrides)
     trainer = Trainer(cfg)
     trainer.run()
@@ -29,8 +39,14 @@ def test_heterogeneous_mars2_tiny_config_trains_and_resumes(tmp_path):
     assert [r["step"] for r in records] == [1, 2]
     last = records[-1]
     assert "eval/alice/pass_at_1" in last or any(k.startswith("eval/") for k in last)
-    for key in ("agent/alice/reward", "agent/bob/reward", "policy/coder_qwen/version", "policy/coder_llama/version",
-                "agent/alice/distinct_programs", "agent/bob/surface_variety"):
+    for key in (
+        "agent/alice/reward",
+        "agent/bob/reward",
+        "policy/coder_qwen/version",
+        "policy/coder_llama/version",
+        "agent/alice/distinct_programs",
+        "agent/bob/surface_variety",
+    ):
         assert np.isfinite(last[key]), key
     # both policies received nodes and updated from their own buffers
     versions = {n: p.version for n, p in trainer.policies.items()}
@@ -50,8 +66,17 @@ def test_eval_search_cli_reports_mars2_t_plus_numbers(tmp_path, capsys):
 
     from marljax import cli
 
-    code = cli.main(["eval", str(CONFIGS / "mars2_tiny.yaml"), "--search", f"run_dir={tmp_path / 'run'}",
-                     "data.synthetic.n_eval=2", "sampler.max_new_tokens=8", "workflow.max_nodes=3"])
+    code = cli.main(
+        [
+            "eval",
+            str(CONFIGS / "mars2_tiny.yaml"),
+            "--search",
+            f"run_dir={tmp_path / 'run'}",
+            "data.synthetic.n_eval=2",
+            "sampler.max_new_tokens=8",
+            "workflow.max_nodes=3",
+        ]
+    )
     assert code == 0
     report = json.loads(capsys.readouterr().out)
     assert report["step"] == 0 and report["eval/search/nodes"] == 3.0

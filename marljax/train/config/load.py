@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import copy
 import difflib
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Mapping, Sequence, get_args, get_origin
+from typing import Any, get_args, get_origin
 
 import yaml
 from pydantic import BaseModel, ValidationError
@@ -63,8 +64,10 @@ def apply_overrides(data: Mapping[str, Any], overrides: Sequence[str]) -> dict:
             if child is None:  # absent or explicit null: create the mapping
                 child = node[part] = {}
             if not isinstance(child, dict):
-                errors.append(f"{OVERRIDES}: {'.'.join(parts[:i + 1])}: cannot set {'.'.join(parts[i + 1:])!r} "
-                              f"inside a non-mapping value (got {child!r})")
+                errors.append(
+                    f"{OVERRIDES}: {'.'.join(parts[: i + 1])}: cannot set {'.'.join(parts[i + 1 :])!r} "
+                    f"inside a non-mapping value (got {child!r})"
+                )
                 break
             node = child
         else:
@@ -96,7 +99,7 @@ def _model_at(loc: Sequence[Any]) -> type[BaseModel] | None:
 
 def _short(value: Any, limit: int = 120) -> str:
     text = repr(value)
-    return text if len(text) <= limit else text[:limit - 3] + "..."
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _exists(data: Any, loc: Sequence[Any]) -> int:
@@ -118,8 +121,14 @@ def _lines(err: ValidationError, source: str, original: Any, touched: Sequence[t
             found = [(loc + list(sub), msg, value, True) for sub, msg, value in e["ctx"]["problems"]]
         elif e["type"] in ("union_tag_invalid", "union_tag_not_found"):
             if isinstance(e["input"], dict):
-                found = [(loc + ["kind"], f"unknown workflow kind; known: {', '.join(WORKFLOW_KINDS)}",
-                          e["input"].get("kind"), True)]
+                found = [
+                    (
+                        loc + ["kind"],
+                        f"unknown workflow kind; known: {', '.join(WORKFLOW_KINDS)}",
+                        e["input"].get("kind"),
+                        True,
+                    )
+                ]
             else:
                 found = [(loc, "expected a mapping", e["input"], True)]
         elif e["type"] == "missing":
@@ -138,8 +147,10 @@ def _lines(err: ValidationError, source: str, original: Any, touched: Sequence[t
         for key, msg, value, show in found:
             # Blame the overrides when the key, or the new subtree holding it, came from one.
             n = _exists(original, key)
-            from_override = any(tuple(key[:len(t)]) == t or (n < len(key) and tuple(key[:n + 1]) == t[:n + 1])
-                                for t in touched)
+            from_override = any(
+                tuple(key[: len(t)]) == t or (n < len(key) and tuple(key[: n + 1]) == t[: n + 1])
+                for t in touched
+            )
             where = OVERRIDES if from_override else source
             dotted = ".".join(map(str, key)) or "<root>"
             lines.append(f"{where}: {dotted}: {msg}" + (f" (got {_short(value)})" if show else ""))

@@ -13,8 +13,9 @@ from __future__ import annotations
 import re
 import string
 import warnings
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Annotated, Any, Literal, Sequence, Union
+from typing import Annotated, Any, Literal, Union
 
 from pydantic import ConfigDict, Discriminator, Field, Tag, field_validator, model_validator
 from pydantic_core import PydanticCustomError
@@ -29,9 +30,23 @@ from marljax.workflows import REGISTRY
 from marljax.workflows.grpo import GrpoConfig
 
 __all__ = [
-    "AgentConfig", "BufferConfig", "DataConfig", "FrozenModel", "GridData", "GrpoConfig", "LossConfig",
-    "MeshConfig", "ModelSpec", "OptimizerConfig", "PolicyConfig", "RunConfig", "SamplerConfig",
-    "SandboxSettings", "SyntheticData", "TrainSettings", "WorkflowConfig",
+    "AgentConfig",
+    "BufferConfig",
+    "DataConfig",
+    "FrozenModel",
+    "GridData",
+    "GrpoConfig",
+    "LossConfig",
+    "MeshConfig",
+    "ModelSpec",
+    "OptimizerConfig",
+    "PolicyConfig",
+    "RunConfig",
+    "SamplerConfig",
+    "SandboxSettings",
+    "SyntheticData",
+    "TrainSettings",
+    "WorkflowConfig",
 ]
 
 # Policy and agent names become directory names, so keep them path-safe.
@@ -64,8 +79,10 @@ def _check_format(template: str, allowed: Sequence[str]) -> str | None:
         return f"malformed format string: {e}"
     bad = sorted(n for n in names if n not in allowed)
     if bad:
-        return (f"unknown placeholder {', '.join('{' + n + '}' for n in bad)}; "
-                f"allowed: {', '.join('{' + n + '}' for n in allowed)}")
+        return (
+            f"unknown placeholder {', '.join('{' + n + '}' for n in bad)}; "
+            f"allowed: {', '.join('{' + n + '}' for n in allowed)}"
+        )
     try:  # catches what parse() lets through, e.g. placeholders nested in a format spec
         template.format(**{n: "" for n in allowed})
     except (ValueError, KeyError, IndexError) as e:
@@ -81,14 +98,19 @@ class FrozenModel(StrictModel):
 
 class ModelSpec(FrozenModel):
     path: str | None = Field(None, description="local Hugging Face checkpoint directory")
-    preset: str | None = Field(None, description="random-init architecture from marljax.models.config.PRESETS")
+    preset: str | None = Field(
+        None, description="random-init architecture from marljax.models.config.PRESETS"
+    )
     dtype: Literal["float32", "bfloat16"] = Field("float32", description="compute dtype")
     param_dtype: Literal["float32", "bfloat16"] = Field("float32", description="parameter storage dtype")
     tokenizer: str | None = Field(None, description="tokenizer directory; default: path")
     seed: int = Field(0, description="init seed for presets")
     remat: bool = Field(False, description="rematerialise decoder layers to save memory")
-    scan_layers: bool = Field(True, description="run the layers under lax.scan (compiles independent of depth); "
-                              "false unrolls them: faster steps on CPU, longer compiles")
+    scan_layers: bool = Field(
+        True,
+        description="run the layers under lax.scan (compiles independent of depth); "
+        "false unrolls them: faster steps on CPU, longer compiles",
+    )
 
     @field_validator("preset")
     @classmethod
@@ -138,7 +160,9 @@ class LossConfig(FrozenModel):
     entropy_coef: float = Field(0.0, description="entropy bonus coefficient")
     kl_coef: float = Field(0.0, ge=0, description="KL penalty to the reference model")
     kl_estimator: Literal[KL_KINDS] = "k3"
-    tis_cap: float | None = Field(None, gt=0, description="truncated importance sampling cap; None disables TIS")
+    tis_cap: float | None = Field(
+        None, gt=0, description="truncated importance sampling cap; None disables TIS"
+    )
     tis_level: Literal[TIS_LEVELS] = "token"
 
     @property
@@ -148,13 +172,21 @@ class LossConfig(FrozenModel):
 
     def policy_loss_options(self) -> dict[str, Any]:
         """The static options of `marljax.kernels.policy_loss` that this config sets."""
-        return {"loss_type": self.type, "clip_low": self.clip_low, "clip_high": self.clip_high,
-                "dual_clip": self.dual_clip, "agg_mode": self.agg_mode, "norm_constant": self.agg_norm_constant}
+        return {
+            "loss_type": self.type,
+            "clip_low": self.clip_low,
+            "clip_high": self.clip_high,
+            "dual_clip": self.dual_clip,
+            "agg_mode": self.agg_mode,
+            "norm_constant": self.agg_norm_constant,
+        }
 
 
 class BufferConfig(FrozenModel):
     threshold: int = Field(8, ge=1, description="samples that trigger an update")
-    max_staleness: int | None = Field(None, ge=0, description="drop samples older than this many updates; None keeps all")
+    max_staleness: int | None = Field(
+        None, ge=0, description="drop samples older than this many updates; None keeps all"
+    )
 
 
 class MeshConfig(FrozenModel):
@@ -162,7 +194,8 @@ class MeshConfig(FrozenModel):
     fsdp: int = Field(1, ge=1)
     tensor: int = Field(1, ge=1)
     devices: list[Annotated[int, Field(ge=0)]] | None = Field(
-        None, description="device ids for this policy; None = all devices (shared)")
+        None, description="device ids for this policy; None = all devices (shared)"
+    )
 
     @model_validator(mode="after")
     def _devices_fill_mesh(self):
@@ -187,13 +220,21 @@ class PolicyConfig(FrozenModel):
     mini_batches: int = Field(1, ge=1, description="optimizer steps per update")
     mesh: MeshConfig = Field(default_factory=MeshConfig)
     sampler_mesh: MeshConfig | None = Field(
-        None, description="sampler layout if not the trainer's; parameters are resharded on device")
+        None, description="sampler layout if not the trainer's; parameters are resharded on device"
+    )
 
     @model_validator(mode="after")
     def _kl_needs_reference(self):
         if self.loss.kl_coef > 0 and not self.reference:
-            _problems([(("reference",), f"loss.kl_coef = {self.loss.kl_coef} needs reference: true",
-                        self.reference)])
+            _problems(
+                [
+                    (
+                        ("reference",),
+                        f"loss.kl_coef = {self.loss.kl_coef} needs reference: true",
+                        self.reference,
+                    )
+                ]
+            )
         return self
 
 
@@ -215,8 +256,10 @@ class SyntheticData(FrozenModel):
     n_eval: int = Field(32, ge=0)
     difficulty: int = Field(1, ge=1, description="primitive operations per task (marljax.rewards.synthetic)")
     style: Literal["examples", "steps"] = Field(
-        "examples", description="examples: infer f from input/output pairs; steps: up to `difficulty` "
-                                "operations stated in words (the embedded demo's easier task)")
+        "examples",
+        description="examples: infer f from input/output pairs; steps: up to `difficulty` "
+        "operations stated in words (the embedded demo's easier task)",
+    )
     seed: int = 0
 
 
@@ -246,8 +289,11 @@ with warnings.catch_warnings():
 
         @model_validator(mode="after")
         def _one_source(self):
-            sources = {"train": self.train, "synthetic": self.synthetic and self.synthetic.model_dump(),
-                       "grid": self.grid and self.grid.model_dump()}
+            sources = {
+                "train": self.train,
+                "synthetic": self.synthetic and self.synthetic.model_dump(),
+                "grid": self.grid and self.grid.model_dump(),
+            }
             if sum(v is not None for v in sources.values()) != 1:
                 _problems([((), "set exactly one of train, synthetic, grid", sources)])
             return self
@@ -259,7 +305,9 @@ class SamplerConfig(FrozenModel):
     top_p: float = Field(1.0, gt=0, le=1)
     top_k: int = Field(0, ge=0, description="0 disables")
     max_prompt_len: int = Field(512, ge=1)
-    min_prompt_bucket: int = Field(16, ge=1, description="smallest padded prompt length; larger = fewer compiles")
+    min_prompt_bucket: int = Field(
+        16, ge=1, description="smallest padded prompt length; larger = fewer compiles"
+    )
     min_batch_bucket: int = Field(1, ge=1, description="smallest padded batch; larger = fewer compiles")
 
 
@@ -273,8 +321,10 @@ def _workflow_kind(v: Any) -> Any:
     return v.get("kind", WORKFLOW_KINDS[0]) if isinstance(v, dict) else getattr(v, "kind", None)
 
 
-WorkflowConfig = Annotated[Union[tuple(Annotated[m, Tag(k)] for m, k in zip(WORKFLOWS, WORKFLOW_KINDS))],
-                           Discriminator(_workflow_kind)]
+WorkflowConfig = Annotated[
+    Union[tuple(Annotated[m, Tag(k)] for m, k in zip(WORKFLOWS, WORKFLOW_KINDS))],  # noqa: UP007 (no `|` form for a tuple)
+    Discriminator(_workflow_kind),
+]
 
 
 class SandboxSettings(FrozenModel):
@@ -334,9 +384,16 @@ class RunConfig(FrozenModel):
         known = ", ".join(self.policies)
         for name, agent in self.agents.items():
             if agent.policy not in self.policies:
-                found.append((("agents", name, "policy"), f"unknown policy {agent.policy!r}; known: {known}",
-                              agent.policy))
-        found += [(("workflow", *key), msg, value) for key, msg, value in self.workflow.check_agents(self.agents)]
+                found.append(
+                    (
+                        ("agents", name, "policy"),
+                        f"unknown policy {agent.policy!r}; known: {known}",
+                        agent.policy,
+                    )
+                )
+        found += [
+            (("workflow", *key), msg, value) for key, msg, value in self.workflow.check_agents(self.agents)
+        ]
         _problems(found)
         return self
 
