@@ -5,8 +5,8 @@
                    top_p=0.9, n=4, seed=0)
     out.tokens, out.lengths, out.finish_reason, out.logprobs   # [B*n, 64], [B*n], ...
 
-Knows nothing about RL: `logprobs` are the raw model's (temperature 1, no
-truncation), which is what truncated importance sampling compares against.
+Knows nothing about RL: `logprobs` are under `softmax(logits / temperature)` without
+top-k/top-p truncation, the distribution a trainer recomputes for the same tokens.
 `marljax.sampler.sampling` holds the pure per-step token choice;
 `marljax.sampler.engine` the compiled prefill / decode loop, buckets and counters.
 The model maths (prefill, the one-token decode step, log-probs) lives in `marljax.models`.

@@ -24,8 +24,9 @@ class SamplerOutput:
       or the tokens of a matched stop sequence.
     finish_reason: `[B*n]` str: "eos", "stop" (a stop sequence) or "length".
     logprobs: `[B*n, max_new_tokens]` float32 log-prob of each chosen token under
-      the raw model (temperature 1, no top-k/top-p), 0 past `lengths` -- what
-      importance sampling against the trainer's log-probs needs.
+      `softmax(logits / temperature)` (temperature 1 for greedy rows) without top-k/top-p
+      truncation, 0 past `lengths`: what the trainer recomputes for the same tokens
+      (`marljax.train.update`), so equal parameters give an importance ratio of exactly 1.
     sampling_logprobs: same shape, under the distribution actually sampled from
       (temperature, top-k, top-p applied; 0 for greedy rows), or None unless
       `return_sampling_logprobs=True`.

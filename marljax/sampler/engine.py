@@ -136,7 +136,7 @@ class DecodeState(NamedTuple):
     kv: DecodeCache  # per-layer caches in the decode layout (`marljax.models.decode`)
     last_token: jax.Array  # [Bd] int32: token `step - 1`, the next decode step's input
     tokens: jax.Array  # [Bd, M] int32: chosen tokens, `pad_id` once a row is done
-    logprobs: jax.Array  # [Bd, M] float32: raw log-probs (temperature 1, no truncation), 0 when done
+    logprobs: jax.Array  # [Bd, M] float32: under softmax(logits / T), no truncation; 0 when done
     sampling_logprobs: jax.Array  # [Bd, M] float32 under the sampled distribution ([Bd, 1] if unused)
     done: jax.Array  # [Bd] bool
     lengths: jax.Array  # [Bd] int32: tokens generated, set when the row ends
@@ -278,6 +278,9 @@ class Engine:
         windows = kv_windows(P, M, self.buckets.phases(M))
         weights = decode_weights(params, c, self.fuse_projections)
         valid = cache.mask | (jnp.arange(S) >= P)[None, :]
+        # log-probs under softmax(logits / T) without top-k/top-p, the distribution the trainer
+        # recomputes; a greedy row (T = 0) records the model's own (T = 1)
+        scale = jnp.ones_like(temperature) if greedy else jnp.where(temperature > 0, temperature, 1.0)
 
         def record(state: DecodeState, logits) -> DecodeState:
             """Choose token `state.step` of every row from its `logits` `[Bd, V]`; end rows."""
@@ -292,7 +295,7 @@ class Engine:
                 greedy=greedy,
                 bound=self.topk_bound,
             )
-            lp = logprobs_from_logits(logits, tok)  # the raw model's: temperature 1, no truncation
+            lp = logprobs_from_logits(logits / scale[:, None], tok)  # the trainer's convention
             tok = jnp.where(done, pad_id, tok)
 
             def put(buf, x, t=t):

@@ -30,8 +30,8 @@ def collate(
     """Arrays `[M, micro_batch_size, T]` (M micro-batches) for `samples`.
 
     Keys: tokens, labels, positions (int32), attention_mask, loss_mask (bool),
-    sampling_logp (float32, aligned with loss positions), advantages
-    `[M, mb]` (float32). Rows added to fill micro-batches have an empty
+    sampling_logp (float32, aligned with loss positions), advantages and
+    temperature (the one each sample was drawn at) `[M, mb]` (float32). Rows added to fill micro-batches have an empty
     loss mask, so they change neither loss nor gradient. `max_len` truncates
     completions that would not fit (their tail simply gets no loss).
     geometric: round T and M up with `geometric_bucket` (T in units of `length_multiple`)
@@ -56,6 +56,7 @@ def collate(
     loss_mask = np.zeros((B, T), bool)
     sampling = np.zeros((B, T), np.float32)
     advantages = np.zeros((B,), np.float32)
+    temperature = np.ones((B,), np.float32)
     for b, s in enumerate(samples):
         P = len(s.prompt_ids)
         if P == 0 or P >= T:
@@ -67,6 +68,7 @@ def collate(
         loss_mask[b, P - 1 : n - 1] = True
         sampling[b, P - 1 : n - 1] = s.sampling_logprobs[: n - P]
         advantages[b] = s.advantage
+        temperature[b] = s.temperature
     labels = np.concatenate([tokens[:, 1:], np.full((B, 1), pad_id, np.int32)], axis=1)
     positions = np.broadcast_to(np.arange(T, dtype=np.int32), (B, T))
     M = B // micro_batch_size
@@ -78,5 +80,6 @@ def collate(
         loss_mask=loss_mask,
         sampling_logp=sampling,
         advantages=advantages,
+        temperature=temperature,
     )
     return {k: v.reshape(M, micro_batch_size, *v.shape[1:]) for k, v in batch.items()}

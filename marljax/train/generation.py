@@ -67,11 +67,12 @@ class PolicyGenerator:
                         tok.decode(ids, skip_special_tokens=True),
                         np.asarray(prompts[j]),
                         ids,
-                        res.sampling_logprobs[r, :L],
+                        res.logprobs[r, :L],
                         str(res.finish_reason[r]),
                         agent=agent.name,
                         policy=name,
                         version=version,
+                        temperature=self.sampler.temperature or 1.0,  # greedy: the model's own
                     )
                 )
             out.append(gens)

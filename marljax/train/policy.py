@@ -101,7 +101,8 @@ def _pad_batch(batch: dict, M: int, T: int, pad_id: int) -> dict:
     out = {}
     for k, v in batch.items():
         widths = [(0, M - v.shape[0]), (0, 0)] + ([(0, T - v.shape[2])] if v.ndim == 3 else [])
-        out[k] = np.pad(v, widths, constant_values=pad_id if k in ("tokens", "labels") else 0)
+        fill = {"tokens": pad_id, "labels": pad_id, "temperature": 1.0}.get(k, 0)
+        out[k] = np.pad(v, widths, constant_values=fill)
     out["positions"] = np.broadcast_to(np.arange(T, dtype=np.int32), out["tokens"].shape).copy()
     return out
 
@@ -218,7 +219,7 @@ class Policy:
         return self._sampler_cache[1]
 
     def generate(self, prompt_ids: Sequence[Sequence[int]], *, n: int, seed: int, sampler: Any):
-        """`SamplerOutput` for `n` samples of each prompt, with sampling log-probs."""
+        """`SamplerOutput` for `n` samples of each prompt (log-probs at the sampler's temperature)."""
         return generate(
             self.config,
             prompt_ids,
@@ -231,7 +232,6 @@ class Policy:
             top_k=sampler.top_k,
             eos_ids=self.eos_ids,
             pad_id=self.pad_id,
-            return_sampling_logprobs=True,
             mesh=self.sampler_mesh,
             buckets=Buckets(min_prompt=sampler.min_prompt_bucket, min_batch=sampler.min_batch_bucket),
         )

@@ -25,11 +25,17 @@ from marljax.train.config import LossConfig
 from marljax.train.optim import step_metrics
 
 
-def _logp_entropy(params, mb, config: ModelConfig, with_entropy: bool):
+def _logp_entropy(params, mb, config: ModelConfig, with_entropy: bool, temperature: bool = True):
+    """Log-probs (and entropy) of the labels under `softmax(logits / T)`, T the temperature each
+    row was sampled at (the sampler's convention: no top-k/top-p truncation on either side);
+    `temperature=False` for the plain likelihood (SFT)."""
     h, _ = hidden_states(
         params, mb["tokens"], config=config, positions=mb["positions"], attention_mask=mb["attention_mask"]
     )
-    return logprobs_from_hidden(params, h, mb["labels"], config=config, return_entropy=with_entropy)
+    scale = mb["temperature"][:, None, None] if temperature else 1.0  # over [rows, chunk, V] logits
+    return logprobs_from_hidden(
+        params, h, mb["labels"], config=config, temperature=scale, return_entropy=with_entropy
+    )
 
 
 def rl_loss(params, mb, *, config: ModelConfig, loss: LossConfig, use_old_logp: bool):
@@ -63,7 +69,7 @@ def rl_loss(params, mb, *, config: ModelConfig, loss: LossConfig, use_old_logp: 
 
 def sft_loss(params, mb, *, config: ModelConfig):
     """Token-mean negative log-likelihood of the completion tokens."""
-    logp = _logp_entropy(params, mb, config, False)
+    logp = _logp_entropy(params, mb, config, False, temperature=False)
     nll = K.aggregate_loss(-logp, mb["loss_mask"], "token-mean")
     return nll, {"nll": nll}
 

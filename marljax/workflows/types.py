@@ -25,8 +25,9 @@ ID_FIELDS = ("problem", "episode", "node", "parent", "depth", "turn")
 
 @dataclasses.dataclass(frozen=True)
 class Generation:
-    """One sampled completion: its text, token ids and the sampler's log-probs, stamped by the
-    generator with the agent that asked for it, that agent's policy and the policy's version."""
+    """One sampled completion: its text, token ids and the sampler's log-probs (under
+    `softmax(logits / temperature)`), stamped by the generator with the agent that asked for it,
+    that agent's policy and the policy's version."""
 
     text: str
     prompt_ids: np.ndarray
@@ -36,6 +37,7 @@ class Generation:
     agent: str = ""
     policy: str = ""
     version: int = 0
+    temperature: float = 1.0
 
 
 @dataclasses.dataclass
@@ -43,9 +45,12 @@ class Sample:
     """One completion. Token arrays are host numpy int32 / float32.
 
     prompt_ids `[P]`, completion_ids `[C]`, sampling_logprobs `[C]` (the
-    sampler's log-probs of the completion tokens, for truncated importance
-    sampling). `version` is the policy version that generated it (for
-    staleness). `passed` is 1 when the outcome it was credited with passed
+    sampler's log-probs of the completion tokens under `softmax(logits /
+    temperature)`, for truncated importance sampling); `temperature` is the one
+    it was sampled at, which the trainer's log-probs, entropy and KL use too
+    (top-k / top-p truncation is not part of either side's log-probs, so equal
+    parameters give an importance ratio of exactly 1). `version` is the policy
+    version that generated it (for staleness). `passed` is 1 when the outcome it was credited with passed
     every test, 0 when not, and the fraction of passing outcomes when it took
     part in several (MAGRPO's cross product). `ids` holds the integer or
     string ids in `ID_FIELDS` (problem, episode/tree, node, parent (-1 at a
@@ -62,6 +67,7 @@ class Sample:
     version: int = 0
     ids: dict[str, Any] = dataclasses.field(default_factory=dict)
     passed: float = 0.0
+    temperature: float = 1.0
 
     def __post_init__(self) -> None:
         self.prompt_ids = np.asarray(self.prompt_ids, np.int32).reshape(-1)
@@ -71,6 +77,10 @@ class Sample:
             raise ValueError(
                 f"sampling_logprobs has shape {self.sampling_logprobs.shape}, "
                 f"completion_ids {self.completion_ids.shape}: one log-prob per completion token"
+            )
+        if not self.temperature > 0:
+            raise ValueError(
+                f"temperature must be > 0 (greedy samples are not trained), got {self.temperature}"
             )
         unknown = set(self.ids) - set(ID_FIELDS)
         if unknown:
@@ -90,6 +100,7 @@ class Sample:
             "version": int(self.version),
             "ids": dict(self.ids),
             "passed": float(self.passed),
+            "temperature": float(self.temperature),
         }
 
     @classmethod
@@ -164,6 +175,7 @@ class Rollout:
                 version=g.version,
                 ids=dict(self.ids[i]),
                 passed=float(self.passed[i]),
+                temperature=g.temperature,
             )
             for i, g in enumerate(self.generations)
         ]

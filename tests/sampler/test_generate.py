@@ -114,10 +114,12 @@ def test_logprobs_equal_teacher_forcing_for_sampled_tokens(qwen3):
         L, n = len(prompts[i]), int(out.lengths[r])
         assert n == MAX_NEW and out.finish_reason[r] == "length"
         toks = out.tokens[r, :n]
-        # raw model, temperature 1, no truncation
-        np.testing.assert_allclose(out.logprobs[r, :n], lp[r, L - 1 : L - 1 + n], atol=1e-5, rtol=0)
-        # sampling distribution: temperature, top-k, top-p applied, renormalised
         pos_logits = jnp.asarray(logits[r, L - 1 : L - 1 + n])
+        # softmax(logits / T), no truncation: the trainer's convention
+        want = jax.nn.log_softmax(pos_logits / temperature, axis=-1)[jnp.arange(n), toks]
+        np.testing.assert_allclose(out.logprobs[r, :n], want, atol=1e-5, rtol=0)
+        assert np.abs(out.logprobs[r, :n] - lp[r, L - 1 : L - 1 + n]).max() > 1e-3  # T = 0.9 is visible
+        # sampling distribution: temperature, top-k, top-p applied, renormalised
         x, keep = truncation_mask(pos_logits, temperature=temperature, top_k=top_k, top_p=top_p)
         assert bool(keep[jnp.arange(n), toks].all()), "a token outside the nucleus was sampled"
         want = jax.nn.log_softmax(jnp.where(keep, x, -jnp.inf), axis=-1)[jnp.arange(n), toks]

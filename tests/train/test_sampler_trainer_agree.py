@@ -1,0 +1,75 @@
+"""The trainer optimises the distribution the sampler samples from: at equal parameters the trainer's
+log-probs of sampled tokens equal the sampler's, so TIS weights are 1 and the mismatch KL is 0, at any
+temperature, top-k and top-p (log-probs under softmax(logits / T), untruncated, on both sides)."""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import numpy as np
+import pytest
+
+from marljax.models.decoder import forward
+from marljax.train.config import PolicyConfig, SamplerConfig
+from marljax.train.generation import PolicyGenerator
+from marljax.train.policy import Policy
+from marljax.train.update import rl_loss
+from marljax.workflows.base import Agent
+from marljax.workflows.types import Sample
+
+
+@pytest.fixture(scope="module")
+def policy() -> Policy:
+    cfg = PolicyConfig.model_validate(
+        {"model": {"preset": "tiny-qwen3", "seed": 3}, "micro_batch_size": 8, "loss": {"tis_cap": 2.0}}
+    )
+    return Policy("p", cfg)
+
+
+def sampled(policy: Policy, temperature: float, top_p: float, top_k: int) -> list[Sample]:
+    sampler = SamplerConfig(max_new_tokens=10, temperature=temperature, top_p=top_p, top_k=top_k)
+    agent = Agent("a", "p")
+    gens = PolicyGenerator({"p": policy}, sampler).generate(
+        [(agent, "def add(a, b):"), (agent, "print the sum of 2 and 3")], n=4, seed=7
+    )
+    rng = np.random.default_rng(0)
+    return [
+        Sample(
+            g.prompt_ids,
+            g.completion_ids,
+            g.logprobs,
+            reward=0.0,
+            advantage=float(rng.normal()),
+            policy="p",
+            temperature=g.temperature,
+        )
+        for row in gens
+        for g in row
+    ]
+
+
+@pytest.mark.parametrize("top_k", [0, 20])
+@pytest.mark.parametrize("top_p", [0.8, 1.0])
+@pytest.mark.parametrize("temperature", [0.6, 1.0])
+def test_trainer_logprobs_equal_the_samplers(policy, temperature, top_p, top_k):
+    samples = sampled(policy, temperature, top_p, top_k)
+    assert {s.temperature for s in samples} == {temperature}
+    batch = policy._collate(samples)
+    mask = np.asarray(batch["loss_mask"])
+    sampler_lp = np.asarray(batch["sampling_logp"])[mask]
+    trainer_lp = np.asarray(policy._logprobs(policy.params, batch))[mask]
+    np.testing.assert_allclose(trainer_lp, sampler_lp, atol=2e-5, rtol=0)
+
+    # independently: full logits of one row, divided by T, no truncation
+    s = samples[0]
+    ids = np.concatenate([s.prompt_ids, s.completion_ids])[None]
+    logits = np.asarray(forward(policy.params, ids, config=policy.config)[0][0], np.float64)
+    z = logits[len(s.prompt_ids) - 1 : -1] / temperature
+    want = z[np.arange(len(s.completion_ids)), s.completion_ids] - np.log(np.exp(z).sum(-1))
+    np.testing.assert_allclose(s.sampling_logprobs, want, atol=2e-5, rtol=0)
+
+    loss = functools.partial(rl_loss, config=policy.config, loss=policy.loss, use_old_logp=False)
+    _, metrics = jax.jit(loss)(policy.params, jax.tree.map(lambda x: x[0], batch))
+    assert abs(float(metrics["tis_weight_mean"]) - 1.0) < 1e-4
+    assert abs(float(metrics["tis_mismatch_kl"])) < 1e-5
