@@ -83,6 +83,8 @@ def run_config(
     policies = {
         p: {
             "model": {"path": str(models[p])},
+            # the demo's models are drawn at random and taught the raw-text task format: no chat markup
+            "chat": "off",
             # SFT decays its rate so that the exported model is not caught mid-oscillation
             "optimizer": (
                 {

@@ -8,6 +8,7 @@ policy's version, which the buffers use for staleness.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
@@ -19,6 +20,8 @@ from marljax.train.policy import Policy
 from marljax.workflows.base import Agent
 from marljax.workflows.types import Generation
 
+logger = logging.getLogger(__name__)
+
 
 class PolicyGenerator:
     """Generates with real policies: one sampler call per policy per `generate`."""
@@ -27,6 +30,18 @@ class PolicyGenerator:
         self, policies: Mapping[str, Policy], sampler: SamplerConfig, max_prompt_len: int | None = None
     ):
         self.policies, self.sampler, self.max_prompt_len = policies, sampler, max_prompt_len
+        self._warned: set[str] = set()
+
+    def _warn_cut(self, agent: str, length: int) -> None:
+        if length > self.max_prompt_len and agent not in self._warned:  # once per agent and run
+            self._warned.add(agent)
+            logger.warning(
+                "agent %r: a prompt of %d tokens was cut to its last %d (sampler.max_prompt_len); "
+                "further cuts of this agent's prompts are not reported",
+                agent,
+                length,
+                self.max_prompt_len,
+            )
 
     def generate(self, requests: Sequence[tuple[Agent, str]], n: int, seed: int) -> list[list[Generation]]:
         out: list[list[Generation] | None] = [None] * len(requests)
@@ -50,8 +65,10 @@ class PolicyGenerator:
     ) -> list[list[Generation]]:
         policy = self.policies[name]
         tok = policy.tokenizer
-        prompts = [tok(requests[i][1])["input_ids"] for i in idx]
+        prompts = [policy.encode_prompt(requests[i][1]) for i in idx]
         if self.max_prompt_len:  # keep the end of an over-long prompt (the question is last)
+            for i, p in zip(idx, prompts):
+                self._warn_cut(requests[i][0].name, len(p))
             prompts = [p[-self.max_prompt_len :] for p in prompts]
         version = policy.version
         res = policy.generate(prompts, n=n, seed=derive_seed(seed, k, "policy"), sampler=self.sampler)

@@ -27,6 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
+from marljax.models.chat import encode_prompt, generation_eos_ids, use_chat
 from marljax.models.config import ModelConfig
 from marljax.models.decoder import abstract_model, get_params, init_model, param_dict_shardings, set_params
 from marljax.models.hf_io import from_pretrained, load_tokenizer, save_pretrained
@@ -54,7 +55,7 @@ def policy_mesh(mesh_cfg: Any):
     return make_mesh(mesh_cfg.data, mesh_cfg.fsdp, mesh_cfg.tensor, devices=devices)
 
 
-def load_model(spec: Any, mesh=None) -> tuple[ModelConfig, dict, Any]:
+def load_model(spec: Any, mesh=None, where: str = "model") -> tuple[ModelConfig, dict, Any]:
     """(config, params, tokenizer) from a local HF directory or a named preset.
 
     A preset without a `tokenizer` directory gets marljax's tiny byte-level
@@ -87,13 +88,21 @@ def load_model(spec: Any, mesh=None) -> tuple[ModelConfig, dict, Any]:
             eos_token_id=tokenizer.eos_token_id,
             pad_token_id=tokenizer.pad_token_id,
         )
-        if len(tokenizer) > config.vocab_size:
-            raise ValueError(
-                f"preset {spec.preset!r} has {config.vocab_size} embeddings but the tokenizer "
-                f"has {len(tokenizer)} tokens"
-            )
         model = init_model(config, seed=spec.seed, mesh=mesh)
+    if len(tokenizer) > config.vocab_size:  # token ids past the embedding table would be clipped silently
+        raise ValueError(
+            f"{where}: {spec.path or spec.preset!r} has {config.vocab_size} embeddings but its tokenizer "
+            f"({spec.tokenizer or spec.path or 'built in'}) has {len(tokenizer)} tokens"
+        )
     return config, get_params(model), tokenizer
+
+
+def _eos_ids(config: ModelConfig, tokenizer: Any, path: str | None) -> list[int]:
+    """The config's EOS ids (else the tokenizer's), then those of `generation_config.json`: instruct
+    models end a turn with a token (`<|im_end|>`, `<|eot_id|>`) listed there."""
+    eos = config.eos_token_id if config.eos_token_id is not None else tokenizer.eos_token_id
+    ids = [int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos]) if e is not None]
+    return list(dict.fromkeys(ids + generation_eos_ids(path)))
 
 
 def _pad_batch(batch: dict, M: int, T: int, pad_id: int) -> dict:
@@ -166,7 +175,9 @@ class Policy:
                 f"policies.{name}.mesh must use devices of all {procs} processes on a multi-process "
                 f"run ({jax.device_count()} devices, {jax.local_device_count()} per process)"
             )
-        self.config, self.params, self.tokenizer = load_model(cfg.model, self.mesh)
+        self.config, self.params, self.tokenizer = load_model(cfg.model, self.mesh, f"policies.{name}.model")
+        self.chat = use_chat(cfg.chat, self.tokenizer, f"policies.{name}")
+        self.eos_ids = _eos_ids(self.config, self.tokenizer, cfg.model.path)
         if self.mesh is None:  # committed, as loaded checkpoints and the update's outputs are
             self.params = jax.device_put(self.params, jax.devices()[0])
         self._sampler_setup(getattr(cfg, "sampler_mesh", None))
@@ -188,12 +199,9 @@ class Policy:
         pad = self.tokenizer.pad_token_id
         return int(pad if pad is not None else 0)
 
-    @property
-    def eos_ids(self) -> list[int]:
-        eos = (
-            self.config.eos_token_id if self.config.eos_token_id is not None else self.tokenizer.eos_token_id
-        )
-        return [int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos]) if e is not None]
+    def encode_prompt(self, prompt: str) -> list[int]:
+        """The token ids this policy's sampler gets for `prompt` (chat template or raw text)."""
+        return encode_prompt(self.tokenizer, prompt, chat=self.chat, where=f"policies.{self.name}")
 
     def _sampler_setup(self, sampler_mesh_cfg: Any) -> None:
         """The sampler's layout: the trainer's, another mesh, or per-process copies (multi-process)."""

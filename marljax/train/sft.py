@@ -43,13 +43,14 @@ def sft_samples(
 
 
 def pair_samples(pairs: Sequence[tuple[str, str]], agent: Agent, policy: Any) -> list[Sample]:
-    """SFT samples of `agent` from (prompt text, target text) pairs; the target ends with EOS."""
+    """SFT samples of `agent` from (prompt, target text) pairs, the prompt encoded as the sampler gets
+    it (chat template or raw text); the target ends with the first EOS id (a chat turn's end)."""
     tok, out = policy.tokenizer, []
     for prompt, target in pairs:
         completion = tok(target)["input_ids"] + policy.eos_ids[:1]
         out.append(
             Sample(
-                tok(prompt)["input_ids"],
+                policy.encode_prompt(prompt),
                 completion,
                 np.zeros(len(completion), np.float32),
                 reward=0.0,

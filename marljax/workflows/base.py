@@ -31,7 +31,7 @@ import numpy as np
 
 from marljax.rewards import Problem, Verifier
 from marljax.settings import StrictModel
-from marljax.workflows.types import Generation, Rollout
+from marljax.workflows.types import Generation, Prompt, Rollout
 
 
 class WorkflowSettings(StrictModel):
@@ -53,10 +53,15 @@ class Agent:
     role: str = ""
     template: str = "{role}{problem}"
 
-    def render(self, problem: str, feedback: str = "", history: str = "") -> str:
-        return self.template.format(role=self.role, problem=problem, feedback=feedback, history=history)
+    def render(self, problem: str, feedback: str = "", history: str = "") -> Prompt:
+        """The template filled in; as chat, the role is the system message and the rest the user's."""
+        text = self.template.format(role=self.role, problem=problem, feedback=feedback, history=history)
+        if not (self.role and "role" in template_fields(self.template)):
+            return Prompt(text, [("user", text)])
+        user = self.template.format(role="", problem=problem, feedback=feedback, history=history)
+        return Prompt(text, [("system", self.role.strip()), ("user", user.strip())])
 
-    def render_in_context(self, problem: str, feedback: str = "", history: str = "") -> str:
+    def render_in_context(self, problem: str, feedback: str = "", history: str = "") -> Prompt:
         """`render`, with the history and feedback appended to the problem text (in that order)
         when the template has no place for them (the default `{role}{problem}` has none)."""
         used = set(template_fields(self.template))

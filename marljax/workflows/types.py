@@ -23,6 +23,30 @@ from marljax import kernels
 ID_FIELDS = ("problem", "episode", "node", "parent", "depth", "turn")
 
 
+class Prompt(str):
+    """An agent's prompt: its raw text (the string itself, tokenized as is when chat is off) and the
+    same request as chat `messages` (`(role, content)` pairs ending with a user turn), which the
+    generator renders with the tokenizer's chat template when chat is on. Workflows may use it as
+    a string; string operations give a plain `str`, which the generator sends as one user turn."""
+
+    messages: tuple[tuple[str, str], ...]
+
+    def __new__(cls, text: str, messages: Sequence[tuple[str, str]]):
+        self = super().__new__(cls, text)
+        self.messages = tuple((str(role), str(content)) for role, content in messages)
+        if not self.messages or self.messages[-1][0] != "user":
+            raise ValueError(f"a prompt's messages must end with a user turn, got {self.messages}")
+        return self
+
+    def __getnewargs__(self):
+        return str(self), self.messages
+
+    def continued(self, answer: str, follow_up: Prompt) -> Prompt:
+        """This conversation after the agent answered `answer`: then `follow_up`'s user turn. The raw
+        text stays `follow_up`'s own (raw prompts carry earlier turns inside their text)."""
+        return Prompt(follow_up, (*self.messages, ("assistant", answer), follow_up.messages[-1]))
+
+
 @dataclasses.dataclass(frozen=True)
 class Generation:
     """One sampled completion: its text, token ids and the sampler's log-probs (under

@@ -222,6 +222,10 @@ class PolicyConfig(FrozenModel):
     sampler_mesh: MeshConfig | None = Field(
         None, description="sampler layout if not the trainer's; parameters are resharded on device"
     )
+    chat: Literal["auto", "on", "off"] = Field(
+        "auto",
+        description="prompts as chat messages through the tokenizer's chat template (auto: when it has one)",
+    )
 
     @model_validator(mode="after")
     def _kl_needs_reference(self):

@@ -1,0 +1,71 @@
+"""Prompts as the model was trained to read them: chat messages through the tokenizer's chat template.
+
+An instruct checkpoint expects its chat markup (`<|im_start|>user ... <|im_start|>assistant` for
+Qwen, header tokens for Llama 3) and ends its turn with a turn-end token that its
+`generation_config.json` lists as an end of sequence. `encode_prompt` gives the token ids of a
+prompt either as raw text or as chat messages rendered with the template and the generation prompt;
+the sampler is given exactly these ids and the trainer trains on exactly them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+CHAT_MODES = ("auto", "on", "off")
+
+
+def use_chat(mode: str, tokenizer: Any, where: str) -> bool:
+    """Whether prompts go through the chat template: `auto` when the tokenizer has one."""
+    if mode not in CHAT_MODES:
+        raise ValueError(f"{where}: chat must be one of {CHAT_MODES}, got {mode!r}")
+    has_template = bool(getattr(tokenizer, "chat_template", None))
+    if mode == "on" and not has_template:
+        raise ValueError(f"{where}: chat is 'on' but the tokenizer has no chat template")
+    return mode == "on" or (mode == "auto" and has_template)
+
+
+def encode_prompt(tokenizer: Any, prompt: str, *, chat: bool, where: str = "prompt") -> list[int]:
+    """Token ids of `prompt`: its raw text, or its chat messages (`prompt.messages`, else the text as
+    one user turn) rendered with the chat template and the assistant's generation prompt. A
+    template without a system role gets the system text at the start of the first user turn."""
+    if not chat:
+        return list(tokenizer(str(prompt))["input_ids"])
+    messages = [{"role": r, "content": c} for r, c in getattr(prompt, "messages", (("user", str(prompt)),))]
+    try:
+        return _render(tokenizer, messages)
+    except Exception as first:
+        if messages[0]["role"] != "system" or len(messages) < 2:
+            raise ValueError(f"{where}: the chat template failed to render ({first})") from first
+        merged = [{"role": "user", "content": f"{messages[0]['content']}\n\n{messages[1]['content']}"}]
+        try:
+            return _render(tokenizer, merged + messages[2:])
+        except Exception as e:
+            raise ValueError(f"{where}: the chat template failed to render ({e})") from e
+
+
+def _render(tokenizer: Any, messages: list[dict]) -> list[int]:
+    ids = tokenizer.apply_chat_template(
+        messages, add_generation_prompt=True, tokenize=True, return_dict=False
+    )
+    return [int(i) for i in ids]
+
+
+def generation_eos_ids(path: str | os.PathLike | None) -> list[int]:
+    """`eos_token_id` of a checkpoint's `generation_config.json` (instruct models list their
+    turn-end token there), as a list; empty without the file or the key."""
+    if path is None:
+        return []
+    file = os.path.join(os.fspath(path), "generation_config.json")
+    try:
+        with open(file) as f:
+            eos = json.load(f).get("eos_token_id")
+    except FileNotFoundError:
+        return []
+    except (ValueError, AttributeError) as e:
+        raise ValueError(f"{file}: not a JSON object ({e})") from e
+    values = eos if isinstance(eos, list) else [] if eos is None else [eos]
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in values):
+        raise ValueError(f"{file}: eos_token_id must be an int or a list of ints, got {eos!r}")
+    return values
