@@ -54,7 +54,8 @@ def test_embedded_demo_quick_run(tmp_path, capsys):
     tuned = load_file(str(tmp_path / "models" / "qwen3-sft" / "model.safetensors"))
     assert any(not np.allclose(base[k], tuned[k]) for k in base)
     # every RL run trained and checkpointed; the heterogeneous team has one checkpoint per policy
-    managers = {p.name for p in (tmp_path / "mars2_heterogeneous" / "checkpoints").iterdir() if p.is_dir()}
+    steps = sorted((tmp_path / "mars2_heterogeneous" / "checkpoints").iterdir(), key=lambda p: int(p.name))
+    managers = {p.name for p in steps[-1].iterdir() if p.is_dir()}  # the items of the newest step
     assert {"llama", "qwen3", "loop"} <= managers
     for name in ("reward_curves.png", "pass_at_1.png"):
         assert (tmp_path / name).stat().st_size > 1000

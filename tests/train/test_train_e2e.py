@@ -85,7 +85,7 @@ def test_grpo_mean_reward_rises(grpo_run):
     first, last = np.mean(rewards[:5]), np.mean(rewards[-5:])
     assert 0 < first < 0.15, rewards  # the initial policy sometimes solves it
     assert last > first + 0.3, rewards
-    assert sorted(os.listdir(run_dir / "checkpoints" / "main")) == ["10", "20", "30"]
+    assert sorted(os.listdir(run_dir / "checkpoints")) == ["10", "20", "30"]
 
 
 @pytest.mark.slow
@@ -128,7 +128,7 @@ def _steps_logged(run_dir: Path) -> int:
 
 
 def _writing_checkpoint(run_dir: Path) -> bool:
-    ckpt = run_dir / "checkpoints" / "main"
+    ckpt = run_dir / "checkpoints"
     return ckpt.is_dir() and any("tmp" in name for name in os.listdir(ckpt))
 
 
@@ -167,7 +167,7 @@ def test_corrupt_latest_checkpoint_falls_back_and_says_so(grpo_run, tmp_path):
     trainer, shared_run = grpo_run
     run_dir = tmp_path / "run"  # a copy: other tests restore the shared run's step 30
     shutil.copytree(shared_run, run_dir)
-    step_dir = run_dir / "checkpoints" / "main" / "30"
+    step_dir = run_dir / "checkpoints" / "30" / "main"
     biggest = max((p for p in step_dir.rglob("*") if p.is_file()), key=lambda p: p.stat().st_size)
     data = biggest.read_bytes()
     biggest.write_bytes(data[: len(data) // 2])
