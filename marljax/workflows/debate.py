@@ -67,11 +67,14 @@ class DebateWorkflow(Workflow[DebateConfig]):
         for d, answers in enumerate(first):
             for j, agent in enumerate(pair):
                 other = pair[1 - j]
+                problem = problems[d // n].prompt
                 history = (
                     f"Your answer:\n{answers[j].text}\n\nThe answer of {other.name}:\n{answers[1 - j].text}"
                 )
-                prompt = agent.render_in_context(problems[d // n].prompt, feedback=REVISE, history=history)
-                requests.append((agent, prompt))
+                text = agent.render_in_context(problem, feedback=REVISE, history=history)
+                # as chat: the agent's own answer is its turn, the other's answer and the request the user's
+                reply = f"The answer of {other.name}:\n{answers[1 - j].text}\n\n{REVISE}"
+                requests.append((agent, agent.render(problem).continued(answers[j].text, reply, text)))
         gens = generator.generate(requests, 1, derive_seed(seed, 1))
         revised = [[gens[2 * d + j][0] for j in range(2)] for d in range(len(first))]
         return first, revised

@@ -41,10 +41,10 @@ class Prompt(str):
     def __getnewargs__(self):
         return str(self), self.messages
 
-    def continued(self, answer: str, follow_up: Prompt) -> Prompt:
-        """This conversation after the agent answered `answer`: then `follow_up`'s user turn. The raw
-        text stays `follow_up`'s own (raw prompts carry earlier turns inside their text)."""
-        return Prompt(follow_up, (*self.messages, ("assistant", answer), follow_up.messages[-1]))
+    def continued(self, answer: str, follow_up: str, text: str) -> Prompt:
+        """This conversation after the agent answered `answer`, then the user's `follow_up`; `text` is
+        the same request as raw text (which carries the earlier turns inside it)."""
+        return Prompt(text, (*self.messages, ("assistant", answer), ("user", follow_up)))
 
 
 @dataclasses.dataclass(frozen=True)

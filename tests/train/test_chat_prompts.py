@@ -37,9 +37,13 @@ def test_a_prompt_is_its_raw_text_and_its_chat_messages():
     assert prompt.messages == (("system", "You write Python."), ("user", "Add two numbers."))
     no_role = Agent("a", "p", template="Task: {problem}").render("x")
     assert no_role.messages == (("user", "Task: x"),)
-    later = prompt.continued("def add(a, b): return a - b", CODER.render("It fails add(1, 2)."))
-    assert later == "You write Python.\nIt fails add(1, 2)."
-    assert [r for r, _ in later.messages] == ["system", "user", "assistant", "user"]
+    later = prompt.continued("return a - b", "It fails add(1, 2).", text="raw")
+    assert later == "raw"
+    assert later.messages[1:] == (
+        ("user", "Add two numbers."),
+        ("assistant", "return a - b"),
+        ("user", "It fails add(1, 2)."),
+    )
     with pytest.raises(ValueError, match="user turn"):
         Prompt("x", [("user", "x"), ("assistant", "y")])
 
