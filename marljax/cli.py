@@ -4,6 +4,7 @@ marljax train CONFIG [key=value ...]         train (resumes RUN_DIR's newest che
 marljax eval CONFIG [--search] [key=value ...]  held-out evaluation of the newest checkpoint
 marljax export RUN_DIR --policy NAME OUT_DIR a policy's trained weights as an HF directory
 marljax plot RUN_DIR                         metric curves to RUN_DIR/plots/*.png
+marljax rollouts RUN_DIR [--step N] [--agent A] [--limit K]  a logged step's samples (train.log_rollouts)
 marljax demo [...]                           the embedded demonstration
 """
 
@@ -70,6 +71,31 @@ def cmd_plot(args) -> int:
     return 0
 
 
+def cmd_rollouts(args) -> int:
+    from marljax.train import rollout_log
+
+    if args.limit is not None and args.limit < 1:
+        raise SystemExit(f"--limit must be at least 1, got {args.limit}")
+    steps = rollout_log.logged_steps(args.run_dir)
+    if not steps:
+        raise SystemExit(f"{args.run_dir}: no rollout logs (train with train.log_rollouts=N)")
+    step = steps[-1] if args.step is None else args.step
+    if step not in steps:
+        raise SystemExit(f"{args.run_dir}: step {step} was not logged; logged steps: {_ranges(steps)}")
+    for line in rollout_log.format_step(
+        rollout_log.read_step(args.run_dir, step), agent=args.agent, limit=args.limit
+    ):
+        print(line)
+    return 0
+
+
+def _ranges(steps: list[int]) -> str:
+    """The logged steps, shortened for a long run: `10, 20, 30, ..., 990, 1000 (100 steps)`."""
+    if len(steps) <= 8:
+        return ", ".join(map(str, steps))
+    return f"{', '.join(map(str, steps[:3]))}, ..., {', '.join(map(str, steps[-2:]))} ({len(steps)} steps)"
+
+
 def main(argv: list[str] | None = None) -> int:
     if argv is None:  # from the command line: restart with host memory kept (see marljax.host_memory)
         from marljax.host_memory import restart_with_kept_memory
@@ -100,6 +126,12 @@ def main(argv: list[str] | None = None) -> int:
     p = commands.add_parser("plot", help="draw a run's curves to PNG")
     p.add_argument("run_dir")
     p.set_defaults(fn=cmd_plot)
+    p = commands.add_parser("rollouts", help="print a logged step's prompts, completions and rewards")
+    p.add_argument("run_dir")
+    p.add_argument("--step", type=int, help="the step to show (default: the last one logged)")
+    p.add_argument("--agent", help="only this agent's samples")
+    p.add_argument("--limit", type=int, help="show at most this many samples")
+    p.set_defaults(fn=cmd_rollouts)
     commands.add_parser("demo", help="run the embedded demonstration", add_help=False)
     args, rest = parser.parse_known_args(argv)
     if args.command == "demo":

@@ -8,6 +8,8 @@ and the loop state (data iterator, buffers, workflow state, counters) are
 checkpointed together; a restarted run resumes from the newest complete
 checkpoint and, with fixed seeds on CPU, reproduces the uninterrupted run.
 Per-step randomness is derived from `(seed, step)`, so it needs no state.
+`train.log_rollouts` also writes every N-th step's samples as text
+(`marljax.train.rollout_log`, read with `marljax rollouts`).
 
 The trainer owns what every workflow shares: the per-agent statistics of each
 rollout (`Rollout.metrics`: `agent_metrics` and `amplification_metrics` of
@@ -28,7 +30,7 @@ from marljax.envs.grid import make_grid_problems
 from marljax.rewards import Limits, Problem, SandboxPool, SandboxVerifier
 from marljax.seeds import derive_seed
 from marljax.train import data as data_lib
-from marljax.train import distributed, memory
+from marljax.train import distributed, memory, rollout_log
 from marljax.train.buffer import ExperienceBuffer
 from marljax.train.checkpoint import RunCheckpointer
 from marljax.train.config import DataConfig, RunConfig, dump_config
@@ -191,7 +193,18 @@ class Trainer:
         metrics = {**rollout.metrics, **diversity_of(rollout), **self.update_ready_policies()}
         self.step += 1
         metrics.update({"time/rollout_s": t1 - t0, "time/update_s": time.perf_counter() - t1})
+        self.log_rollout(rollout)
         return metrics
+
+    def log_rollout(self, rollout: Rollout) -> None:
+        """Write the step's samples to `RUN_DIR/rollouts/` every `train.log_rollouts` steps (process
+        0 only, like the metrics: on several hosts it logs its own share of the batch)."""
+        every = self.cfg.train.log_rollouts
+        if every and self.step % every == 0 and distributed.is_primary():
+            tokenizers = {name: p.tokenizer for name, p in self.policies.items()}
+            rollout_log.write_step(
+                self.run_dir, self.step, rollout_log.rollout_records(self.step, rollout, tokenizers)
+            )
 
     def evaluate(self) -> dict[str, float]:
         if not self.eval_problems:
@@ -204,6 +217,8 @@ class Trainer:
         if distributed.is_primary():  # one writer of run files on multi-host runs
             dump_config(cfg, self.run_dir / "config.yaml")
         resumed = self.restore()
+        if distributed.is_primary():  # the steps after the restored one will be redone
+            rollout_log.prune_after(self.run_dir, self.step)
         with MetricsWriter(self.run_dir, tensorboard=t.tensorboard) as writer:
             if resumed:
                 writer.resume(self.step)

@@ -347,6 +347,12 @@ class TrainSettings(FrozenModel):
     tensorboard: bool = True
     progress: bool = True
     sft_steps: int = Field(0, ge=0, description="supervised warm-up steps before RL")
+    log_rollouts: int = Field(
+        0,
+        ge=0,
+        description="every N steps write each sample's prompt, completion, reward and advantage "
+        "to RUN_DIR/rollouts/step_<step>.jsonl (read with `marljax rollouts`); 0 disables",
+    )
 
 
 class RunConfig(FrozenModel):
