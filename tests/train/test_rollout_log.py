@@ -13,7 +13,6 @@ import pytest
 from marljax.train import rollout_log
 from marljax.train.config import ConfigError, config_from_dict
 
-CHAT = "<|im_start|>user\n{problem}<|im_end|>\n<|im_start|>assistant\n"
 FIELDS = {
     "step", "agent", "policy", "version", "problem", "episode", "node", "parent", "depth", "turn",
     "reward", "advantage", "passed", "finish_reason", "temperature", "prompt_len", "completion_len",
@@ -40,7 +39,9 @@ def tiny_config(tmp: Path, run_dir: Path, **train):
                     "micro_batch_size": 8,
                 }
             },
-            "agents": {"solver": {"policy": "main", "template": CHAT}},
+            "agents": {
+                "solver": {"policy": "main", "template": "{problem}"}
+            },  # the tokenizer's chat template applies
             "data": {"train": str(data), "batch_size": 2},
             "sampler": {"max_new_tokens": 8},
             "workflow": {"kind": "grpo", "group_size": 4},
