@@ -32,16 +32,23 @@ class PolicyGenerator:
         self.policies, self.sampler, self.max_prompt_len = policies, sampler, max_prompt_len
         self._warned: set[str] = set()
 
-    def _warn_cut(self, agent: str, length: int) -> None:
-        if length > self.max_prompt_len and agent not in self._warned:  # once per agent and run
+    def _fit(self, agent: str, ids: list[int]) -> list[int]:
+        """`ids` cut to `max_prompt_len` by dropping the middle: the start (system turn, the problem's
+        beginning) and the end (the latest feedback, the generation prompt) stay."""
+        limit = self.max_prompt_len
+        if not limit or len(ids) <= limit:
+            return ids
+        if agent not in self._warned:  # once per agent and run
             self._warned.add(agent)
             logger.warning(
-                "agent %r: a prompt of %d tokens was cut to its last %d (sampler.max_prompt_len); "
-                "further cuts of this agent's prompts are not reported",
+                "agent %r: a prompt of %d tokens was cut to %d (sampler.max_prompt_len) by dropping its "
+                "middle; further cuts of this agent's prompts are not reported",
                 agent,
-                length,
-                self.max_prompt_len,
+                len(ids),
+                limit,
             )
+        head = limit // 4
+        return ids[:head] + ids[len(ids) - (limit - head) :]
 
     def generate(self, requests: Sequence[tuple[Agent, str]], n: int, seed: int) -> list[list[Generation]]:
         out: list[list[Generation] | None] = [None] * len(requests)
@@ -65,11 +72,7 @@ class PolicyGenerator:
     ) -> list[list[Generation]]:
         policy = self.policies[name]
         tok = policy.tokenizer
-        prompts = [policy.encode_prompt(requests[i][1]) for i in idx]
-        if self.max_prompt_len:  # keep the end of an over-long prompt (the question is last)
-            for i, p in zip(idx, prompts):
-                self._warn_cut(requests[i][0].name, len(p))
-            prompts = [p[-self.max_prompt_len :] for p in prompts]
+        prompts = [self._fit(requests[i][0].name, policy.encode_prompt(requests[i][1])) for i in idx]
         version = policy.version
         res = policy.generate(prompts, n=n, seed=derive_seed(seed, k, "policy"), sampler=self.sampler)
         out = []

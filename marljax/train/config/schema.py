@@ -227,6 +227,13 @@ class PolicyConfig(FrozenModel):
         description="prompts as chat messages through the tokenizer's chat template (auto: when it has one)",
     )
 
+    @field_validator("chat", mode="before")
+    @classmethod
+    def _yaml_on_off(cls, v):
+        return (
+            {True: "on", False: "off"}.get(v, v) if isinstance(v, bool) else v
+        )  # YAML reads on/off as bools
+
     @model_validator(mode="after")
     def _kl_needs_reference(self):
         if self.loss.kl_coef > 0 and not self.reference:

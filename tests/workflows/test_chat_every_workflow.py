@@ -1,0 +1,56 @@
+"""Every workflow kind prompts its agents through the tokenizer's chat template: one training step of
+each shipped tiny config, read back from the rollout log (what the sampler was given)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from marljax.train import rollout_log
+from marljax.train.config import load_config
+from marljax.workflows import REGISTRY
+
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+TINY = sorted(CONFIGS.glob("*_tiny.yaml"))
+QUICK = [
+    "train.steps=1",
+    "train.log_rollouts=1",
+    "train.tensorboard=false",
+    "train.progress=false",
+    "sampler.max_new_tokens=8",
+    "data.batch_size=1",
+]
+
+
+def logged_prompts(path: Path, run_dir: Path, extra: list[str] = ()) -> list[dict]:
+    from marljax.train.loop import Trainer
+
+    trainer = Trainer(load_config(path, [f"run_dir={run_dir}", *QUICK, *extra]))
+    try:
+        trainer.train_step()
+    finally:
+        trainer.close()
+    return rollout_log.read_step(run_dir, 1)
+
+
+def test_the_tiny_configs_cover_every_workflow_kind():
+    kinds = {load_config(p, [f"run_dir={p}"]).workflow.kind for p in TINY}
+    assert kinds == set(REGISTRY)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("path", TINY, ids=[p.stem for p in TINY])
+def test_every_agent_prompt_is_in_chat_form(path, tmp_path):
+    cfg = load_config(path, [f"run_dir={tmp_path}"])
+    records = logged_prompts(path, tmp_path / "chat")
+    assert records
+    for r in records:
+        prompt, agent = r["prompt"], cfg.agents[r["agent"]]
+        assert prompt.startswith("<|im_start|>") and prompt.endswith("<|im_start|>assistant\n"), prompt
+        assert prompt.count("<|im_start|>system\n") == (1 if agent.role and "{role}" in agent.template else 0)
+        if agent.role:
+            assert agent.role.strip() in prompt
+    off = [f"policies.{name}.chat=off" for name in cfg.policies]
+    for r in logged_prompts(path, tmp_path / "raw", off):
+        assert "<|im_start|>" not in r["prompt"] and "<|im_end|>" not in r["prompt"], r["prompt"]
