@@ -118,7 +118,7 @@ def _on_event(name: str, seconds: float, **_):
 @contextlib.contextmanager
 def instrumented(clock: Clock):
     """Patch the library's entry points (restored afterwards)."""
-    from marljax import kernels as K
+    from marljax import kernels
     from marljax.rewards.pool import SandboxPool
     from marljax.train import loop
     from marljax.train.metrics import MetricsWriter
@@ -147,7 +147,7 @@ def instrumented(clock: Clock):
         (MetricsWriter, "write", "logging"),
         (loop.Trainer, "save", "checkpoint"),
     ]
-    patches += [(K, name, "advantages") for name in ADVANTAGE_KERNELS]
+    patches += [(kernels, name, "advantages") for name in ADVANTAGE_KERNELS]
     saved = [(obj, name, getattr(obj, name)) for obj, name, _ in patches]
     saved_est = dict(grpo.ESTIMATORS)
     train_step = loop.Trainer.train_step
