@@ -16,7 +16,7 @@ from marljax.workflows.sharp import (
     SharpConfig,
     SharpWorkflow,
     coalition_code,
-    parse_plan,
+    parse_subtasks,
     process_rewards,
     sampled_coalitions,
     shapley_credit,
@@ -115,7 +115,7 @@ def test_coalition_programs_and_the_planner_table():
 
 
 def test_plan_and_process_rewards():
-    assert parse_plan("Plan:\n1. read\n2) solve\nStep 3: print\n1. again") == {
+    assert parse_subtasks("Plan:\n1. read\n2) solve\nStep 3: print\n1. again") == {
         1: "read",
         2: "solve",
         3: "print",
