@@ -282,10 +282,10 @@ def demo_models(demo_dir: Path | None, out: Path, settings) -> tuple[dict[str, P
 def demo_breakdown(warmup: int, steps: int, demo_dir: Path | None = None, **settings) -> dict:
     """The demo's three RL runs (`marljax.demo.pipeline`) on its warm-started models, which write
     code that runs, so the sandbox's share is real."""
-    from marljax.demo.pipeline import METHODS, DemoSettings
+    from marljax.demo.pipeline import METHODS, DemoConfig
     from marljax.demo.pipeline import run_config as demo_config
 
-    s = DemoSettings(**{**settings, "rl_steps": warmup + steps})
+    s = DemoConfig(**{**settings, "rl_steps": warmup + steps})
     with tempfile.TemporaryDirectory(prefix="marljax-bench-demo-") as tmp:
         models, origin = demo_models(demo_dir, Path(tmp), s)
         runs = {

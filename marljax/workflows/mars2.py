@@ -42,9 +42,9 @@ from marljax.seeds import derive_seed
 from marljax.settings import StrictModel
 from marljax.workflows.base import (
     Agent,
+    BaseWorkflowConfig,
     Generator,
     Workflow,
-    WorkflowSettings,
     register_workflow,
     template_fields,
 )
@@ -66,7 +66,7 @@ class DepthGamma(StrictModel):
     floor: float = Field(0.5, gt=0, le=1)
 
 
-class Mars2Config(WorkflowSettings):
+class Mars2Config(BaseWorkflowConfig):
     """MARS2 tree search as the environment; MARS2-T+ search at evaluation."""
 
     kind: Literal["mars2"] = "mars2"

@@ -43,7 +43,7 @@ from pydantic import Field, model_validator
 from marljax import kernels
 from marljax.rewards import Problem, Verifier, extract_code
 from marljax.seeds import derive_seed
-from marljax.workflows.base import Agent, Generator, Workflow, WorkflowSettings, register_workflow
+from marljax.workflows.base import Agent, BaseWorkflowConfig, Generator, Workflow, register_workflow
 from marljax.workflows.diversity import grouped_diversity
 from marljax.workflows.types import Generation, Rollout
 
@@ -139,7 +139,7 @@ class Trajectory:
         return [extract_code(g.text).code for g in self.work]
 
 
-class SharpConfig(WorkflowSettings):
+class SharpConfig(BaseWorkflowConfig):
     """SHARP: planner + workers, Shapley credit over counterfactual programs, per-agent advantages."""
 
     kind: Literal["sharp"] = "sharp"

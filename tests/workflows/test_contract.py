@@ -12,11 +12,11 @@ from pydantic import Field, ValidationError
 from marljax import kernels
 from marljax.train.config import config_from_dict
 from marljax.workflows import REGISTRY, build_workflow
-from marljax.workflows.base import Workflow, WorkflowSettings, register_workflow
+from marljax.workflows.base import BaseWorkflowConfig, Workflow, register_workflow
 from marljax.workflows.types import Generation, Rollout, agent_metrics
 
 
-class EchoConfig(WorkflowSettings):
+class EchoConfig(BaseWorkflowConfig):
     kind: Literal["echo"] = "echo"
     group_size: int = Field(4, ge=2)
     note: str = "hi"
