@@ -95,8 +95,8 @@ def run_config(
                 if sft
                 else {"lr": s.llama_rl_lr if p == "llama" else s.rl_lr}
             ),
-            # every sample weighs the same: with token-mean, long garbled refinements dominated
-            # MARS2's updates (homogeneous team +2 points instead of +12, one run each)
+            # every sample weighs the same: with token-mean, long garbled refinements dominate
+            # MARS2's updates
             "loss": {"type": "ppo", "agg_mode": "seq-mean-token-mean"},
             "buffer": {"threshold": per_policy},
             "micro_batch_size": 16,

@@ -1,10 +1,10 @@
 """Parent side of the warm sandbox: one sandbox, one interpreter, a fork per program.
 
-Starting a sandbox and a Python interpreter costs ~25-40 ms of CPU per program,
-100x what a typical RL-generated program spends in its tests.  A ``ForkServer``
-starts the sandbox (bubblewrap, or ``unshare`` with the harness's jail) once, with
-``zygote.py`` inside it, and runs each program in
-a freshly forked child of that warm interpreter (~1 ms).  What each program gets
+Starting a sandbox and a Python interpreter per program costs far more CPU than a
+typical RL-generated program spends in its tests.  A ``ForkServer`` starts the
+sandbox (bubblewrap, or ``unshare`` with the harness's jail) once, with
+``zygote.py`` inside it, and runs each program in a freshly forked child of that
+warm interpreter (benchmarks/RESULTS.md, "Sandbox fork server").  What each program gets
 is unchanged: its own process, session, rlimits and throw-away uid (as root), the
 same record protocol and verdicts (``sandbox.collect`` / ``verdicts.classify``).
 
