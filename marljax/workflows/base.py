@@ -37,6 +37,10 @@ from marljax.workflows.types import Generation, Rollout
 class BaseWorkflowConfig(StrictModel):
     """Base of each workflow's typed options (`kind` names the workflow in YAML)."""
 
+    # the bool option that adds test-time search to evaluation (`marljax eval --search`);
+    # None: the workflow has no such search
+    search_option: ClassVar[str | None] = None
+
     kind: str
 
     def check_agents(self, agents: Mapping[str, Any]) -> list[tuple[tuple[str, ...], str, Any]]:
