@@ -32,7 +32,15 @@ import time
 from pathlib import Path
 
 from .formats import Program
-from .isolation import HARNESS_PATH, SandboxConfig, bwrap_argv, forks_programs, jail_spec, unshare_argv
+from .isolation import (
+    HARNESS_PATH,
+    SandboxConfig,
+    bwrap_argv,
+    child_env,
+    forks_programs,
+    jail_spec,
+    unshare_argv,
+)
 from .results import ExecutionResult, Isolation
 from .sandbox import Limits, build_payload, collect, hand_to_throwaway_uid, make_workdir, rmtree
 from .verdicts import classify
@@ -113,13 +121,7 @@ class ForkServer:
                 env=(_BIND_NOW,),
             ), None
         args = [ZYGOTE_PATH, HARNESS_PATH, str(fd), json.dumps(jail_spec(self.config, drop))]
-        env = {
-            "PATH": "/usr/bin:/bin",
-            "LANG": "C.UTF-8",
-            "HOME": "/tmp",
-            "TMPDIR": "/tmp",
-            _BIND_NOW[0]: _BIND_NOW[1],
-        }
+        env = {**child_env(self.isolation.level, self._workdir), _BIND_NOW[0]: _BIND_NOW[1]}
         return unshare_argv(self.config, args), env
 
     def close(self) -> None:
