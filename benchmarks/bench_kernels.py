@@ -95,15 +95,17 @@ def setup_marljax(x: dict):
     import jax
     import jax.numpy as jnp
 
-    from marljax import kernels as K
+    from marljax import kernels
 
     @functools.partial(jax.jit, static_argnames="num_groups")
     def pipeline(rewards, group_ids, logp, logp_old, ref_logp, mask, num_groups):
-        adv = K.grpo_advantages(rewards, group_ids, num_groups, eps=EPS)
-        pg, metrics = K.policy_loss(
+        adv = kernels.grpo_advantages(rewards, group_ids, num_groups, eps=EPS)
+        pg, metrics = kernels.policy_loss(
             logp, logp_old, adv, mask, clip_low=CLIP, clip_high=CLIP, dual_clip=CLIP_C, agg_mode="token-mean"
         )
-        kl = K.aggregate_loss(K.kl_penalty(logp, ref_logp, "k3", clamp=KL_CLAMP), mask, "token-mean")
+        kl = kernels.aggregate_loss(
+            kernels.kl_penalty(logp, ref_logp, "k3", clamp=KL_CLAMP), mask, "token-mean"
+        )
         return adv, pg, kl, metrics
 
     args = {k: jnp.asarray(x[k]) for k in ("rewards", "group_ids", "logp", "logp_old", "ref_logp", "mask")}

@@ -118,7 +118,7 @@ def _on_event(name: str, seconds: float, **_):
 @contextlib.contextmanager
 def instrumented(clock: Clock):
     """Patch the library's entry points (restored afterwards)."""
-    from marljax import kernels as K
+    from marljax import kernels
     from marljax.rewards.pool import SandboxPool
     from marljax.train import loop
     from marljax.train.metrics import MetricsWriter
@@ -147,7 +147,7 @@ def instrumented(clock: Clock):
         (MetricsWriter, "write", "logging"),
         (loop.Trainer, "save", "checkpoint"),
     ]
-    patches += [(K, name, "advantages") for name in ADVANTAGE_KERNELS]
+    patches += [(kernels, name, "advantages") for name in ADVANTAGE_KERNELS]
     saved = [(obj, name, getattr(obj, name)) for obj, name, _ in patches]
     saved_est = dict(grpo.ESTIMATORS)
     train_step = loop.Trainer.train_step
@@ -282,10 +282,10 @@ def demo_models(demo_dir: Path | None, out: Path, settings) -> tuple[dict[str, P
 def demo_breakdown(warmup: int, steps: int, demo_dir: Path | None = None, **settings) -> dict:
     """The demo's three RL runs (`marljax.demo.pipeline`) on its warm-started models, which write
     code that runs, so the sandbox's share is real."""
-    from marljax.demo.pipeline import METHODS, DemoSettings
+    from marljax.demo.pipeline import METHODS, DemoConfig
     from marljax.demo.pipeline import run_config as demo_config
 
-    s = DemoSettings(**{**settings, "rl_steps": warmup + steps})
+    s = DemoConfig(**{**settings, "rl_steps": warmup + steps})
     with tempfile.TemporaryDirectory(prefix="marljax-bench-demo-") as tmp:
         models, origin = demo_models(demo_dir, Path(tmp), s)
         runs = {

@@ -17,11 +17,19 @@ import sys
 from pathlib import Path
 
 
-def _trainer(config: str, overrides: list[str]):
-    from marljax.train.config import load_config
+def _trainer(config: str, overrides: list[str], search: bool = False):
+    from marljax.train.config import ConfigError, load_config
     from marljax.train.loop import Trainer
 
-    return Trainer(load_config(config, overrides))
+    cfg = load_config(config, overrides)
+    if search:
+        option = type(cfg.workflow).search_option
+        if option is None:
+            raise ConfigError(
+                [f"{config}: workflow: --search: {cfg.workflow.kind!r} has no test-time search"]
+            )
+        cfg = load_config(config, [*overrides, f"workflow.{option}=true"])
+    return Trainer(cfg)
 
 
 def cmd_train(args) -> int:
@@ -30,8 +38,7 @@ def cmd_train(args) -> int:
 
 
 def cmd_eval(args) -> int:
-    # MARS2-T+: the same tree search at test time, on public tests, scored on private ones
-    trainer = _trainer(args.config, args.overrides + (["workflow.eval_search=true"] if args.search else []))
+    trainer = _trainer(args.config, args.overrides, search=args.search)
     try:
         restored = trainer.restore()
         metrics = trainer.evaluate()
@@ -115,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
             p.add_argument(
                 "--search",
                 action="store_true",
-                help="MARS2-T+: tree search with error feedback on public tests (mars2 workflow)",
+                help="add the workflow's test-time search (mars2: MARS2-T+, tree search on public tests)",
             )
         p.set_defaults(fn=fn)
     p = commands.add_parser("export", help="write a policy's weights as a Hugging Face directory")

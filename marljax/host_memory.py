@@ -3,9 +3,9 @@
 XLA:CPU allocates each execution's buffers afresh. glibc serves blocks above
 32 MiB (and any block too big for a thread arena's 64 MiB heap) with `mmap`
 and gives them back to the kernel on `free`, so every train step touches its
-whole working set as new pages: the 50 M-parameter benchmark step takes
-~780,000 page faults (3 GB) and spends 1.5-10 s of kernel time on them, more
-than its 3 s of arithmetic, in a VM. With one arena, no `mmap` and no
+whole working set as new pages, and in a VM faulting them in can cost more
+kernel time than the step's arithmetic (benchmarks/RESULTS.md, "Train step
+after the matmul and host-memory changes"). With one arena, no `mmap` and no
 trimming, freed blocks are reused and a step takes none.
 
 glibc reads these settings once, at process start (the arena limit is fixed

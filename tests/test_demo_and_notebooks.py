@@ -60,7 +60,7 @@ def test_embedded_demo_quick_run(tmp_path, capsys):
     for name in ("reward_curves.png", "pass_at_1.png"):
         assert (tmp_path / name).stat().st_size > 1000
 
-    # the RL benchmark's breakdown of the demo (issue #9), on these warm-started models
+    # the RL benchmark's per-phase breakdown of the demo runs, on these warm-started models
     spec = importlib.util.spec_from_file_location("marljax_bench_rl", ROOT / "benchmarks" / "bench_rl.py")
     bench_rl = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench_rl)

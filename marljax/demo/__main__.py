@@ -31,7 +31,7 @@ from pathlib import Path
 os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
 
 from marljax.demo.models import ensure_models  # noqa: E402
-from marljax.demo.pipeline import METHODS, DemoSettings, train_method, warm_start  # noqa: E402
+from marljax.demo.pipeline import METHODS, DemoConfig, train_method, warm_start  # noqa: E402
 from marljax.demo.report import results_table, write_plots  # noqa: E402
 from marljax.rewards import SandboxPool  # noqa: E402
 
@@ -64,7 +64,7 @@ def compilation_cache(path: Path) -> None:
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
 
 
-def same_settings(out: Path, settings: DemoSettings) -> bool:
+def same_settings(out: Path, settings: DemoConfig) -> bool:
     """Record `settings` in a new output directory; False when `out` was made with other ones."""
     path = out / "settings.json"
     mine = dataclasses.asdict(settings)
@@ -91,7 +91,7 @@ def main(argv=None) -> int:
     )
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
-    settings = DemoSettings(seed=args.seed, **(QUICK if args.quick else {}))
+    settings = DemoConfig(seed=args.seed, **(QUICK if args.quick else {}))
     args.out = args.out or Path("runs/demo-quick" if args.quick else "runs/demo")
     if not same_settings(args.out, settings):
         parser.error(

@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from marljax import kernels as K
+from marljax import kernels
 
 VOCAB, LENGTH, PROBLEMS, GROUP = 6, 4, 4, 8
 
@@ -66,7 +66,7 @@ def make_step(optimizer):
         agents = jnp.tile(jnp.arange(2), PROBLEMS * GROUP)
         groups = jnp.repeat(problems, 2)
         # Dr. MAS: each agent normalised with its own statistics inside each problem group.
-        adv, metrics = K.dr_mas_advantages(
+        adv, metrics = kernels.dr_mas_advantages(
             rewards.reshape(-1), agents, 2, group_ids=groups, num_groups=PROBLEMS
         )
         adv = adv.reshape(-1, 2)
@@ -75,8 +75,8 @@ def make_step(optimizer):
             logits = agent_logits(p, problems, proposal)
             total = 0.0
             for i, tokens in enumerate((proposal, correction)):
-                logp = K.logprobs_from_logits(logits[i], tokens)
-                loss, _ = K.policy_loss(
+                logp = kernels.logprobs_from_logits(logits[i], tokens)
+                loss, _ = kernels.policy_loss(
                     logp, jax.lax.stop_gradient(logp), adv[:, i], jnp.ones_like(tokens, bool)
                 )
                 total = total + loss
@@ -100,18 +100,18 @@ def show_estimators():
     agents = jnp.array([0, 0, 0, 0, 1, 1, 1, 1])
     zeros = jnp.zeros(8, jnp.int32)
     rows = {
-        "GRPO (one group)": K.grpo_advantages(rewards, zeros, 1),
-        "Dr.GRPO": K.dr_grpo_advantages(rewards, zeros, 1),
-        "RLOO": K.rloo_advantages(rewards, zeros, 1),
-        "AT-GRPO (per agent)": K.at_grpo_advantages(
+        "GRPO (one group)": kernels.grpo_advantages(rewards, zeros, 1),
+        "Dr.GRPO": kernels.dr_grpo_advantages(rewards, zeros, 1),
+        "RLOO": kernels.rloo_advantages(rewards, zeros, 1),
+        "AT-GRPO (per agent)": kernels.at_grpo_advantages(
             rewards, zeros, zeros, agents, num_problems=1, num_turns=1, num_agents=2
         ),
-        "Dr. MAS": K.dr_mas_advantages(rewards, agents, 2)[0],
+        "Dr. MAS": kernels.dr_mas_advantages(rewards, agents, 2)[0],
     }
     print("rewards".ljust(22), np.array2string(np.asarray(rewards), precision=2))
     for name, adv in rows.items():
         print(name.ljust(22), np.array2string(np.asarray(adv), precision=2))
-    phi = K.shapley_values(jnp.array([0.0, 0.2, 0.3, 1.0]))
+    phi = kernels.shapley_values(jnp.array([0.0, 0.2, 0.3, 1.0]))
     print("Shapley of v = [0, .2, .3, 1] (bit i = agent i):", np.asarray(phi))
 
 

@@ -28,7 +28,7 @@ log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True)
-class DemoSettings:
+class DemoConfig:
     sft_steps: int = 200
     sft_batch: int = 32
     sft_lr: float = 1e-2
@@ -74,7 +74,7 @@ def run_config(
     run_dir: Path,
     models: dict[str, Path],
     agents: dict[str, str],
-    s: DemoSettings,
+    s: DemoConfig,
     *,
     sft: bool = False,
 ) -> RunConfig:
@@ -97,8 +97,8 @@ def run_config(
                 if sft
                 else {"lr": s.llama_rl_lr if p == "llama" else s.rl_lr}
             ),
-            # every sample weighs the same: with token-mean, long garbled refinements dominated
-            # MARS2's updates (homogeneous team +2 points instead of +12, one run each)
+            # every sample weighs the same: with token-mean, long garbled refinements dominate
+            # MARS2's updates
             "loss": {"type": "ppo", "agg_mode": "seq-mean-token-mean"},
             "buffer": {"threshold": per_policy},
             "micro_batch_size": 16,
@@ -156,7 +156,7 @@ def run_config(
     )
 
 
-def warm_start(out: Path, models: dict[str, Path], s: DemoSettings) -> dict[str, Path]:
+def warm_start(out: Path, models: dict[str, Path], s: DemoConfig) -> dict[str, Path]:
     """SFT each base model on the sloppy teacher's solutions (plain prompts and refinement prompts);
     returns the exported checkpoints."""
     exported, refine = {}, None
@@ -187,7 +187,7 @@ def warm_start(out: Path, models: dict[str, Path], s: DemoSettings) -> dict[str,
     return exported
 
 
-def pass_at_1(trainer: Trainer, s: DemoSettings, known: dict[str, float] | None = None) -> dict[str, float]:
+def pass_at_1(trainer: Trainer, s: DemoConfig, known: dict[str, float] | None = None) -> dict[str, float]:
     """Held-out pass@1 per policy: `eval_samples` answers per task at the training temperature,
     scored on all tests (the hidden ones included). Policies in `known` are not re-measured."""
     problems, out = trainer.eval_problems, {}
@@ -211,7 +211,7 @@ def team_score(per_policy: dict[str, float], agents: dict[str, str]) -> float:
 
 
 def train_method(
-    out: Path, method: str, sft_models: dict[str, Path], s: DemoSettings, warm: dict[str, float] | None = None
+    out: Path, method: str, sft_models: dict[str, Path], s: DemoConfig, warm: dict[str, float] | None = None
 ) -> dict[str, Any]:
     """One RL run with pass@1 before and after; `warm` caches the warm-started models' pass@1
     across methods (the same checkpoints and sampling seed give the same answers)."""

@@ -74,7 +74,7 @@ def shortest_plan(fields: Mapping[str, Any], pos: Sequence[int] | None = None) -
     return "".join(plan)
 
 
-def parse_plan(text: str) -> str:
+def parse_moves(text: str) -> str:
     """The moves in an answer: after the last ``Moves:`` (any case) if there is one, else anywhere;
     the first run of U/D/L/R letters not inside a word, separators dropped ('' if none)."""
     marks = list(_MARK.finditer(text or ""))
@@ -201,7 +201,7 @@ class PlanEnv:
         out = []
         (role,) = self.roles
         for problem, state, cand in zip(problems, states, texts):
-            plans = [parse_plan(t) for t in cand[role]]
+            plans = [parse_moves(t) for t in cand[role]]
             runs = [run_plan(problem.fields, state.pos, p) for p in plans]
             rewards = [plan_reward(problem.fields, state.pos, p) for p in plans]
             b = best_branch(rewards)

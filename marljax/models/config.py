@@ -52,9 +52,9 @@ class ModelConfig:
     - `scan_layers`: run the layers under one `lax.scan` (compile time independent
       of depth) or, when False, as one unrolled block per layer: XLA then keeps
       each layer's activations as they are instead of writing them into stacked
-      buffers and slicing them back in the backward pass, which made the CPU
-      train step 15-20% faster (4 and 12 layers, host memory kept: see
-      `marljax.host_memory`; slower without it) for ~15-40% longer compiles.
+      buffers and slicing them back in the backward pass, which trades longer
+      compiles for faster CPU train steps when host memory is kept (see
+      `marljax.host_memory`; benchmarks/RESULTS.md, "Unrolled layers").
     """
 
     architecture: str

@@ -284,7 +284,8 @@ def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
 def _matmul(x: jax.Array, w: jax.Array, **kw) -> jax.Array:
     """`x [..., I] @ w [I, *out]` as one 2-D matmul. XLA:CPU runs dots that
     contract several axes at once (the weight gradients of batched einsums)
-    2-3x slower than the same FLOPs as a plain matrix product."""
+    much slower than the same FLOPs as a plain matrix product (benchmarks/RESULTS.md,
+    "Train step after the matmul and host-memory changes")."""
     y = jnp.matmul(x.reshape(-1, x.shape[-1]), w.reshape(w.shape[0], -1), **kw)
     return y.reshape(*x.shape[:-1], *w.shape[1:])
 

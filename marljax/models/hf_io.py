@@ -3,7 +3,7 @@
 Loading never materialises the whole model on one device: the module is built
 abstractly (`abstract_model`), every parameter gets its `NamedSharding` from
 the rule table, and `jax.make_array_from_callback` asks each device only for
-its own slice, which is read from memory-mapped safetensors files. All names,
+its own slice, which is read from the safetensors files alone. All names,
 shapes and dtypes are checked against the headers before any weight is read,
 so a bad checkpoint fails with an error naming the file and tensor, never
 with a half-loaded model.
@@ -15,14 +15,13 @@ import dataclasses
 import json
 import math
 import os
-import struct
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import jax
-import ml_dtypes
 import numpy as np
+import safetensors
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, SingleDeviceSharding
 
@@ -34,12 +33,7 @@ CONFIG_FILE = "config.json"
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
 
-_ST_DTYPES = {
-    "F32": np.dtype(np.float32),
-    "F16": np.dtype(np.float16),
-    "BF16": np.dtype(ml_dtypes.bfloat16),
-    "F64": np.dtype(np.float64),
-}
+_ST_DTYPES = ("BF16", "F16", "F32", "F64")  # safetensors' names of the float dtypes loaded
 
 
 class CheckpointError(ValueError):
@@ -48,34 +42,24 @@ class CheckpointError(ValueError):
 
 # ---------------------------------------------------------- safetensors (read)
 class _SafetensorsFile:
-    """Lazy reader: parses the header, memory-maps the data on first access."""
+    """One open safetensors file; `read` copies only the requested block of a tensor."""
 
     def __init__(self, path: Path):
         self.path = path
         try:
-            with open(path, "rb") as f:
-                (n,) = struct.unpack("<Q", f.read(8))
-                header = json.loads(f.read(n))
-        except (OSError, struct.error, ValueError) as e:
+            self._file = safetensors.safe_open(str(path), framework="numpy")
+        except Exception as e:  # safetensors raises its own SafetensorError, or OSError
             raise CheckpointError(f"{path}: not a readable safetensors file ({e})") from e
-        header.pop("__metadata__", None)
-        self.header = header
-        self.data_start = 8 + n
-        self._mmap = None
+        self.names = set(self._file.keys())
 
     def shape(self, name: str) -> tuple[int, ...]:
-        return tuple(self.header[name]["shape"])
+        return tuple(self._file.get_slice(name).get_shape())
 
     def dtype(self, name: str) -> str:
-        return self.header[name]["dtype"]
+        return self._file.get_slice(name).get_dtype()
 
-    def array(self, name: str) -> np.ndarray:
-        if self._mmap is None:
-            self._mmap = np.memmap(self.path, dtype=np.uint8, mode="r")
-        info = self.header[name]
-        begin, end = info["data_offsets"]
-        raw = self._mmap[self.data_start + begin : self.data_start + end]
-        return raw.view(_ST_DTYPES[info["dtype"]]).reshape(info["shape"])
+    def read(self, name: str, index: tuple[slice, ...]) -> np.ndarray:
+        return self._file.get_slice(name)[index]
 
 
 # --------------------------------------------------------------- name mapping
@@ -87,6 +71,9 @@ class _Tensor:
     hf: str
     to_ours: Callable[[np.ndarray], np.ndarray]  # HF layout -> ours (views only)
     to_hf: Callable[[np.ndarray], np.ndarray]  # ours -> HF layout
+    # a block of ours (one slice per axis) -> the HF block that holds it, and the slices that
+    # cut it out of that block once converted by `to_ours`
+    hf_index: Callable[[tuple[slice, ...]], tuple[tuple[slice, ...], tuple[slice, ...]]]
     hf_shape: tuple[int, ...]  # per layer
 
     @property
@@ -112,35 +99,49 @@ def tensor_map(config: ModelConfig) -> list[_Tensor]:
     def tr(x):
         return x.T
 
+    def heads(s: slice, n: int) -> slice:  # heads s of n -> their rows of an [n*H] axis
+        start, stop, _ = s.indices(n)
+        return slice(start * H, stop * H)
+
+    every = slice(None)
+    same = (ident, ident, lambda i: (i, ()))
+    transposed = (tr, tr, lambda i: (i[::-1], ()))
+
     def proj_in(n):  # [n*H, D] <-> [D, n, H]
         return (
-            lambda x: x.reshape(n, H, D).transpose(2, 0, 1),
+            lambda x: x.reshape(x.shape[0] // H, H, x.shape[1]).transpose(2, 0, 1),
             lambda x: x.transpose(1, 2, 0).reshape(n * H, D),
+            lambda i: ((heads(i[1], n), i[0]), (every, every, i[2])),
         )
 
     def bias(n):  # [n*H] <-> [n, H]
-        return (lambda x: x.reshape(n, H), lambda x: x.reshape(n * H))
+        return (
+            lambda x: x.reshape(x.shape[0] // H, H),
+            lambda x: x.reshape(n * H),
+            lambda i: ((heads(i[0], n),), (every, i[1])),
+        )
 
-    o_proj = (
-        lambda x: x.reshape(D, N, H).transpose(1, 2, 0),  # [D, N*H] <-> [N, H, D]
+    o_proj = (  # [D, N*H] <-> [N, H, D]
+        lambda x: x.reshape(x.shape[0], x.shape[1] // H, H).transpose(1, 2, 0),
         lambda x: x.transpose(2, 0, 1).reshape(D, N * H),
+        lambda i: ((i[2], heads(i[0], N)), (every, i[1], every)),
     )
     L = "model.layers.{i}."
     out = [
-        _Tensor(("embed",), "model.embed_tokens.weight", ident, ident, (V, D)),
-        _Tensor(("final_norm",), "model.norm.weight", ident, ident, (D,)),
-        _Tensor(("layers", "attn_norm"), L + "input_layernorm.weight", ident, ident, (D,)),
-        _Tensor(("layers", "mlp_norm"), L + "post_attention_layernorm.weight", ident, ident, (D,)),
+        _Tensor(("embed",), "model.embed_tokens.weight", *same, (V, D)),
+        _Tensor(("final_norm",), "model.norm.weight", *same, (D,)),
+        _Tensor(("layers", "attn_norm"), L + "input_layernorm.weight", *same, (D,)),
+        _Tensor(("layers", "mlp_norm"), L + "post_attention_layernorm.weight", *same, (D,)),
         _Tensor(("layers", "wq"), L + "self_attn.q_proj.weight", *proj_in(N), (N * H, D)),
         _Tensor(("layers", "wk"), L + "self_attn.k_proj.weight", *proj_in(K), (K * H, D)),
         _Tensor(("layers", "wv"), L + "self_attn.v_proj.weight", *proj_in(K), (K * H, D)),
         _Tensor(("layers", "wo"), L + "self_attn.o_proj.weight", *o_proj, (D, N * H)),
-        _Tensor(("layers", "w_gate"), L + "mlp.gate_proj.weight", tr, tr, (F, D)),
-        _Tensor(("layers", "w_up"), L + "mlp.up_proj.weight", tr, tr, (F, D)),
-        _Tensor(("layers", "w_down"), L + "mlp.down_proj.weight", tr, tr, (D, F)),
+        _Tensor(("layers", "w_gate"), L + "mlp.gate_proj.weight", *transposed, (F, D)),
+        _Tensor(("layers", "w_up"), L + "mlp.up_proj.weight", *transposed, (F, D)),
+        _Tensor(("layers", "w_down"), L + "mlp.down_proj.weight", *transposed, (D, F)),
     ]
     if not c.tie_word_embeddings:
-        out.append(_Tensor(("lm_head",), "lm_head.weight", tr, tr, (V, D)))
+        out.append(_Tensor(("lm_head",), "lm_head.weight", *transposed, (V, D)))
     if c.qkv_bias:
         out += [
             _Tensor(("layers", "bq"), L + "self_attn.q_proj.bias", *bias(N), (N * H,)),
@@ -148,11 +149,11 @@ def tensor_map(config: ModelConfig) -> list[_Tensor]:
             _Tensor(("layers", "bv"), L + "self_attn.v_proj.bias", *bias(K), (K * H,)),
         ]
     if c.o_bias:
-        out.append(_Tensor(("layers", "bo"), L + "self_attn.o_proj.bias", ident, ident, (D,)))
+        out.append(_Tensor(("layers", "bo"), L + "self_attn.o_proj.bias", *same, (D,)))
     if c.qk_norm:
         out += [
-            _Tensor(("layers", "q_norm"), L + "self_attn.q_norm.weight", ident, ident, (H,)),
-            _Tensor(("layers", "k_norm"), L + "self_attn.k_norm.weight", ident, ident, (H,)),
+            _Tensor(("layers", "q_norm"), L + "self_attn.q_norm.weight", *same, (H,)),
+            _Tensor(("layers", "k_norm"), L + "self_attn.k_norm.weight", *same, (H,)),
         ]
     return out
 
@@ -203,13 +204,13 @@ def _open_weights(path: Path) -> dict[str, _SafetensorsFile]:
                 if not fpath.is_file():
                     raise CheckpointError(f"{fpath}: missing (listed in {index} for tensor {name!r})")
                 files[fname] = _SafetensorsFile(fpath)
-            if name not in files[fname].header:
+            if name not in files[fname].names:
                 raise CheckpointError(f"{files[fname].path}: has no tensor {name!r} (listed in {index})")
             where[name] = files[fname]
         return where
     if single.is_file():
         f = _SafetensorsFile(single)
-        return {name: f for name in f.header}
+        return {name: f for name in f.names}
     others = sorted(p.name for p in path.glob("*.bin")) + sorted(p.name for p in path.glob("*.pt*"))
     hint = f" (found {others}; only safetensors are supported)" if others else ""
     raise CheckpointError(f"{path}: no weights: expected {SINGLE_FILE} or {INDEX_FILE}{hint}")
@@ -310,15 +311,15 @@ def from_pretrained(
 def _load_array(t: _Tensor, where, shape, dtype, sharding, num_layers: int) -> jax.Array:
     names = _hf_names(t, num_layers)
 
-    def host(name):
-        return t.to_ours(where[name].array(name))
+    def host(name, index):
+        hf_index, rest = t.hf_index(index)
+        return np.asarray(t.to_ours(where[name].read(name, hf_index))[rest]).astype(dtype)
 
     def callback(index):
         if t.stacked:
-            layers = range(num_layers)[index[0]]
-            parts = [np.asarray(host(names[i])[index[1:]]).astype(dtype) for i in layers]
+            parts = [host(names[i], index[1:]) for i in range(num_layers)[index[0]]]
             return np.stack(parts) if parts else np.zeros((0,) + shape[1:], dtype)
-        return np.asarray(host(names[0])[index]).astype(dtype)
+        return host(names[0], index)
 
     return jax.make_array_from_callback(tuple(shape), sharding, callback)
 

@@ -1,10 +1,10 @@
 """Parent side of the warm sandbox: one sandbox, one interpreter, a fork per program.
 
-Starting a sandbox and a Python interpreter costs ~25-40 ms of CPU per program,
-100x what a typical RL-generated program spends in its tests.  A ``ForkServer``
-starts the sandbox (bubblewrap, or ``unshare`` with the harness's jail) once, with
-``zygote.py`` inside it, and runs each program in
-a freshly forked child of that warm interpreter (~1 ms).  What each program gets
+Starting a sandbox and a Python interpreter per program costs far more CPU than a
+typical RL-generated program spends in its tests.  A ``ForkServer`` starts the
+sandbox (bubblewrap, or ``unshare`` with the harness's jail) once, with
+``zygote.py`` inside it, and runs each program in a freshly forked child of that
+warm interpreter (benchmarks/RESULTS.md, "Sandbox fork server").  What each program gets
 is unchanged: its own process, session, rlimits and throw-away uid (as root), the
 same record protocol and verdicts (``sandbox.collect`` / ``verdicts.classify``).
 
@@ -32,7 +32,15 @@ import time
 from pathlib import Path
 
 from .formats import Program
-from .isolation import HARNESS_PATH, SandboxConfig, bwrap_argv, forks_programs, jail_spec, unshare_argv
+from .isolation import (
+    HARNESS_PATH,
+    SandboxConfig,
+    bwrap_argv,
+    child_env,
+    forks_programs,
+    jail_spec,
+    unshare_argv,
+)
 from .results import ExecutionResult, Isolation
 from .sandbox import Limits, build_payload, collect, hand_to_throwaway_uid, make_workdir, rmtree
 from .verdicts import classify
@@ -113,13 +121,7 @@ class ForkServer:
                 env=(_BIND_NOW,),
             ), None
         args = [ZYGOTE_PATH, HARNESS_PATH, str(fd), json.dumps(jail_spec(self.config, drop))]
-        env = {
-            "PATH": "/usr/bin:/bin",
-            "LANG": "C.UTF-8",
-            "HOME": "/tmp",
-            "TMPDIR": "/tmp",
-            _BIND_NOW[0]: _BIND_NOW[1],
-        }
+        env = {**child_env(self.isolation.level, self._workdir), _BIND_NOW[0]: _BIND_NOW[1]}
         return unshare_argv(self.config, args), env
 
     def close(self) -> None:

@@ -37,8 +37,8 @@ import signal
 import sys
 import time
 
-# ast, linecache and traceback are imported only on error paths: they cost
-# ~15 ms of start-up per program, which is most of the harness's own overhead.
+# ast, linecache and traceback are imported only on error paths: importing them is
+# most of the harness's own start-up cost per program.
 _SOURCES = {}
 
 _SOLUTION = "<solution>"

@@ -110,6 +110,15 @@ def _blocked_ancestor(path: str) -> str | None:
 _SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 
 
+def child_env(level: str, workdir: str) -> dict[str, str]:
+    """The environment a sandboxed program starts with (nothing of ours is inherited). Home and
+    temp directory are the working directory where the program sees it: bubblewrap binds it on
+    /sandbox and /tmp, the unshare jail on /tmp (which hides its host path), and without
+    isolation it is at its host path."""
+    home, tmp = {"bwrap": ("/sandbox", "/tmp"), "unshare": ("/tmp", "/tmp")}.get(level, (workdir, workdir))
+    return {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": home, "TMPDIR": tmp}
+
+
 def bwrap_argv(
     config: SandboxConfig,
     workdir: str,
@@ -177,22 +186,8 @@ def bwrap_argv(
     ]
     for inside, host in files.items():
         argv += ["--ro-bind", host, inside]
-    argv += [
-        "--clearenv",
-        "--setenv",
-        "PATH",
-        "/usr/bin:/bin",
-        "--setenv",
-        "HOME",
-        "/sandbox",
-        "--setenv",
-        "TMPDIR",
-        "/tmp",
-        "--setenv",
-        "LANG",
-        "C.UTF-8",
-    ]
-    for name, value in env:
+    argv += ["--clearenv"]
+    for name, value in [*child_env("bwrap", workdir).items(), *env]:
         argv += ["--setenv", name, value]
     argv += ["--"]
     # Without site-packages the real interpreter is all we need; a venv's own

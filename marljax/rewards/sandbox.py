@@ -51,6 +51,7 @@ from .isolation import (
     LEVELS,
     SandboxConfig,
     bwrap_harness_argv,
+    child_env,
     is_root,
     jail_spec,
     kill_uid,
@@ -266,7 +267,7 @@ def _run(program: Program, limits: Limits, config: SandboxConfig, iso: Isolation
             argv = unshare_argv(config, [HARNESS_PATH, ppath])
         else:
             argv = python_argv(config, [HARNESS_PATH, ppath])
-        env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": workdir, "TMPDIR": workdir}
+        env = child_env(iso.level, workdir)
         t_spawn = time.perf_counter()
         proc = subprocess.Popen(
             argv,

@@ -47,7 +47,7 @@ class Verifier(Protocol):
         """`texts[i]` scored against `problems[i]` on all tests (split None) or one split."""
 
 
-def map_once(
+def run_deduplicated(
     pool: ProgramRunner | None, programs: Sequence[Program], keys: Sequence[Hashable] | None = None
 ) -> list[ExecutionResult]:
     """`pool.map(programs)`, running each distinct key once; its repeats get the same result object.
@@ -91,7 +91,7 @@ def score_texts(
         if pool is None:
             raise ValueError("code problems need a SandboxPool")
         codes = [extract_code(texts[i]).code for i in code_idx]
-        ran = map_once(
+        ran = run_deduplicated(
             pool,
             [problems[i].program(c) for i, c in zip(code_idx, codes)],
             [(id(problems[i]), c) for i, c in zip(code_idx, codes)],
@@ -111,7 +111,7 @@ class SandboxVerifier:
     def run(
         self, programs: Sequence[Program], keys: Sequence[Hashable] | None = None
     ) -> list[ExecutionResult]:
-        return map_once(self.pool, programs, keys)
+        return run_deduplicated(self.pool, programs, keys)
 
     def score(
         self, problems: Sequence[Problem], texts: Sequence[str], split: str | None = None

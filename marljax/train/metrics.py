@@ -179,8 +179,8 @@ class MetricsWriter:
             from tensorboardX.proto.summary_pb2 import Summary
 
             # one event per step through tensorboardX's file writer (which writes the purge step
-            # when it is made): add_scalar per key queued each value as its own event through a
-            # multiprocessing queue, ~2 ms for 25 metrics
+            # when it is made), since add_scalar sends each value as its own event through a
+            # multiprocessing queue
             tb = self._summary_writer()
             merged = Summary(value=[v for key, x in values.items() for v in summary.scalar(key, x).value])
             tb._get_file_writer().add_summary(merged, step)

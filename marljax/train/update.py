@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from marljax import kernels as K
+from marljax import kernels
 from marljax.models.config import ModelConfig
 from marljax.models.decoder import hidden_states, logprobs_from_hidden
 from marljax.train.config import LossConfig
@@ -47,30 +47,35 @@ def rl_loss(params, mb, *, config: ModelConfig, loss: LossConfig, use_old_logp: 
     weights = None
     norm = loss.agg_norm_constant
     if loss.tis_cap is not None:
-        weights, tis = K.tis_weights(old, mb["sampling_logp"], mask, level=loss.tis_level, cap=loss.tis_cap)
+        weights, tis = kernels.tis_weights(
+            old, mb["sampling_logp"], mask, level=loss.tis_level, cap=loss.tis_cap
+        )
         metrics.update({f"tis_{k}": v for k, v in tis.items()})
-    pg, pg_metrics = K.policy_loss(
+    pg, pg_metrics = kernels.policy_loss(
         logp, old, mb["advantages"], mask, importance_weights=weights, **loss.policy_loss_options()
     )
     metrics.update(pg_metrics)
     total = pg
-    ent = K.aggregate_loss(entropy, mask, loss.agg_mode, norm_constant=norm)
+    ent = kernels.aggregate_loss(entropy, mask, loss.agg_mode, norm_constant=norm)
     if loss.entropy_coef:
         total = total - loss.entropy_coef * ent
     if loss.kl_coef:
-        kl = K.aggregate_loss(
-            K.kl_penalty(logp, mb["ref_logp"], loss.kl_estimator), mask, loss.agg_mode, norm_constant=norm
+        kl = kernels.aggregate_loss(
+            kernels.kl_penalty(logp, mb["ref_logp"], loss.kl_estimator),
+            mask,
+            loss.agg_mode,
+            norm_constant=norm,
         )
         total = total + loss.kl_coef * kl
         metrics["kl_ref"] = kl
-    metrics.update(pg_loss=pg, entropy=K.aggregate_loss(entropy, mask, "token-mean"))
+    metrics.update(pg_loss=pg, entropy=kernels.aggregate_loss(entropy, mask, "token-mean"))
     return total, metrics
 
 
 def sft_loss(params, mb, *, config: ModelConfig):
     """Token-mean negative log-likelihood of the completion tokens."""
     logp = _logp_entropy(params, mb, config, False, temperature=False)
-    nll = K.aggregate_loss(-logp, mb["loss_mask"], "token-mean")
+    nll = kernels.aggregate_loss(-logp, mb["loss_mask"], "token-mean")
     return nll, {"nll": nll}
 
 

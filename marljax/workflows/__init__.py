@@ -14,10 +14,10 @@ from marljax.workflows import grpo  # noqa: F401  registered first: the default 
 from marljax.workflows.base import (
     REGISTRY,
     Agent,
+    BaseWorkflowConfig,
     Generator,
     ScriptedGenerator,
     Workflow,
-    WorkflowSettings,
     build_workflow,
     register_workflow,
 )
@@ -36,7 +36,7 @@ __all__ = [
     "Sample",
     "ScriptedGenerator",
     "Workflow",
-    "WorkflowSettings",
+    "BaseWorkflowConfig",
     "build_workflow",
     "register_workflow",
 ]

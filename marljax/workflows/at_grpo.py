@@ -34,11 +34,11 @@ from marljax.envs.code import CodeEnv
 from marljax.envs.grid import PlanEnv
 from marljax.rewards import Problem, Verifier
 from marljax.seeds import derive_seed
-from marljax.workflows.base import Agent, Generator, Workflow, WorkflowSettings, register_workflow
+from marljax.workflows.base import Agent, BaseWorkflowConfig, Generator, Workflow, register_workflow
 from marljax.workflows.types import Generation, Rollout
 
 
-class AtGrpoConfig(WorkflowSettings):
+class AtGrpoConfig(BaseWorkflowConfig):
     """AT-GRPO: tree sampling over turns, groups keyed by (problem, turn, agent)."""
 
     kind: Literal["at_grpo"] = "at_grpo"

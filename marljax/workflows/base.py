@@ -1,13 +1,13 @@
 """The workflow contract: a typed config, a `Workflow` that rolls out and evaluates, and a registry.
 
-A workflow is one module: a config class (a `WorkflowSettings` whose `kind`
+A workflow is one module: a config class (a `BaseWorkflowConfig` whose `kind`
 is a Literal naming the workflow) and a `Workflow[Config]` subclass registered
 under that kind. The workflow reads its options from `self.cfg`, asks a
 `Generator` for text, scores it with a `Verifier`, assigns credit with the
 kernels and returns a `Rollout` of arrays; the trainer does everything common
 (per-agent metrics, buffers, versions, updates, checkpoints).
 
-    class EchoConfig(WorkflowSettings):
+    class EchoConfig(BaseWorkflowConfig):
         kind: Literal["echo"] = "echo"
         group_size: int = Field(4, ge=2)
 
@@ -34,8 +34,12 @@ from marljax.settings import StrictModel
 from marljax.workflows.types import Generation, Prompt, Rollout
 
 
-class WorkflowSettings(StrictModel):
+class BaseWorkflowConfig(StrictModel):
     """Base of each workflow's typed options (`kind` names the workflow in YAML)."""
+
+    # the bool option that adds test-time search to evaluation (`marljax eval --search`);
+    # None: the workflow has no such search
+    search_option: ClassVar[str | None] = None
 
     kind: str
 
@@ -120,7 +124,7 @@ def _bytes(text: str) -> np.ndarray:
     return np.frombuffer(text.encode(), np.uint8).astype(np.int32)
 
 
-C = TypeVar("C", bound=WorkflowSettings)
+C = TypeVar("C", bound=BaseWorkflowConfig)
 
 
 class Workflow(abc.ABC, Generic[C]):
@@ -132,7 +136,7 @@ class Workflow(abc.ABC, Generic[C]):
     which the trainer checkpoints with the loop.
     """
 
-    config_type: ClassVar[type[WorkflowSettings]]
+    config_type: ClassVar[type[BaseWorkflowConfig]]
     cfg: C
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
@@ -142,7 +146,7 @@ class Workflow(abc.ABC, Generic[C]):
                 (cls.config_type,) = typing.get_args(base)
 
     def __init__(self, *args: Any, **options: Any):
-        if len(args) == 1 and not options and isinstance(args[0], WorkflowSettings):
+        if len(args) == 1 and not options and isinstance(args[0], BaseWorkflowConfig):
             if not isinstance(args[0], self.config_type):
                 raise TypeError(
                     f"{type(self).__name__} is configured by {self.config_type.__name__}, "
@@ -189,7 +193,7 @@ class Workflow(abc.ABC, Generic[C]):
 
 # kind -> (config class, workflow class); the run config's `workflow` section is validated
 # against the config classes, in registration order (the first is the default kind).
-REGISTRY: dict[str, tuple[type[WorkflowSettings], type[Workflow]]] = {}
+REGISTRY: dict[str, tuple[type[BaseWorkflowConfig], type[Workflow]]] = {}
 
 
 def register_workflow(kind: str) -> Callable[[type[Workflow]], type[Workflow]]:
@@ -202,8 +206,8 @@ def register_workflow(kind: str) -> Callable[[type[Workflow]], type[Workflow]]:
             missing = ", ".join(sorted(cls.__abstractmethods__))
             raise TypeError(f"workflow {cls.__name__} cannot be registered: it does not implement {missing}")
         config = getattr(cls, "config_type", None)
-        if not (isinstance(config, type) and issubclass(config, WorkflowSettings)):
-            raise TypeError(f"workflow {cls.__name__} must subclass Workflow[<its WorkflowSettings>]")
+        if not (isinstance(config, type) and issubclass(config, BaseWorkflowConfig)):
+            raise TypeError(f"workflow {cls.__name__} must subclass Workflow[<its BaseWorkflowConfig>]")
         if config.model_fields["kind"].default != kind:
             raise TypeError(
                 f"{config.__name__}.kind must default to {kind!r} (a Literal[{kind!r}] field), "
@@ -222,7 +226,7 @@ def _qualified(cls: type) -> str:
     return f"{cls.__module__}.{cls.__qualname__}"
 
 
-def build_workflow(cfg: WorkflowSettings) -> Workflow:
+def build_workflow(cfg: BaseWorkflowConfig) -> Workflow:
     """The workflow for a config's `workflow` section (dispatch on `kind`)."""
     if cfg.kind not in REGISTRY:
         raise ValueError(f"unknown workflow kind {cfg.kind!r}; known: {sorted(REGISTRY)}")

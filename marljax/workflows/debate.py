@@ -23,13 +23,13 @@ from pydantic import Field
 from marljax import kernels
 from marljax.rewards import Problem, Verifier
 from marljax.seeds import derive_seed
-from marljax.workflows.base import Agent, Generator, Workflow, WorkflowSettings, register_workflow
+from marljax.workflows.base import Agent, BaseWorkflowConfig, Generator, Workflow, register_workflow
 from marljax.workflows.types import Generation, Rollout
 
 REVISE = "Revise your answer in the light of the other answer. Reply with your complete final answer."
 
 
-class DebateConfig(WorkflowSettings):
+class DebateConfig(BaseWorkflowConfig):
     """Debate: two agents answer, see each other's answer, revise; joint reward, per-agent credit."""
 
     kind: Literal["debate"] = "debate"

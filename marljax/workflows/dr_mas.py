@@ -52,7 +52,7 @@ from marljax import kernels
 from marljax.rewards import Problem, Score, Verifier, extract_code, public_feedback
 from marljax.seeds import derive_seed
 from marljax.shapes import power_of_two_bucket
-from marljax.workflows.base import Agent, Generator, Workflow, WorkflowSettings, register_workflow
+from marljax.workflows.base import Agent, BaseWorkflowConfig, Generator, Workflow, register_workflow
 from marljax.workflows.diversity import grouped_diversity
 from marljax.workflows.types import Generation, Rollout
 
@@ -106,7 +106,7 @@ class Episode:
     done: bool = False
 
 
-class DrMasConfig(WorkflowSettings):
+class DrMasConfig(BaseWorkflowConfig):
     """Dr. MAS: solver / verifier (/ router) episodes with agent-wise advantage normalisation."""
 
     kind: Literal["dr_mas"] = "dr_mas"

@@ -16,7 +16,7 @@ from pydantic import Field
 
 from marljax import kernels
 from marljax.rewards import Problem, Verifier
-from marljax.workflows.base import Agent, Generator, Workflow, WorkflowSettings, register_workflow
+from marljax.workflows.base import Agent, BaseWorkflowConfig, Generator, Workflow, register_workflow
 from marljax.workflows.scoring import RewardKind, as_reward
 from marljax.workflows.types import Rollout
 
@@ -27,7 +27,7 @@ ESTIMATORS = {
 }
 
 
-class GrpoConfig(WorkflowSettings):
+class GrpoConfig(BaseWorkflowConfig):
     """Single-agent GRPO family: sample a group per problem, normalise rewards within it."""
 
     kind: Literal["grpo"] = "grpo"

@@ -47,16 +47,16 @@ from marljax.seeds import derive_seed
 from marljax.shapes import power_of_two_bucket
 from marljax.workflows.base import (
     Agent,
+    BaseWorkflowConfig,
     Generator,
     Workflow,
-    WorkflowSettings,
     register_workflow,
     template_fields,
 )
 from marljax.workflows.types import Generation, Rollout
 
 
-class MagrpoConfig(WorkflowSettings):
+class MagrpoConfig(BaseWorkflowConfig):
     """MAGRPO: joint rollout tree over turns, returns-to-go normalised per node and agent."""
 
     kind: Literal["magrpo"] = "magrpo"

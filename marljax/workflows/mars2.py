@@ -30,7 +30,7 @@ from __future__ import annotations
 import functools
 import itertools
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import jax.numpy as jnp
 import numpy as np
@@ -42,9 +42,9 @@ from marljax.seeds import derive_seed
 from marljax.settings import StrictModel
 from marljax.workflows.base import (
     Agent,
+    BaseWorkflowConfig,
     Generator,
     Workflow,
-    WorkflowSettings,
     register_workflow,
     template_fields,
 )
@@ -66,7 +66,7 @@ class DepthGamma(StrictModel):
     floor: float = Field(0.5, gt=0, le=1)
 
 
-class Mars2Config(WorkflowSettings):
+class Mars2Config(BaseWorkflowConfig):
     """MARS2 tree search as the environment; MARS2-T+ search at evaluation."""
 
     kind: Literal["mars2"] = "mars2"
@@ -90,6 +90,8 @@ class Mars2Config(WorkflowSettings):
     select: Literal["public_score", "reward_model"] = Field(
         "public_score", description="T+ final answer: best public score, or the workflow's reward_model hook"
     )
+    # MARS2-T+: the same tree search at test time, on public tests, scored on private ones
+    search_option: ClassVar[str | None] = "eval_search"
     eval_search: bool = Field(False, description="also run MARS2-T+ search at evaluation")
     eval_max_nodes: int | None = Field(None, ge=2, description="T+ nodes per tree; None: max_nodes")
 

@@ -43,7 +43,7 @@ from pydantic import Field, model_validator
 from marljax import kernels
 from marljax.rewards import Problem, Verifier, extract_code
 from marljax.seeds import derive_seed
-from marljax.workflows.base import Agent, Generator, Workflow, WorkflowSettings, register_workflow
+from marljax.workflows.base import Agent, BaseWorkflowConfig, Generator, Workflow, register_workflow
 from marljax.workflows.diversity import grouped_diversity
 from marljax.workflows.types import Generation, Rollout
 
@@ -51,7 +51,7 @@ MAX_EXACT_WORKERS = 8  # 2^8 programs per episode; beyond, use shapley: sampled
 _ITEM = re.compile(r"^\s*(?:step\s*)?(\d+)\s*[.):]\s*(.+?)\s*$", re.I | re.M)
 
 
-def parse_plan(text: str) -> dict[int, str]:
+def parse_subtasks(text: str) -> dict[int, str]:
     """Numbered sub-tasks of a plan: `1. ...`, `2) ...`, `Step 3: ...`; the first of each number wins."""
     items: dict[int, str] = {}
     for m in _ITEM.finditer(text):
@@ -112,7 +112,7 @@ def shapley_credit(
 def process_rewards(plan: str, texts: Sequence[str], entry: str | None) -> np.ndarray:
     """`[1 + W]`: the planner's (plan lists sub-tasks 1..W) then each worker's (module doc)."""
     W = len(texts)
-    out = [float(sorted(parse_plan(plan)) == list(range(1, W + 1)))]
+    out = [float(sorted(parse_subtasks(plan)) == list(range(1, W + 1)))]
     for i, text in enumerate(texts):
         got = extract_code(text)
         if not got.syntax_ok:
@@ -139,7 +139,7 @@ class Trajectory:
         return [extract_code(g.text).code for g in self.work]
 
 
-class SharpConfig(WorkflowSettings):
+class SharpConfig(BaseWorkflowConfig):
     """SHARP: planner + workers, Shapley credit over counterfactual programs, per-agent advantages."""
 
     kind: Literal["sharp"] = "sharp"
@@ -199,7 +199,7 @@ class SharpWorkflow(Workflow[SharpConfig]):
         trajs = [Trajectory(p, i, g) for i, p in enumerate(problems) for g in plans[i]]
         requests = []
         for t in trajs:
-            items = parse_plan(t.plan.text)
+            items = parse_subtasks(t.plan.text)
             for i, w in enumerate(workers):
                 task = items.get(i + 1, "(the plan lists no such sub-task: follow the plan as a whole)")
                 requests.append(

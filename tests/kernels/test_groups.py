@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from marljax import kernels as K
+from marljax import kernels
 
 SETTINGS = settings(max_examples=40, deadline=None)
 
@@ -56,11 +56,11 @@ def test_hand_computed_grpo():
     r = jnp.array([1.0, 2.0, 3.0, 10.0, 10.0, 5.0])
     g = jnp.array([0, 0, 0, 1, 1, 2])
     np.testing.assert_allclose(
-        K.grpo_advantages(r, g, 3), [-1 / (1 + 1e-6), 0, 1 / (1 + 1e-6), 0, 0, 0], atol=1e-7
+        kernels.grpo_advantages(r, g, 3), [-1 / (1 + 1e-6), 0, 1 / (1 + 1e-6), 0, 0, 0], atol=1e-7
     )
-    np.testing.assert_allclose(K.dr_grpo_advantages(r, g, 3), [-1, 0, 1, 0, 0, 0])
+    np.testing.assert_allclose(kernels.dr_grpo_advantages(r, g, 3), [-1, 0, 1, 0, 0, 0])
     # RLOO: 1 - (2+3)/2 = -1.5, 2 - 2 = 0, 3 - 1.5 = 1.5.
-    np.testing.assert_allclose(K.rloo_advantages(r, g, 3), [-1.5, 0, 1.5, 0, 0, 0])
+    np.testing.assert_allclose(kernels.rloo_advantages(r, g, 3), [-1.5, 0, 1.5, 0, 0, 0])
 
 
 def test_hand_computed_with_mask_and_ddof0():
@@ -70,14 +70,14 @@ def test_hand_computed_with_mask_and_ddof0():
     # valid [0, 4, 2]: mean 2, population std sqrt(8/3).
     s = np.sqrt(8 / 3)
     expected = [-2 / s, 2 / s, 0.0, 0.0]
-    np.testing.assert_allclose(K.group_advantages(r, g, 1, m, ddof=0, eps=0.0), expected, rtol=1e-6)
+    np.testing.assert_allclose(kernels.group_advantages(r, g, 1, m, ddof=0, eps=0.0), expected, rtol=1e-6)
 
 
 @SETTINGS
 @given(ragged_batches(), st.sampled_from(["mean", "loo", "none"]), st.sampled_from(["std", "none"]))
 def test_matches_reference(batch, center, scale):
     rewards, group_ids, mask, num_groups = batch
-    got = K.group_advantages(
+    got = kernels.group_advantages(
         jnp.asarray(rewards),
         jnp.asarray(group_ids),
         num_groups,
@@ -94,7 +94,7 @@ def test_matches_reference(batch, center, scale):
 def test_zero_mean_unit_std_per_group(batch):
     rewards, group_ids, mask, num_groups = batch
     adv = np.asarray(
-        K.group_advantages(
+        kernels.group_advantages(
             jnp.asarray(rewards), jnp.asarray(group_ids), num_groups, jnp.asarray(mask), eps=0.0
         )
     )
@@ -111,10 +111,10 @@ def test_zero_mean_unit_std_per_group(batch):
 @given(ragged_batches(), st.floats(-50, 50), st.floats(0.1, 20))
 def test_invariant_to_shift_and_scale(batch, shift, factor):
     rewards, group_ids, mask, num_groups = batch
-    base = K.group_advantages(
+    base = kernels.group_advantages(
         jnp.asarray(rewards), jnp.asarray(group_ids), num_groups, jnp.asarray(mask), eps=0.0
     )
-    moved = K.group_advantages(
+    moved = kernels.group_advantages(
         jnp.asarray((rewards * factor + shift).astype(np.float32)),
         jnp.asarray(group_ids),
         num_groups,
@@ -138,8 +138,8 @@ def test_invariant_to_shift_and_scale(batch, shift, factor):
 def test_masked_entries_change_nothing(batch, garbage):
     rewards, group_ids, mask, num_groups = batch
     dirty = np.where(mask, rewards, np.float32(garbage))
-    a = K.group_advantages(jnp.asarray(rewards), jnp.asarray(group_ids), num_groups, jnp.asarray(mask))
-    b = K.group_advantages(jnp.asarray(dirty), jnp.asarray(group_ids), num_groups, jnp.asarray(mask))
+    a = kernels.group_advantages(jnp.asarray(rewards), jnp.asarray(group_ids), num_groups, jnp.asarray(mask))
+    b = kernels.group_advantages(jnp.asarray(dirty), jnp.asarray(group_ids), num_groups, jnp.asarray(mask))
     np.testing.assert_array_equal(a, b)
     assert np.all(np.asarray(b)[~mask] == 0)
 
@@ -150,8 +150,8 @@ def test_permutation_equivariant(batch, rnd):
     rewards, group_ids, mask, num_groups = batch
     perm = np.arange(len(rewards))
     rnd.shuffle(perm)
-    a = K.group_advantages(jnp.asarray(rewards), jnp.asarray(group_ids), num_groups, jnp.asarray(mask))
-    b = K.group_advantages(
+    a = kernels.group_advantages(jnp.asarray(rewards), jnp.asarray(group_ids), num_groups, jnp.asarray(mask))
+    b = kernels.group_advantages(
         jnp.asarray(rewards[perm]), jnp.asarray(group_ids[perm]), num_groups, jnp.asarray(mask[perm])
     )
     np.testing.assert_allclose(np.asarray(a)[perm], b, rtol=1e-5, atol=1e-5)
@@ -161,10 +161,12 @@ def test_permutation_equivariant(batch, rnd):
 @given(ragged_batches())
 def test_jit_equals_eager(batch):
     rewards, group_ids, mask, num_groups = batch
-    fn = jax.jit(K.group_advantages, static_argnums=2, static_argnames=("center", "scale", "eps", "ddof"))
+    fn = jax.jit(
+        kernels.group_advantages, static_argnums=2, static_argnames=("center", "scale", "eps", "ddof")
+    )
     args = (jnp.asarray(rewards), jnp.asarray(group_ids), num_groups, jnp.asarray(mask))
     np.testing.assert_allclose(
-        fn(*args, center="loo"), K.group_advantages(*args, center="loo"), rtol=1e-6, atol=1e-6
+        fn(*args, center="loo"), kernels.group_advantages(*args, center="loo"), rtol=1e-6, atol=1e-6
     )
 
 
@@ -175,12 +177,12 @@ def test_jit_equals_eager(batch):
     st.sampled_from(["mean", "loo"]),
 )
 def test_dense_equals_ragged_and_vmap_equals_loop(rewards, mask, center):
-    dense = K.dense_group_advantages(jnp.asarray(rewards), jnp.asarray(mask), center=center)
+    dense = kernels.dense_group_advantages(jnp.asarray(rewards), jnp.asarray(mask), center=center)
     num_agents, num_turns, size = rewards.shape
     ids = (np.arange(num_agents)[:, None, None] * num_turns + np.arange(num_turns)[None, :, None]) * np.ones(
         size, int
     )
-    ragged = K.group_advantages(
+    ragged = kernels.group_advantages(
         jnp.asarray(rewards.reshape(-1)),
         jnp.asarray(ids.reshape(-1), jnp.int32),
         num_agents * num_turns,
@@ -192,7 +194,9 @@ def test_dense_equals_ragged_and_vmap_equals_loop(rewards, mask, center):
         [
             np.stack(
                 [
-                    K.normalize_group(jnp.asarray(rewards[a, t]), jnp.asarray(mask[a, t]), center=center)
+                    kernels.normalize_group(
+                        jnp.asarray(rewards[a, t]), jnp.asarray(mask[a, t]), center=center
+                    )
                     for t in range(num_turns)
                 ]
             )
@@ -206,11 +210,11 @@ def test_vmap_over_batches_equals_loop():
     rng = np.random.default_rng(0)
     rewards = rng.normal(size=(4, 10)).astype(np.float32)
     ids = rng.integers(0, 3, size=(4, 10)).astype(np.int32)
-    fn = jax.vmap(functools.partial(K.group_advantages, num_groups=3))
+    fn = jax.vmap(functools.partial(kernels.group_advantages, num_groups=3))
     batched = fn(jnp.asarray(rewards), jnp.asarray(ids))
     for b in range(4):
         np.testing.assert_allclose(
-            batched[b], K.group_advantages(jnp.asarray(rewards[b]), jnp.asarray(ids[b]), 3), rtol=1e-6
+            batched[b], kernels.group_advantages(jnp.asarray(rewards[b]), jnp.asarray(ids[b]), 3), rtol=1e-6
         )
 
 
@@ -218,17 +222,19 @@ def test_singleton_groups_get_zero_and_identity_passes_rewards():
     r = jnp.array([3.0, -7.0])
     g = jnp.array([0, 1])
     for center, scale in [("mean", "std"), ("loo", "none"), ("mean", "none"), ("none", "std")]:
-        np.testing.assert_array_equal(K.group_advantages(r, g, 2, center=center, scale=scale), [0.0, 0.0])
-    np.testing.assert_array_equal(K.group_advantages(r, g, 2, center="none", scale="none"), [3.0, -7.0])
+        np.testing.assert_array_equal(
+            kernels.group_advantages(r, g, 2, center=center, scale=scale), [0.0, 0.0]
+        )
+    np.testing.assert_array_equal(kernels.group_advantages(r, g, 2, center="none", scale="none"), [3.0, -7.0])
 
 
 def test_nan_reward_poisons_only_its_group():
     r = jnp.array([1.0, jnp.nan, 3.0, 4.0, 6.0])
     g = jnp.array([0, 0, 1, 1, 1])
-    adv = np.asarray(K.group_advantages(r, g, 2))
+    adv = np.asarray(kernels.group_advantages(r, g, 2))
     assert np.isnan(adv[:2]).all()
-    np.testing.assert_allclose(adv[2:], K.group_advantages(r[2:], g[2:] - 1, 1))
-    dropped = K.group_advantages(r, g, 2, ~jnp.isnan(r))
+    np.testing.assert_allclose(adv[2:], kernels.group_advantages(r[2:], g[2:] - 1, 1))
+    dropped = kernels.group_advantages(r, g, 2, ~jnp.isnan(r))
     np.testing.assert_array_equal(np.isnan(dropped), False)
 
 
@@ -236,25 +242,31 @@ def test_out_of_range_ids_raise_eagerly_and_are_nan_under_jit():
     r = jnp.array([1.0, 2.0, 3.0, 4.0])
     bad = jnp.array([0, 0, 5, -1])
     with pytest.raises(ValueError, match="group_ids"):
-        K.group_advantages(r, bad, 2)
-    adv = np.asarray(jax.jit(K.group_advantages, static_argnums=2)(r, bad, 2))
+        kernels.group_advantages(r, bad, 2)
+    adv = np.asarray(jax.jit(kernels.group_advantages, static_argnums=2)(r, bad, 2))
     assert np.isnan(adv[2:]).all()
-    np.testing.assert_allclose(adv[:2], K.group_advantages(r[:2], bad[:2], 2))
+    np.testing.assert_allclose(adv[:2], kernels.group_advantages(r[:2], bad[:2], 2))
 
 
 @pytest.mark.parametrize(
     "call, match",
     [
-        (lambda: K.group_advantages(jnp.ones(3), jnp.zeros(4, jnp.int32), 1), "group_ids"),
-        (lambda: K.group_advantages(jnp.ones((3, 2)), jnp.zeros(3, jnp.int32), 1), "rewards"),
-        (lambda: K.group_advantages(jnp.ones(3), jnp.zeros(3), 1), "group_ids"),
-        (lambda: K.group_advantages(jnp.ones(3, jnp.int32), jnp.zeros(3, jnp.int32), 1), "rewards"),
-        (lambda: K.group_advantages(jnp.ones(3), jnp.zeros(3, jnp.int32), 1, jnp.ones(3)), "mask"),
-        (lambda: K.group_advantages(jnp.ones(3), jnp.zeros(3, jnp.int32), 1, jnp.ones(2, bool)), "mask"),
-        (lambda: K.group_advantages(jnp.ones(3), jnp.zeros(3, jnp.int32), 0), "num_groups"),
-        (lambda: K.group_advantages(jnp.ones(3), jnp.zeros(3, jnp.int32), 1, center="median"), "center"),
-        (lambda: K.group_advantages(jnp.ones(3), jnp.zeros(3, jnp.int32), 1, scale="mad"), "scale"),
-        (lambda: jax.jit(K.group_advantages)(jnp.ones(3), jnp.zeros(3, jnp.int32), 1), "num_groups"),
+        (lambda: kernels.group_advantages(jnp.ones(3), jnp.zeros(4, jnp.int32), 1), "group_ids"),
+        (lambda: kernels.group_advantages(jnp.ones((3, 2)), jnp.zeros(3, jnp.int32), 1), "rewards"),
+        (lambda: kernels.group_advantages(jnp.ones(3), jnp.zeros(3), 1), "group_ids"),
+        (lambda: kernels.group_advantages(jnp.ones(3, jnp.int32), jnp.zeros(3, jnp.int32), 1), "rewards"),
+        (lambda: kernels.group_advantages(jnp.ones(3), jnp.zeros(3, jnp.int32), 1, jnp.ones(3)), "mask"),
+        (
+            lambda: kernels.group_advantages(jnp.ones(3), jnp.zeros(3, jnp.int32), 1, jnp.ones(2, bool)),
+            "mask",
+        ),
+        (lambda: kernels.group_advantages(jnp.ones(3), jnp.zeros(3, jnp.int32), 0), "num_groups"),
+        (
+            lambda: kernels.group_advantages(jnp.ones(3), jnp.zeros(3, jnp.int32), 1, center="median"),
+            "center",
+        ),
+        (lambda: kernels.group_advantages(jnp.ones(3), jnp.zeros(3, jnp.int32), 1, scale="mad"), "scale"),
+        (lambda: jax.jit(kernels.group_advantages)(jnp.ones(3), jnp.zeros(3, jnp.int32), 1), "num_groups"),
     ],
 )
 def test_bad_input_names_the_argument(call, match):
@@ -273,10 +285,10 @@ def test_constant_groups_give_exact_zeros(value, size, mask, center):
     # Rounding in the mean must not be blown up by the (near-zero) std division.
     rewards = np.full((2, 3, size), value, np.float32)
     mask = mask[..., :size]
-    dense = np.asarray(K.dense_group_advantages(jnp.asarray(rewards), jnp.asarray(mask), center=center))
+    dense = np.asarray(kernels.dense_group_advantages(jnp.asarray(rewards), jnp.asarray(mask), center=center))
     ids = np.repeat(np.arange(6), size).astype(np.int32)
     ragged = np.asarray(
-        K.group_advantages(
+        kernels.group_advantages(
             jnp.asarray(rewards.reshape(-1)),
             jnp.asarray(ids),
             6,

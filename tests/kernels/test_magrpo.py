@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from marljax import kernels as K
+from marljax import kernels
 
 
 def build_tree(num_agents, group_size, turns, mode, rng):
@@ -63,7 +63,9 @@ def reference_advantages(returns, parent, sibling, num_agents, group_size, mode)
 
 def test_tree_returns_hand_computed():
     # root children: n0 (r=1) with children n2 (r=2), n3 (r=4); n1 (r=0) leaf.
-    r = K.tree_returns(jnp.array([1.0, 0.0, 2.0, 4.0]), jnp.array([-1, -1, 0, 0]), gamma=0.5, max_depth=2)
+    r = kernels.tree_returns(
+        jnp.array([1.0, 0.0, 2.0, 4.0]), jnp.array([-1, -1, 0, 0]), gamma=0.5, max_depth=2
+    )
     np.testing.assert_allclose(r, [1 + 0.5 * 3, 0, 2, 4])
 
 
@@ -71,8 +73,8 @@ def test_aligned_two_turns_hand_computed():
     # G = 2 aligned, 2 turns: top nodes a, b; a's children c, d.
     rewards = jnp.array([1.0, 0.0, 2.0, 4.0])
     parents = jnp.array([-1, -1, 0, 0])
-    returns = K.tree_returns(rewards, parents, gamma=0.5, max_depth=2)
-    adv = K.magrpo_advantages(returns, parents, jnp.array([0, 1, 0, 1]), num_agents=2, group_size=2)
+    returns = kernels.tree_returns(rewards, parents, gamma=0.5, max_depth=2)
+    adv = kernels.magrpo_advantages(returns, parents, jnp.array([0, 1, 0, 1]), num_agents=2, group_size=2)
     # top: returns [2.5, 0] -> +-1.25; children [2, 4] -> -+1; identical for both agents.
     np.testing.assert_allclose(adv, [[1.25, 1.25], [-1.25, -1.25], [-1, -1], [1, 1]])
 
@@ -80,10 +82,12 @@ def test_aligned_two_turns_hand_computed():
 def test_cross_mode_sums_joint_returns():
     # 2 agents, G = 2, one turn: joint returns R[g0, g1] = [[0, 1], [2, 3]].
     joint = jnp.arange(4.0)
-    adv = K.magrpo_advantages(joint, jnp.full(4, -1), jnp.arange(4), num_agents=2, group_size=2, mode="cross")
+    adv = kernels.magrpo_advantages(
+        joint, jnp.full(4, -1), jnp.arange(4), num_agents=2, group_size=2, mode="cross"
+    )
     # agent 0 credits: g0=0 -> 0+1, g0=1 -> 2+3: advantages -2, +2. agent 1: 0+2, 1+3: -1, +1.
     np.testing.assert_allclose(adv, [[-2, -1], [-2, 1], [2, -1], [2, 1]])
-    node = K.magrpo_node_advantages(joint.reshape(2, 2), mode="cross")
+    node = kernels.magrpo_node_advantages(joint.reshape(2, 2), mode="cross")
     np.testing.assert_allclose(node, [[-2, 2], [-1, 1]])
 
 
@@ -101,10 +105,10 @@ def test_matches_recursive_reference(mode, group_size, num_agents, turns, gamma,
         turns = 2  # keep the tree small
     rng = np.random.default_rng(seed)
     reward, parent, sibling, _ = build_tree(num_agents, group_size, turns, mode, rng)
-    returns = K.tree_returns(jnp.asarray(reward), jnp.asarray(parent), gamma=gamma, max_depth=turns)
+    returns = kernels.tree_returns(jnp.asarray(reward), jnp.asarray(parent), gamma=gamma, max_depth=turns)
     want_returns = reference_returns(reward, parent, gamma)
     np.testing.assert_allclose(returns, want_returns, rtol=1e-5, atol=1e-5)
-    adv = K.magrpo_advantages(
+    adv = kernels.magrpo_advantages(
         returns,
         jnp.asarray(parent),
         jnp.asarray(sibling),
@@ -119,7 +123,9 @@ def test_matches_recursive_reference(mode, group_size, num_agents, turns, gamma,
 def test_ragged_equals_dense_node_kernel_and_vmap():
     rng = np.random.default_rng(4)
     joint = rng.normal(size=(6, 3, 3)).astype(np.float32)  # 6 nodes, 2 agents, G=3 crossed
-    dense = jax.vmap(lambda j: K.magrpo_node_advantages(j, mode="cross"))(jnp.asarray(joint))  # [6, 2, 3]
+    dense = jax.vmap(lambda j: kernels.magrpo_node_advantages(j, mode="cross"))(
+        jnp.asarray(joint)
+    )  # [6, 2, 3]
     flat = joint.reshape(6, 9)
     # Ragged: 6 top-level... use them as children of 6 distinct parents in a forest of leaves.
     returns = jnp.asarray(np.concatenate([np.zeros(6, np.float32), flat.reshape(-1)]))
@@ -128,7 +134,9 @@ def test_ragged_equals_dense_node_kernel_and_vmap():
     mask = jnp.asarray(np.concatenate([np.ones(6, bool), np.ones(54, bool)]))
     # top-level nodes are distinct joint actions of a 9-way cross of their own; ignore their rows.
     adv = np.asarray(
-        K.magrpo_advantages(returns, parents, siblings, num_agents=2, group_size=3, mode="cross", mask=mask)
+        kernels.magrpo_advantages(
+            returns, parents, siblings, num_agents=2, group_size=3, mode="cross", mask=mask
+        )
     )
     for node in range(6):
         rows = adv[6 + 9 * node : 6 + 9 * (node + 1)]
@@ -142,9 +150,9 @@ def test_masked_nodes_change_nothing():
     rewards = jnp.array([1.0, 0.0, 2.0, 4.0, 99.0])
     parents = jnp.array([-1, -1, 0, 0, 0])
     mask = jnp.array([True, True, True, True, False])
-    returns = K.tree_returns(rewards, parents, gamma=0.5, max_depth=2, mask=mask)
+    returns = kernels.tree_returns(rewards, parents, gamma=0.5, max_depth=2, mask=mask)
     np.testing.assert_allclose(returns, [2.5, 0, 2, 4, 0])
-    adv = K.magrpo_advantages(
+    adv = kernels.magrpo_advantages(
         returns, parents, jnp.array([0, 1, 0, 1, 1]), num_agents=1, group_size=2, mask=mask
     )
     np.testing.assert_allclose(adv[:, 0], [1.25, -1.25, -1, 1, 0])
@@ -152,12 +160,12 @@ def test_masked_nodes_change_nothing():
 
 def test_bad_input():
     with pytest.raises(ValueError, match="mode"):
-        K.magrpo_advantages(
+        kernels.magrpo_advantages(
             jnp.ones(2), jnp.full(2, -1), jnp.arange(2), num_agents=2, group_size=2, mode="tree"
         )
     with pytest.raises(ValueError, match="sibling_ids"):
-        K.magrpo_advantages(jnp.ones(2), jnp.full(2, -1), jnp.array([0, 2]), num_agents=2, group_size=2)
+        kernels.magrpo_advantages(jnp.ones(2), jnp.full(2, -1), jnp.array([0, 2]), num_agents=2, group_size=2)
     with pytest.raises(ValueError, match="parent_ids"):
-        K.tree_returns(jnp.ones(2), jnp.array([-1, 5]), gamma=1.0, max_depth=2)
+        kernels.tree_returns(jnp.ones(2), jnp.array([-1, 5]), gamma=1.0, max_depth=2)
     with pytest.raises(TypeError, match="gamma"):
-        jax.jit(lambda g: K.tree_returns(jnp.ones(2), jnp.array([-1, 0]), gamma=g, max_depth=2))(0.5)
+        jax.jit(lambda g: kernels.tree_returns(jnp.ones(2), jnp.array([-1, 0]), gamma=g, max_depth=2))(0.5)

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from marljax import kernels as K
+from marljax import kernels
 
 
 def test_at_grpo_compares_only_same_problem_turn_agent():
@@ -19,7 +19,7 @@ def test_at_grpo_compares_only_same_problem_turn_agent():
     offsets = 100.0 * rng.normal(size=8)  # very different level for each (p, t, k) group
     base = np.tile([-1.0, 0.0, 1.0], 8)
     rewards = (base + np.repeat(offsets, 3)).astype(np.float32)
-    adv = K.at_grpo_advantages(
+    adv = kernels.at_grpo_advantages(
         jnp.asarray(rewards),
         jnp.asarray(p),
         jnp.asarray(t),
@@ -32,19 +32,19 @@ def test_at_grpo_compares_only_same_problem_turn_agent():
 
 
 def test_at_grpo_group_ids_layout():
-    ids = K.at_grpo_group_ids(
+    ids = kernels.at_grpo_group_ids(
         jnp.array([0, 1, 2]), jnp.array([1, 0, 2]), jnp.array([0, 1, 1]), num_turns=3, num_agents=2
     )
     np.testing.assert_array_equal(ids, [(0 * 3 + 1) * 2 + 0, (1 * 3 + 0) * 2 + 1, (2 * 3 + 2) * 2 + 1])
     with pytest.raises(ValueError, match="turn_ids"):
-        K.at_grpo_group_ids(jnp.array([0]), jnp.array([3]), jnp.array([0]), num_turns=3, num_agents=2)
+        kernels.at_grpo_group_ids(jnp.array([0]), jnp.array([3]), jnp.array([0]), num_turns=3, num_agents=2)
 
 
 def test_mars2_one_group_per_ragged_tree_across_agents_and_depths():
     # Tree 0: 5 nodes by agents 0/1 at depths 0..2; tree 1: 2 nodes.
     rewards = jnp.array([0.0, 1.0, 1.0, 0.0, 1.0, 0.2, 0.8])
     trees = jnp.array([0, 0, 0, 0, 0, 1, 1])
-    adv = np.asarray(K.mars2_advantages(rewards, trees, 2))
+    adv = np.asarray(kernels.mars2_advantages(rewards, trees, 2))
     t0 = np.array([0.0, 1.0, 1.0, 0.0, 1.0])
     np.testing.assert_allclose(adv[:5], (t0 - t0.mean()) / (t0.std(ddof=1) + 1e-6), rtol=1e-5)
     t1 = np.array([0.2, 0.8])
@@ -54,7 +54,7 @@ def test_mars2_one_group_per_ragged_tree_across_agents_and_depths():
 def test_dr_mas_hand_computed():
     rewards = jnp.array([1.0, 2.0, 3.0, 10.0, 10.0, 4.0])
     agents = jnp.array([0, 0, 0, 1, 1, 1])
-    adv, metrics = K.dr_mas_advantages(rewards, agents, 2)
+    adv, metrics = kernels.dr_mas_advantages(rewards, agents, 2)
     np.testing.assert_allclose(adv[:3], np.array([-1, 0, 1]) / (1 + 1e-6), rtol=1e-6)
     r1 = np.array([10.0, 10.0, 4.0])
     np.testing.assert_allclose(adv[3:], (r1 - 8) / (r1.std(ddof=1) + 1e-6), rtol=1e-6)
@@ -72,13 +72,13 @@ def test_dr_mas_per_agent_within_problem_groups():
     agents = rng.integers(0, 3, n)
     groups = rng.integers(0, 4, n)
     rewards = rng.normal(size=n).astype(np.float32) + agents * 5
-    adv, _ = K.dr_mas_advantages(
+    adv, _ = kernels.dr_mas_advantages(
         jnp.asarray(rewards), jnp.asarray(agents), 3, group_ids=jnp.asarray(groups), num_groups=4
     )
-    expected = K.group_advantages(jnp.asarray(rewards), jnp.asarray(groups * 3 + agents), 12)
+    expected = kernels.group_advantages(jnp.asarray(rewards), jnp.asarray(groups * 3 + agents), 12)
     np.testing.assert_allclose(adv, expected, rtol=1e-6)
     with pytest.raises(ValueError, match="num_groups"):
-        K.dr_mas_advantages(jnp.asarray(rewards), jnp.asarray(agents), 3, group_ids=jnp.asarray(groups))
+        kernels.dr_mas_advantages(jnp.asarray(rewards), jnp.asarray(agents), 3, group_ids=jnp.asarray(groups))
 
 
 @settings(max_examples=30, deadline=None)
@@ -93,7 +93,7 @@ def test_amplification_count_weighted_mean_is_one(specs, seed):
     agents = np.concatenate([np.full(n, k) for k, (_, _, n) in enumerate(specs)])
     if rewards.std() < 1e-3:
         return
-    factor = np.asarray(K.amplification_factor(jnp.asarray(rewards), jnp.asarray(agents), len(specs)))
+    factor = np.asarray(kernels.amplification_factor(jnp.asarray(rewards), jnp.asarray(agents), len(specs)))
     counts = np.bincount(agents, minlength=len(specs))
     assert abs((counts * factor).sum() / counts.sum() - 1.0) < 1e-3
 
@@ -117,8 +117,8 @@ def test_dr_mas_gradient_second_moment_ratio_matches_amplification():
     score_sq = ((np.eye(num_actions)[actions] - pi[agents]) ** 2).sum(1)
     rewards = (mus[agents] + sigmas[agents] * rng.normal(size=agents.size)).astype(np.float32)
 
-    a_global = np.asarray(K.global_advantages(jnp.asarray(rewards)), np.float64)
-    a_agent, metrics = K.dr_mas_advantages(jnp.asarray(rewards), jnp.asarray(agents), num_agents)
+    a_global = np.asarray(kernels.global_advantages(jnp.asarray(rewards)), np.float64)
+    a_agent, metrics = kernels.dr_mas_advantages(jnp.asarray(rewards), jnp.asarray(agents), num_agents)
     a_agent = np.asarray(a_agent, np.float64)
     for k in range(num_agents):
         sel = agents == k
@@ -138,7 +138,9 @@ def test_estimators_work_under_jit_and_vmap():
     rng = np.random.default_rng(3)
     rewards = jnp.asarray(rng.normal(size=(5, 12)).astype(np.float32))
     agents = jnp.asarray(rng.integers(0, 2, size=(5, 12)).astype(np.int32))
-    fn = jax.jit(jax.vmap(lambda r, a: K.dr_mas_advantages(r, a, 2)[0]))
+    fn = jax.jit(jax.vmap(lambda r, a: kernels.dr_mas_advantages(r, a, 2)[0]))
     batched = fn(rewards, agents)
     for b in range(5):
-        np.testing.assert_allclose(batched[b], K.dr_mas_advantages(rewards[b], agents[b], 2)[0], rtol=1e-6)
+        np.testing.assert_allclose(
+            batched[b], kernels.dr_mas_advantages(rewards[b], agents[b], 2)[0], rtol=1e-6
+        )

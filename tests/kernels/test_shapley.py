@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from marljax import kernels as K
+from marljax import kernels
 
 SETTINGS = settings(max_examples=25, deadline=None)
 
@@ -38,8 +38,8 @@ def by_permutations(values):
 
 def test_hand_computed_two_agents():
     v = jnp.array([0.0, 1.0, 2.0, 4.0])  # v({}), v({0}), v({1}), v({0,1})
-    np.testing.assert_allclose(K.shapley_values(v), [0.5 * (1 + 2), 0.5 * (2 + 3)])
-    np.testing.assert_allclose(K.leave_one_out_credit(v), [4 - 2, 4 - 1])
+    np.testing.assert_allclose(kernels.shapley_values(v), [0.5 * (1 + 2), 0.5 * (2 + 3)])
+    np.testing.assert_allclose(kernels.leave_one_out_credit(v), [4 - 2, 4 - 1])
 
 
 def test_glove_game():
@@ -50,14 +50,14 @@ def test_glove_game():
         return float(bool(left) and bool(right))
 
     v = jnp.array([value(s) for s in range(8)], jnp.float32)
-    np.testing.assert_allclose(K.shapley_values(v), [4 / 6, 1 / 6, 1 / 6], rtol=1e-6)
+    np.testing.assert_allclose(kernels.shapley_values(v), [4 / 6, 1 / 6, 1 / 6], rtol=1e-6)
 
 
 @SETTINGS
 @given(tables())
 def test_matches_permutation_definition(values):
     np.testing.assert_allclose(
-        K.shapley_values(jnp.asarray(values)),
+        kernels.shapley_values(jnp.asarray(values)),
         by_permutations(values.astype(np.float64)),
         rtol=1e-4,
         atol=1e-4,
@@ -67,7 +67,7 @@ def test_matches_permutation_definition(values):
 @SETTINGS
 @given(tables())
 def test_efficiency(values):
-    phi = np.asarray(K.shapley_values(jnp.asarray(values)), np.float64)
+    phi = np.asarray(kernels.shapley_values(jnp.asarray(values)), np.float64)
     assert abs(phi.sum() - (values[-1] - values[0])) < 1e-3
 
 
@@ -81,14 +81,14 @@ def test_symmetry_and_null_player(values, data):
     for s in range(1 << k):
         if (s >> i) & 1 and not (s >> j) & 1:
             sym[s] = sym[s ^ (1 << i) | (1 << j)]
-    phi = np.asarray(K.shapley_values(jnp.asarray(sym)))
+    phi = np.asarray(kernels.shapley_values(jnp.asarray(sym)))
     assert abs(phi[i] - phi[j]) < 1e-4
     # Make agent i a null player: v(S + i) = v(S).
     null = values.copy()
     for s in range(1 << k):
         if (s >> i) & 1:
             null[s] = null[s ^ (1 << i)]
-    assert abs(float(K.shapley_values(jnp.asarray(null))[i])) < 1e-5
+    assert abs(float(kernels.shapley_values(jnp.asarray(null))[i])) < 1e-5
 
 
 @SETTINGS
@@ -102,8 +102,8 @@ def test_symmetry_and_null_player(values, data):
 def test_additivity(pair):
     v, w = pair
     np.testing.assert_allclose(
-        K.shapley_values(jnp.asarray(v + w)),
-        K.shapley_values(jnp.asarray(v)) + K.shapley_values(jnp.asarray(w)),
+        kernels.shapley_values(jnp.asarray(v + w)),
+        kernels.shapley_values(jnp.asarray(v)) + kernels.shapley_values(jnp.asarray(w)),
         rtol=1e-4,
         atol=1e-4,
     )
@@ -112,9 +112,9 @@ def test_additivity(pair):
 def test_batched_tables_vmap_jit_and_twelve_agents():
     rng = np.random.default_rng(0)
     batch = rng.normal(size=(3, 1 << 12)).astype(np.float32)
-    got = jax.jit(K.shapley_values)(jnp.asarray(batch))
+    got = jax.jit(kernels.shapley_values)(jnp.asarray(batch))
     assert got.shape == (3, 12)
-    vm = jax.vmap(K.shapley_values)(jnp.asarray(batch))
+    vm = jax.vmap(kernels.shapley_values)(jnp.asarray(batch))
     np.testing.assert_allclose(got, vm, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(np.asarray(got).sum(-1), batch[:, -1] - batch[:, 0], rtol=1e-3, atol=1e-3)
 
@@ -122,13 +122,13 @@ def test_batched_tables_vmap_jit_and_twelve_agents():
 def test_sampled_estimator_converges_to_exact_within_error():
     rng = np.random.default_rng(1)
     values = jnp.asarray(rng.normal(size=1 << 8).astype(np.float32))
-    exact = np.asarray(K.shapley_values(values))
+    exact = np.asarray(kernels.shapley_values(values))
 
     def value_fn(members):
-        return values[K.coalition_index(members)]
+        return values[kernels.coalition_index(members)]
 
     for antithetic in (False, True):
-        est, se = K.sampled_shapley_values(value_fn, 8, jax.random.key(0), 4000, antithetic=antithetic)
+        est, se = kernels.sampled_shapley_values(value_fn, 8, jax.random.key(0), 4000, antithetic=antithetic)
         assert np.all(np.abs(np.asarray(est) - exact) < 4.5 * np.asarray(se) + 1e-4)
         # Every permutation estimate is efficient, so the mean is too.
         assert abs(float(est.sum()) - float(values[-1] - values[0])) < 1e-3
@@ -137,7 +137,9 @@ def test_sampled_estimator_converges_to_exact_within_error():
 def test_sampled_estimator_for_many_agents_additive_game():
     # For an additive game v(S) = sum_{i in S} w_i every order gives phi_i = w_i exactly.
     w = jnp.linspace(-1.0, 2.0, 40)
-    est, se = K.sampled_shapley_values(lambda m: jnp.sum(jnp.where(m, w, 0.0)), 40, jax.random.key(2), 8)
+    est, se = kernels.sampled_shapley_values(
+        lambda m: jnp.sum(jnp.where(m, w, 0.0)), 40, jax.random.key(2), 8
+    )
     np.testing.assert_allclose(est, w, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(se, 0, atol=1e-5)
 
@@ -146,10 +148,10 @@ def test_sharp_rewards_and_advantages():
     g = jnp.array([1.0, 0.0])
     phi = jnp.array([[0.6, 0.4], [0.1, -0.1]])
     proc = jnp.array([[1.0, 0.0], [0.5, 0.5]])
-    r = K.sharp_rewards(g, phi, proc, global_weight=1.0, shapley_weight=0.5, process_weight=0.1)
+    r = kernels.sharp_rewards(g, phi, proc, global_weight=1.0, shapley_weight=0.5, process_weight=0.1)
     np.testing.assert_allclose(r, [[1 + 0.3 + 0.1, 1 + 0.2], [0.05 + 0.05, -0.05 + 0.05]], rtol=1e-6)
     rewards = jnp.array([[1.0, 10.0], [3.0, 30.0], [5.0, 0.0], [7.0, 2.0]])
-    adv = K.sharp_advantages(rewards, jnp.array([0, 0, 1, 1]), 2)
+    adv = kernels.sharp_advantages(rewards, jnp.array([0, 0, 1, 1]), 2)
     s = np.sqrt(2.0)
     np.testing.assert_allclose(
         adv,
@@ -160,10 +162,10 @@ def test_sharp_rewards_and_advantages():
 
 def test_bad_input():
     with pytest.raises(ValueError, match="values"):
-        K.shapley_values(jnp.ones(6))
+        kernels.shapley_values(jnp.ones(6))
     with pytest.raises(TypeError, match="values"):
-        K.shapley_values(jnp.ones(4, jnp.int32))
+        kernels.shapley_values(jnp.ones(4, jnp.int32))
     with pytest.raises(ValueError, match="shapley_credit"):
-        K.sharp_rewards(jnp.ones(3), jnp.ones((2, 2)))
+        kernels.sharp_rewards(jnp.ones(3), jnp.ones((2, 2)))
     with pytest.raises(ValueError, match="group_ids"):
-        K.sharp_advantages(jnp.ones((3, 2)), jnp.array([0, 1]), 2)
+        kernels.sharp_advantages(jnp.ones((3, 2)), jnp.array([0, 1]), 2)

@@ -30,6 +30,20 @@ def test_each_level_reports_itself_and_its_promises(run, isolation):
     assert isolation.pid_namespace == (isolation.level in ("bwrap", "unshare"))
 
 
+def test_home_and_temp_dir_are_writable_inside_the_sandbox(run):
+    code = (
+        "import os\n"
+        "def f():\n"
+        "    for name in ('HOME', 'TMPDIR'):\n"
+        "        probe = os.path.join(os.environ[name], '.probe')\n"
+        "        open(probe, 'w').close()\n"
+        "        os.remove(probe)\n"
+        "    return True\n"
+    )
+    res = run(Program(code, (CallTest((), True),), fn_name="f"))
+    assert res.passed, res.tests[0]
+
+
 def test_call_based_passed_and_wrong_answer(level_config, no_leaks):
     prog = Program(
         "def f(x):\n    return x * 2\n",

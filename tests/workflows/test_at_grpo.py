@@ -15,7 +15,7 @@ from marljax.envs.grid import (
     bfs_distances,
     grid_prompt,
     make_grid_problems,
-    parse_plan,
+    parse_moves,
     plan_reward,
     run_plan,
     shortest_plan,
@@ -280,11 +280,11 @@ def test_run_plan_and_reward_by_hand(moves, end, reached, illegal, reward):
     assert plan_reward(GRID, (0, 1), "LR") == 0.0  # going back then forth: no progress from (0, 1)
 
 
-def test_parse_plan():
-    assert parse_plan("I go right twice.\nMoves: R R, D") == "RRD"
-    assert parse_plan("Down, then Right: RRDD.") == "RRDD"
-    assert parse_plan("Moves: UL\nMoves: DD") == "DD"
-    assert parse_plan("no idea") == ""
+def test_parse_moves():
+    assert parse_moves("I go right twice.\nMoves: R R, D") == "RRD"
+    assert parse_moves("Down, then Right: RRDD.") == "RRDD"
+    assert parse_moves("Moves: UL\nMoves: DD") == "DD"
+    assert parse_moves("no idea") == ""
 
 
 def test_make_grid_problems_solvable_and_seeded():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Literal
 
 import jax.numpy as jnp
@@ -12,11 +13,11 @@ from pydantic import Field, ValidationError
 from marljax import kernels
 from marljax.train.config import config_from_dict
 from marljax.workflows import REGISTRY, build_workflow
-from marljax.workflows.base import Workflow, WorkflowSettings, register_workflow
+from marljax.workflows.base import BaseWorkflowConfig, Workflow, register_workflow
 from marljax.workflows.types import Generation, Rollout, agent_metrics
 
 
-class EchoConfig(WorkflowSettings):
+class EchoConfig(BaseWorkflowConfig):
     kind: Literal["echo"] = "echo"
     group_size: int = Field(4, ge=2)
     note: str = "hi"
@@ -141,3 +142,15 @@ def test_rollout_refuses_ragged_arrays_and_extras_that_shadow_common_metrics():
     clash = Rollout([gen("a")], ids, [1.0], [0.0], [1], extras={"agent/a/reward": 0.3})
     with pytest.raises(ValueError, match="agent/a/reward"):
         _ = clash.metrics
+
+
+def test_search_option_names_a_bool_option_and_the_cli_refuses_workflows_without_one(tmp_path, capsys):
+    from marljax import cli
+
+    searching = [c for c, _ in REGISTRY.values() if c.search_option is not None]
+    assert searching  # mars2
+    for config_type in searching:
+        assert config_type.model_fields[config_type.search_option].annotation is bool
+    config = Path(__file__).parents[2] / "configs" / "grpo_tiny.yaml"
+    code = cli.main(["eval", str(config), "--search", f"run_dir={tmp_path}"])
+    assert code == 2 and "'grpo' has no test-time search" in capsys.readouterr().err

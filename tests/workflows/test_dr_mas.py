@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
-from marljax import kernels as K
+from marljax import kernels
 from marljax.rewards import SandboxPool, SandboxVerifier
 from marljax.train.data import parse_row, synthetic_rows
 from marljax.workflows.base import Agent, ScriptedGenerator
@@ -129,7 +129,7 @@ def test_default_order_accept_and_max_loops(pool):
     assert m["agent/verifier/reward"] == pytest.approx(4 / 5)
     r = jnp.asarray(rewards, jnp.float32)
     ids = jnp.asarray([s.agent == "verifier" for s in out.samples], jnp.int32)
-    amp = np.asarray(K.amplification_factor(r, ids, 2))
+    amp = np.asarray(kernels.amplification_factor(r, ids, 2))
     assert [m["agent/solver/amplification"], m["agent/verifier/amplification"]] == pytest.approx(
         amp, rel=1e-5
     )
@@ -159,7 +159,7 @@ def test_global_normalization_is_global_advantages_per_problem(pool):
     r = jnp.asarray([s.reward for s in out.samples], jnp.float32)
     problem = np.array([s.ids["episode"] // 2 for s in out.samples])
     expect = sum(
-        np.where(problem == p, np.asarray(K.global_advantages(r, mask=jnp.asarray(problem == p))), 0.0)
+        np.where(problem == p, np.asarray(kernels.global_advantages(r, mask=jnp.asarray(problem == p))), 0.0)
         for p in range(2)
     )
     assert np.allclose([s.advantage for s in out.samples], expect, atol=1e-6)

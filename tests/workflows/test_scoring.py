@@ -1,4 +1,4 @@
-"""score_texts and map_once: every distinct (problem, program) runs once in the sandbox; repeats share
+"""score_texts and run_deduplicated: every distinct (problem, program) runs once in the sandbox; repeats share
 its verdict (also in AT-GRPO's tester scoring and coop_code's pairs)."""
 
 import pytest
@@ -7,7 +7,7 @@ from marljax.demo.models import steps_problems
 from marljax.envs import coop_code
 from marljax.envs.code import CodeEnv, CodeState
 from marljax.rewards import AssertTest, ExecutionResult, Program, SandboxPool, SandboxVerifier
-from marljax.rewards.verifier import map_once, score_texts
+from marljax.rewards.verifier import run_deduplicated, score_texts
 from marljax.train.data import parse_row
 
 
@@ -44,12 +44,12 @@ def pool():
 
 
 def plain_map(pool, programs, keys=None):
-    """The path before map_once: every program to the pool."""
+    """The reference without deduplication: every program to the pool."""
     return pool.map(programs) if programs else []
 
 
 def plain_run(verifier, programs, keys=None):
-    """`SandboxVerifier.run` before map_once."""
+    """`SandboxVerifier.run` without deduplication."""
     return plain_map(verifier.pool, programs, keys)
 
 
@@ -69,21 +69,21 @@ class FakePool:
         return [ExecutionResult("passed" if "ok" in p.code else "failed") for p in programs]
 
 
-def test_map_once_order_identity_and_keys():
+def test_run_deduplicated_order_identity_and_keys():
     progs = [
         Program(code=c, tests=(AssertTest("assert True"),)) for c in ["ok 1", "bad", "ok 1", "ok 2", "bad"]
     ]
     fake = FakePool()
-    out = map_once(fake, progs)
+    out = run_deduplicated(fake, progs)
     assert [p.code for p in fake.seen] == ["ok 1", "bad", "ok 2"]  # first occurrences, in order
     assert [r.status for r in out] == ["passed", "failed", "passed", "passed", "failed"]
     assert out[0] is out[2] and out[1] is out[4] and out[0] is not out[3]
     fake = FakePool()
-    out = map_once(fake, progs, keys=[0, 0, 1, 1, 2])  # keys, not the programs, decide what repeats
+    out = run_deduplicated(fake, progs, keys=[0, 0, 1, 1, 2])  # keys, not the programs, decide what repeats
     assert [p.code for p in fake.seen] == ["ok 1", "ok 1", "bad"] and out[1] is out[0]
-    assert map_once(None, []) == []  # nothing to run: no pool needed
+    assert run_deduplicated(None, []) == []  # nothing to run: no pool needed
     with pytest.raises(ValueError, match="keys"):
-        map_once(FakePool(), progs, keys=[1])
+        run_deduplicated(FakePool(), progs, keys=[1])
 
 
 INC = {

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
-from marljax import kernels as K
+from marljax import kernels
 from marljax.rewards import SandboxPool, SandboxVerifier
 from marljax.train.data import parse_row, synthetic_rows
 from marljax.workflows.base import Agent, ScriptedGenerator
@@ -16,7 +16,7 @@ from marljax.workflows.sharp import (
     SharpConfig,
     SharpWorkflow,
     coalition_code,
-    parse_plan,
+    parse_subtasks,
     process_rewards,
     sampled_coalitions,
     shapley_credit,
@@ -77,11 +77,12 @@ def hand_advantages(rewards):
 def test_two_player_shapley_by_hand_and_the_kernel():
     table = np.array([0.0, 0.2, 0.4, 1.0])  # bit 0: player 1, bit 1: player 2
     assert (
-        K.coalition_index(jnp.array([True, False])) == 1 and K.coalition_index(jnp.array([False, True])) == 2
+        kernels.coalition_index(jnp.array([True, False])) == 1
+        and kernels.coalition_index(jnp.array([False, True])) == 2
     )
     assert shapley_credit(table[None])[0] == pytest.approx([0.4, 0.6])
     tables = np.random.default_rng(0).random((3, 16)).astype(np.float32)
-    assert np.allclose(shapley_credit(tables), K.shapley_values(jnp.asarray(tables)))
+    assert np.allclose(shapley_credit(tables), kernels.shapley_values(jnp.asarray(tables)))
 
 
 def test_sampled_credit_visits_only_what_it_needs_and_equals_the_kernel():
@@ -95,7 +96,9 @@ def test_sampled_credit_visits_only_what_it_needs_and_equals_the_kernel():
     got = shapley_credit(masked, "sampled", keys, 2)  # NaN would show if an unvisited entry were read
     for n in range(3):
         table = jnp.asarray(tables[n])
-        expect, _ = K.sampled_shapley_values(lambda c, t=table: t[K.coalition_index(c)], 4, keys[n], 2)
+        expect, _ = kernels.sampled_shapley_values(
+            lambda c, t=table: t[kernels.coalition_index(c)], 4, keys[n], 2
+        )
         assert np.allclose(got[n], expect)
         assert got[n].sum() == pytest.approx(tables[n, 15] - tables[n, 0], abs=1e-5)  # efficiency
 
@@ -112,7 +115,7 @@ def test_coalition_programs_and_the_planner_table():
 
 
 def test_plan_and_process_rewards():
-    assert parse_plan("Plan:\n1. read\n2) solve\nStep 3: print\n1. again") == {
+    assert parse_subtasks("Plan:\n1. read\n2) solve\nStep 3: print\n1. again") == {
         1: "read",
         2: "solve",
         3: "print",

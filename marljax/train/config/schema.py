@@ -38,14 +38,14 @@ __all__ = [
     "GrpoConfig",
     "LossConfig",
     "MeshConfig",
-    "ModelSpec",
+    "PolicyModelConfig",
     "OptimizerConfig",
     "PolicyConfig",
     "RunConfig",
     "SamplerConfig",
-    "SandboxSettings",
+    "SandboxPoolConfig",
     "SyntheticData",
-    "TrainSettings",
+    "TrainConfig",
     "WorkflowConfig",
 ]
 
@@ -96,7 +96,7 @@ class FrozenModel(StrictModel):
     model_config = ConfigDict(frozen=True)
 
 
-class ModelSpec(FrozenModel):
+class PolicyModelConfig(FrozenModel):
     path: str | None = Field(None, description="local Hugging Face checkpoint directory")
     preset: str | None = Field(
         None, description="random-init architecture from marljax.models.config.PRESETS"
@@ -211,7 +211,7 @@ class MeshConfig(FrozenModel):
 
 
 class PolicyConfig(FrozenModel):
-    model: ModelSpec
+    model: PolicyModelConfig
     optimizer: OptimizerConfig = Field(default_factory=OptimizerConfig)
     loss: LossConfig = Field(default_factory=LossConfig)
     reference: bool = Field(False, description="keep a frozen copy of the initial model for the KL term")
@@ -338,13 +338,13 @@ WorkflowConfig = Annotated[
 ]
 
 
-class SandboxSettings(FrozenModel):
+class SandboxPoolConfig(FrozenModel):
     workers: int | None = Field(None, ge=1, description="parallel test processes; None = CPU count + 1")
     timeout_s: float = Field(5.0, gt=0)
     memory_mb: int = Field(512, ge=1)
 
 
-class TrainSettings(FrozenModel):
+class TrainConfig(FrozenModel):
     steps: int = Field(100, ge=1)
     save_every: int = Field(10, ge=1)
     keep_checkpoints: int = Field(3, ge=1)
@@ -371,8 +371,8 @@ class RunConfig(FrozenModel):
     data: DataConfig
     sampler: SamplerConfig = Field(default_factory=SamplerConfig)
     workflow: WorkflowConfig = Field(default_factory=GrpoConfig)
-    sandbox: SandboxSettings = Field(default_factory=SandboxSettings)
-    train: TrainSettings = Field(default_factory=TrainSettings)
+    sandbox: SandboxPoolConfig = Field(default_factory=SandboxPoolConfig)
+    train: TrainConfig = Field(default_factory=TrainConfig)
     distributed: DistributedConfig = Field(default_factory=DistributedConfig)
 
     @field_validator("name")
