@@ -82,8 +82,9 @@ def template_fields(template: str) -> list[str]:
 
 class Generator(Protocol):
     def generate(self, requests: Sequence[tuple[Agent, str]], n: int, seed: int) -> list[list[Generation]]:
-        """`n` generations for each `(agent, prompt_text)` request, in request order, each stamped
-        with the agent's name, its policy and that policy's current version."""
+        """`n` generations for each `(agent, prompt)` request, in request order, each stamped with
+        the agent's name, its policy and that policy's current version. A `Prompt` carries its chat
+        messages too; a plain string is one user turn."""
 
 
 class ScriptedGenerator:

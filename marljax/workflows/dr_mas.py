@@ -54,7 +54,7 @@ from marljax.seeds import derive_seed
 from marljax.shapes import power_of_two_bucket
 from marljax.workflows.base import Agent, BaseWorkflowConfig, Generator, Workflow, register_workflow
 from marljax.workflows.diversity import grouped_diversity
-from marljax.workflows.types import Generation, Rollout
+from marljax.workflows.types import Generation, Prompt, Rollout
 
 ROLES = ("solver", "verifier", "router")
 _VERDICT = re.compile(r"\b(ACCEPT|REVISE)\b", re.I)
@@ -148,17 +148,19 @@ class DrMasWorkflow(Workflow[DrMasConfig]):
         return [r for r in ROLES if self.names[r] is not None]
 
     # ------------------------------------------------------------- prompts
-    def _prompt(self, role: str, ep: Episode, agent: Agent) -> str:
+    def _prompt(self, role: str, ep: Episode, agent: Agent) -> Prompt:
         p, code = ep.problem, _fence(ep.code, ep.problem)
         if role == "solver" and not ep.used["solver"]:
             return agent.render_in_context(p.prompt)
         if role == "solver":
-            return agent.render_in_context(
-                p.prompt,
-                history=f"Your previous solution:\n{code}",
-                feedback=f"Reviewer comments:\n{ep.comments or '(none)'}\n\n"
-                "Revise your solution and reply with it in full.",
+            comments = ep.comments or "(none)"
+            request = f"Reviewer comments:\n{comments}\n\nRevise your solution and reply with it in full."
+            text = agent.render_in_context(
+                p.prompt, history=f"Your previous solution:\n{code}", feedback=request
             )
+            # as chat: the solver's latest answer is its own turn, the review the user's reply
+            latest = next(t.generation.text for t in reversed(ep.turns) if t.role == "solver")
+            return agent.render_in_context(p.prompt).continued(latest, request, text)
         tests = f"Public test results:\n{ep.feedback}\n\n" if ep.feedback else ""
         if role == "verifier":
             return agent.render_in_context(

@@ -247,3 +247,25 @@ def test_tiny_real_models_through_buffers_and_updates(pool):
         not np.array_equal(a, np.asarray(b))
         for a, b in zip(jax.tree.leaves(before), jax.tree.leaves(policy.params))
     )
+
+
+def test_as_chat_a_revision_continues_the_solvers_conversation(pool):
+    solver = Agent("solver", "pol_s", role="Solve. ")
+    agents = {**AGENTS, "solver": solver}
+    seen = []
+
+    def spy(agent, prompt, k, seed):
+        seen.append((agent.name, prompt))
+        return script()(agent, prompt, k, seed)
+
+    DrMasWorkflow(max_loops=2, group_size=2).rollout(PROBLEMS[:1], agents, ScriptedGenerator(spy), pool, 0)
+    first = [p for a, p in seen if a == "solver" and "Reviewer comments" not in p][0]
+    revisions = [p for a, p in seen if a == "solver" and "Reviewer comments" in p]
+    assert revisions
+    for prompt in revisions:
+        roles = [r for r, _ in prompt.messages]
+        assert roles == ["system", "user", "assistant", "user"]
+        assert prompt.messages[:2] == first.messages  # the conversation the solver started
+        assert prompt.messages[2][1] == fence(WRONG[0])  # its own latest answer, as it wrote it
+        assert prompt.messages[3][1].startswith("Reviewer comments:\n")
+        assert fence(WRONG[0]).strip() not in prompt.messages[3][1]  # not repeated in the user turn
