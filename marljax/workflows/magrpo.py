@@ -6,8 +6,13 @@ of the N agents (all at once, from their own prompts) samples G completions;
 the joint actions are the G aligned tuples ``(a_1g, ..., a_Ng)``
 (``joint="aligned"``) or all G^N combinations (``"cross"``, agent 0 slowest).
 Every joint action gets the task's joint reward ``r`` (`marljax.envs.joint`); unless it is at the
-last turn or ``r >= early_stop_reward`` it opens a child node whose prompts
-carry the joint answer (``{history}``) and its feedback (``{feedback}``).
+last turn or its node stops early it opens a child node whose prompts carry
+the joint answer (``{history}``) and its feedback (``{feedback}``). A node
+stops early when the mean reward of its joint actions reaches
+``early_stop_reward`` (as the reference code, CoMLRL, stops a node): then
+all its joint actions are leaves. Siblings therefore always end on the same
+turn; a joint action that stopped alone would be credited its reward once
+while a worse sibling collects a next turn's return too.
 
 Credit (``marljax.kernels``): returns-to-go ``R = r + gamma * mean(R of the
 child node's joint actions)`` (a leaf's return is its reward), then each
@@ -23,9 +28,7 @@ node's parent, -1 at the root), ``depth == turn``; ``episode`` is the
 problem's index in the batch. Sibling group = (episode, node, agent).
 
 Defaults: ``gamma = 0.9``, the discount of the paper's reference trainer
-(CoMLRL). Early stopping here is per joint action, so one good joint answer
-ends its own branch; the reference code stops a node when the *mean* reward
-of its joint actions passes the threshold.
+(CoMLRL).
 """
 
 from __future__ import annotations
@@ -72,7 +75,7 @@ class MagrpoConfig(BaseWorkflowConfig):
     num_turns: int = Field(1, ge=1, description="turns per episode (tree depth)")
     gamma: float = Field(0.9, ge=0, le=1, description="discount over turns (0.9 as in the reference code)")
     early_stop_reward: float | None = Field(
-        None, description="a joint action with reward >= this opens no child"
+        None, description="a node whose joint actions' mean reward is >= this opens no children"
     )
     task: Literal["coop_code", "score"] = Field(
         "coop_code", description="coop_code: helper+main level reward; score: tests of the last agent's code"
@@ -162,8 +165,13 @@ class MagrpoWorkflow(Workflow[MagrpoConfig]):
     def task(self) -> JointTask:
         return TASKS[self.cfg.task]()
 
-    def _stops(self, reward: float) -> bool:
-        return self.cfg.early_stop_reward is not None and reward >= self.cfg.early_stop_reward
+    def stops(self, node: Node, joints: Sequence[Joint]) -> bool:
+        """Whether `node` ends its episode's branch: the mean reward of its joint actions reaches
+        `early_stop_reward`. The whole node stops, so siblings always end on the same turn and a
+        good joint answer is never credited less than a worse sibling that went on to a next turn."""
+        if self.cfg.early_stop_reward is None:
+            return False
+        return float(np.mean([joints[k].reward for k in node.joints])) >= self.cfg.early_stop_reward
 
     # ----------------------------------------------------------- the tree
     def grow(
@@ -208,9 +216,10 @@ class MagrpoWorkflow(Workflow[MagrpoConfig]):
             )
             nodes += frontier
             frontier = []
-            for idx, (j, texts, verdict) in enumerate(zip(new, answers, judged)):
+            for j, verdict in zip(new, judged):
                 j.reward, j.passed = float(verdict.reward), bool(verdict.passed)
-                if t + 1 < self.cfg.num_turns and not self._stops(j.reward):
+            for idx, (j, texts, verdict) in enumerate(zip(new, answers, judged)):
+                if t + 1 < self.cfg.num_turns and not self.stops(j.node, joints):
                     e = j.node.episode
                     frontier.append(
                         Node(
@@ -307,9 +316,9 @@ class MagrpoWorkflow(Workflow[MagrpoConfig]):
         if self.cfg.num_turns > 1:
             for t in range(int(turns.max()) + 1):
                 extras[f"team/reward_turn{t}"] = float(rewards[turns == t].mean())
-            early = (turns < self.cfg.num_turns - 1) & np.array([self._stops(r) for r in rewards])
+            inner = [s for s in tree.nodes if s.turn < self.cfg.num_turns - 1]
             extras["tree/early_stop_rate"] = float(
-                early.sum() / max(1, (turns < self.cfg.num_turns - 1).sum())
+                np.mean([self.stops(s, tree.joints) for s in inner]) if inner else 0.0
             )
         return Rollout(
             gens,

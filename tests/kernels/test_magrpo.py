@@ -169,3 +169,51 @@ def test_bad_input():
         kernels.tree_returns(jnp.ones(2), jnp.array([-1, 5]), gamma=1.0, max_depth=2)
     with pytest.raises(TypeError, match="gamma"):
         jax.jit(lambda g: kernels.tree_returns(jnp.ones(2), jnp.array([-1, 0]), gamma=g, max_depth=2))(0.5)
+
+
+def ragged_tree(num_agents, group_size, turns, mode, rng):
+    """A joint rollout tree where each node either expands all its joint actions or none (a node
+    that stopped early, as the workflow stops them)."""
+    width = group_size if mode == "aligned" else group_size**num_agents
+    parent, sibling, reward = [], [], []
+
+    def expand(node, level):
+        first = len(parent)
+        for s in range(width):
+            parent.append(node)
+            sibling.append(s)
+            reward.append(float(rng.integers(0, 5)) / 4)
+        if level + 1 < turns and rng.random() < 0.6:
+            for k in range(first, first + width):
+                expand(k, level + 1)
+
+    expand(-1, 0)
+    return np.array(reward, np.float32), np.array(parent, np.int32), np.array(sibling, np.int32)
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    mode=st.sampled_from(["aligned", "cross"]),
+    scale=st.sampled_from(["none", "std"]),
+    num_agents=st.integers(1, 3),
+    turns=st.integers(1, 3),
+    seed=st.integers(0, 10_000),
+)
+def test_raising_a_joint_actions_reward_never_lowers_its_advantage(mode, scale, num_agents, turns, seed):
+    """On any tree of the shape the workflow grows (a node expands all its joint actions or none),
+    a higher reward raises the joint action's return and leaves its siblings' alone. (The workflow
+    keeps siblings together: tests/workflows/test_magrpo_workflow.py.)"""
+    rng = np.random.default_rng(seed)
+    reward, parent, sibling = ragged_tree(num_agents, 2, turns, mode, rng)
+
+    def advantages(r):
+        returns = kernels.tree_returns(jnp.asarray(r), parent, gamma=0.9, max_depth=turns)
+        kw = dict(num_agents=num_agents, group_size=2, mode=mode, scale=scale)
+        return np.asarray(kernels.magrpo_advantages(returns, parent, sibling, **kw))
+
+    before = advantages(reward)
+    for k in rng.choice(len(reward), size=min(4, len(reward)), replace=False):
+        raised = reward.copy()
+        raised[k] += float(rng.uniform(0.05, 1.0))
+        after = advantages(raised)
+        assert np.all(after[k] >= before[k] - 1e-5), (k, before[k], after[k])

@@ -296,24 +296,56 @@ def test_cross_mode_credits_each_agent_by_its_own_choice(pool):
     np.testing.assert_allclose([s.reward for s in groups[(0, 0, "helper")]], table.mean(1), atol=1e-6)
 
 
-def early_script(agent, prompt, k, seed):
-    if agent.name == "helper":
-        return "# helper"
-    children = {None: ["good", "half"], "half": ["good", "zero"]}
-    return fenced(CODE[children[parent_main_code(prompt)][k]])
+def scripted_children(children):
+    """Main answers by the previous turn's main answer (None at turn 0); the helper adds nothing."""
+
+    def script(agent, prompt, k, seed):
+        return "# helper" if agent.name == "helper" else fenced(CODE[children[parent_main_code(prompt)][k]])
+
+    return script
 
 
-def test_early_stop_closes_a_branch(pool):
+def test_a_perfect_answer_is_never_credited_below_a_sibling_fixed_next_turn(pool):
+    # Stopping each joint action on its own gave the perfect answer return 1.0 (advantage -0.71)
+    # and its half-right sibling 0.5 + 0.9 * 1.0 = 1.4 (+0.71). The node stops as a whole instead.
     wf = MagrpoWorkflow(group_size=2, num_turns=2, gamma=0.9, early_stop_reward=1.0, task="score")
-    problems = [code_problem()]
-    gen = ScriptedGenerator(early_script)
-    tree = wf.grow(problems, list(team().values()), gen, pool, seed=0, n=2)
-    assert [(s.id, s.parent, s.turn, s.via) for s in tree.nodes] == [(0, -1, 0, -1), (1, 0, 1, 1)]
+    gen = ScriptedGenerator(
+        scripted_children({None: ["good", "half"], "good": ["good"] * 2, "half": ["good"] * 2})
+    )
+    tree = wf.grow([code_problem()], list(team().values()), gen, pool, seed=0, n=2)
+    assert [(s.id, s.parent, s.turn, s.via) for s in tree.nodes] == [
+        (0, -1, 0, -1),
+        (1, 0, 1, 0),
+        (2, 0, 1, 1),
+    ]
+    returns, adv = wf.credit(tree, 2, 2)
+    np.testing.assert_allclose(returns, [1.0 + 0.9, 0.5 + 0.9, 1.0, 1.0, 1.0, 1.0], atol=1e-6)
+    assert adv[0, 1] > 0 > adv[1, 1]  # main's perfect answer above its half-right sibling
+    rollout = wf.rollout([code_problem()], team(), gen, pool, seed=0)
+    main_root = [s for s in rollout.samples if s.agent == "main" and s.ids["node"] == 0]
+    assert main_root[0].advantage > 0 > main_root[1].advantage
+    assert rollout.metrics["tree/early_stop_rate"] == 0.0
+
+
+def test_a_node_whose_mean_reward_reaches_the_threshold_stops_as_a_whole(pool):
+    wf = MagrpoWorkflow(group_size=2, num_turns=2, gamma=0.9, early_stop_reward=0.75, task="score")
+    problems = [code_problem("p0"), code_problem("p1")]
+
+    def script(agent, prompt, k, seed):  # p0: good + half (mean 0.75: stops); p1: half + zero (goes on)
+        if agent.name == "helper":
+            return "# helper"
+        if parent_main_code(prompt) is not None:
+            return fenced(CODE["good"])
+        return fenced(CODE[(["good", "half"] if "(p0)" in prompt else ["half", "zero"])[k]])
+
+    tree = wf.grow(problems, list(team().values()), ScriptedGenerator(script), pool, seed=0, n=2)
+    assert [(s.episode, s.turn) for s in tree.nodes] == [(0, 0), (1, 0), (1, 1), (1, 1)]
     returns, _ = wf.credit(tree, 2, 2)
-    np.testing.assert_allclose(returns, [1.0, 0.5 + 0.9 * 0.5, 1.0, 0.0], atol=1e-6)
-    rollout = wf.rollout(problems, team(), gen, pool, seed=0)
-    assert len(rollout.samples) == 8
-    assert rollout.metrics["tree/early_stop_rate"] == 0.5
+    np.testing.assert_allclose(
+        returns[:4], [1.0, 0.5, 0.5 + 0.9, 0.0 + 0.9], atol=1e-6
+    )  # p0 leaves, p1 roots
+    rollout = wf.rollout(problems, team(), ScriptedGenerator(script), pool, seed=0)
+    assert rollout.metrics["tree/early_stop_rate"] == 0.5  # p0's root stopped, p1's did not
     assert rollout.metrics["tree/nodes"] == 2 and rollout.metrics["tree/joint_actions"] == 4
 
 
