@@ -95,35 +95,65 @@ def mars2_advantages(rewards, tree_ids, num_trees: int, mask=None, *, eps: float
     return group_advantages(rewards, tree_ids, num_trees, mask, eps=eps, ddof=ddof)
 
 
-def _agent_moments(rewards, agent_ids, num_agents, mask):
-    """Population mean and variance per agent and over the batch (ddof 0)."""
-    valid = mask.astype(rewards.dtype)
-    values = jnp.where(mask, rewards, 0.0)
-    count = jax.ops.segment_sum(valid, agent_ids, num_segments=num_agents)
-    mean_k = jax.ops.segment_sum(values, agent_ids, num_segments=num_agents) / jnp.maximum(count, 1)
-    dev_k = jnp.where(mask, rewards - mean_k[agent_ids], 0.0)
-    var_k = jax.ops.segment_sum(dev_k**2, agent_ids, num_segments=num_agents) / jnp.maximum(count, 1)
-    mean = jnp.sum(values) / jnp.maximum(jnp.sum(valid), 1)
-    var = jnp.sum(jnp.where(mask, (rewards - mean) ** 2, 0.0)) / jnp.maximum(jnp.sum(valid), 1)
-    return count, mean_k, var_k, mean, var
+def _moments(rewards, keys, num_keys, valid):
+    """Count, population mean and variance (ddof 0) of the valid rewards of each key `[num_keys]`."""
+    w = valid.astype(rewards.dtype)
+    count = jax.ops.segment_sum(w, keys, num_segments=num_keys)
+    mean = jax.ops.segment_sum(rewards * w, keys, num_segments=num_keys) / jnp.maximum(count, 1)
+    dev = jnp.where(valid, rewards - mean[keys], 0.0)
+    var = jax.ops.segment_sum(dev**2, keys, num_segments=num_keys) / jnp.maximum(count, 1)
+    return count, mean, var
 
 
-def amplification_factor(rewards, agent_ids, num_agents: int, mask=None, *, eps: float = 1e-6):
-    """Dr. MAS diagnostic (arXiv 2602.08847): ``(sigma_k^2 + (mu_k - mu)^2) / sigma^2`` per agent.
+def amplification_factor(
+    rewards,
+    agent_ids,
+    num_agents: int,
+    mask=None,
+    *,
+    group_ids=None,
+    num_groups: int | None = None,
+):
+    """Dr. MAS diagnostic (arXiv 2602.08847): how much one normalisation shared by all agents scales
+    each agent's advantage second moment, against agent-wise normalisation.
 
-    The factor by which normalising with the global ``(mu, sigma)`` instead of
-    agent ``k``'s own ``(mu_k, sigma_k)`` scales the second moment of that
-    agent's advantages, hence of its score-function gradient when the score
-    is independent of the reward noise. Population moments (ddof 0) over
-    valid samples; an agent with no valid sample gets 0.
+    Within a normalisation group g (a problem's samples; one group without
+    ``group_ids``), global normalisation gives agent ``k``'s samples the second
+    moment ``f_gk = (sigma_gk^2 + (mu_gk - mu_g)^2) / sigma_g^2`` where agent-wise
+    normalisation gives 1. The factor is the mean of ``f_gk`` over agent k's
+    samples, ``sum_g n_gk f_gk / sum_g n_gk``, over the groups whose rewards vary
+    (elsewhere both normalisations give zero advantages): the ratio of the two
+    gradient second moments when the score is independent of the reward noise.
+    A batch-wide ``(mu, sigma)`` over groups of different difficulty would
+    count the spread between problems, which per-problem advantages never see.
+    Population moments (ddof 0) over valid samples; an agent with no such
+    sample gets 0.
 
-    ``rewards, agent_ids, mask: [N]``. Returns ``[K]``.
+    ``rewards, agent_ids, mask, group_ids: [N]``. Returns ``[K]``.
     """
     _checks_agents(rewards, agent_ids, num_agents)
-    mask = _checks.mask_or_ones(mask, rewards, "mask", "rewards")
-    count, mean_k, var_k, mean, var = _agent_moments(rewards, agent_ids, num_agents, mask)
-    factor = (var_k + (mean_k - mean) ** 2) / (var + eps**2)
-    return jnp.where(count > 0, factor, 0.0)
+    valid = _checks.mask_or_ones(mask, rewards, "mask", "rewards")
+    groups, G = _groups_or_one(rewards, group_ids, num_groups)
+    K = num_agents
+    n_gk, mean_gk, var_gk = _moments(rewards, groups * K + agent_ids, G * K, valid)
+    _, mean_g, var_g = _moments(rewards, groups, G, valid)
+    varies = jnp.repeat(var_g > 0, K)  # [G * K], key g * K + k
+    f = (var_gk + (mean_gk - jnp.repeat(mean_g, K)) ** 2) / jnp.where(varies, jnp.repeat(var_g, K), 1.0)
+    weight = jnp.where(varies, n_gk, 0.0).reshape(G, K)
+    total = jnp.sum(weight, axis=0)
+    return jnp.where(total > 0, jnp.sum(weight * f.reshape(G, K), axis=0) / jnp.maximum(total, 1), 0.0)
+
+
+def _groups_or_one(rewards, group_ids, num_groups):
+    if group_ids is None:
+        return jnp.zeros(jnp.shape(rewards), jnp.int32), 1
+    if num_groups is None:
+        raise ValueError("argument `num_groups` is required when `group_ids` is given")
+    _checks.integer(group_ids, "group_ids")
+    _checks.same_shape(rewards, group_ids, "rewards", "group_ids")
+    num_groups = _checks.static_int(num_groups, "num_groups")
+    _checks.ids_in_range(group_ids, num_groups, "group_ids")
+    return group_ids, num_groups
 
 
 def _checks_agents(rewards, agent_ids, num_agents):
@@ -165,21 +195,15 @@ def dr_mas_advantages(
       (population) and ``agent_count [K]``.
     """
     _checks_agents(rewards, agent_ids, num_agents)
-    if group_ids is None:
-        keys, num_keys = agent_ids, num_agents
-    else:
-        if num_groups is None:
-            raise ValueError("argument `num_groups` is required when `group_ids` is given")
-        _checks.integer(group_ids, "group_ids")
-        _checks.same_shape(rewards, group_ids, "rewards", "group_ids")
-        num_groups = _checks.static_int(num_groups, "num_groups")
-        _checks.ids_in_range(group_ids, num_groups, "group_ids")
-        keys, num_keys = group_ids * num_agents + agent_ids, num_groups * num_agents
-    advantages = group_advantages(rewards, keys, num_keys, mask, eps=eps, ddof=ddof)
+    groups, G = _groups_or_one(rewards, group_ids, num_groups)
+    keys = groups * num_agents + agent_ids
+    advantages = group_advantages(rewards, keys, G * num_agents, mask, eps=eps, ddof=ddof)
     valid = _checks.mask_or_ones(mask, rewards, "mask", "rewards")
-    count, mean_k, var_k, _, _ = _agent_moments(rewards, agent_ids, num_agents, valid)
+    count, mean_k, var_k = _moments(rewards, agent_ids, num_agents, valid)
     metrics = {
-        "amplification": amplification_factor(rewards, agent_ids, num_agents, valid, eps=eps),
+        "amplification": amplification_factor(
+            rewards, agent_ids, num_agents, valid, group_ids=groups, num_groups=G
+        ),
         "agent_mean": mean_k,
         "agent_std": jnp.sqrt(var_k),
         "agent_count": count,

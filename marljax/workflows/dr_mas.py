@@ -34,7 +34,8 @@ over the turns of agent k in the G episodes of problem p
 global`` normalises all agents' turns of a problem together (what
 `marljax.kernels.global_advantages` does on each problem's group): the GRPO
 baseline whose gradient amplification `(sigma_k^2 + (mu_k - mu)^2) / sigma^2`
-Dr. MAS removes; that factor is reported either way.
+(within each problem) Dr. MAS removes; the trainer reports that factor
+(`agent/<name>/amplification`) either way.
 """
 
 from __future__ import annotations

@@ -236,13 +236,18 @@ def agent_metrics(rollout: Rollout) -> dict[str, float]:
 
 
 def amplification_metrics(rollout: Rollout) -> dict[str, float]:
-    """`agent/<name>/amplification` with two or more agents: Dr. MAS's factor by which one global
-    reward normalisation scales each agent's gradient second moment (1 for every agent when
-    agent-wise and global normalisation agree)."""
+    """`agent/<name>/amplification` with two or more agents: Dr. MAS's factor by which one reward
+    normalisation shared by all agents of a problem scales each agent's gradient second moment
+    against agent-wise normalisation (1 for every agent when they agree), per problem group."""
     names = rollout.agent_names
     if len(names) < 2:
         return {}
+    _, problems = np.unique([str(i.get("problem", "")) for i in rollout.ids], return_inverse=True)
     factor = kernels.amplification_factor(
-        jnp.asarray(rollout.rewards, jnp.float32), jnp.asarray(rollout.agent_ids), len(names)
+        jnp.asarray(rollout.rewards, jnp.float32),
+        jnp.asarray(rollout.agent_ids),
+        len(names),
+        group_ids=jnp.asarray(problems, jnp.int32),
+        num_groups=int(problems.max()) + 1,
     )
     return {f"agent/{name}/amplification": float(f) for name, f in zip(names, np.asarray(factor))}

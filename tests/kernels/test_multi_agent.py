@@ -144,3 +144,43 @@ def test_estimators_work_under_jit_and_vmap():
         np.testing.assert_allclose(
             batched[b], kernels.dr_mas_advantages(rewards[b], agents[b], 2)[0], rtol=1e-6
         )
+
+
+def test_amplification_per_problem_group_matches_the_measured_gradient_ratio():
+    """Dr. MAS's Lemma 4.2 where advantages are normalised per problem: 20 problems of different
+    difficulty, three agents with their own mean and spread in each. The factor averaged over the
+    problem groups equals the measured ratio of gradient second moments (global-per-problem vs
+    agent-wise-per-problem advantages); a batch-wide factor would count the spread between problems."""
+    rng = np.random.default_rng(1)
+    num_agents, num_problems, n, num_actions = 3, 20, 600, 4
+    difficulty = rng.normal(0, 3, num_problems)  # the problems' reward levels differ a lot
+    # agent 0 answers steadily near each problem's level, agent 1 noisily, agent 2 above it
+    offset = np.array([0.0, 0.0, 1.5]) + rng.normal(0, 0.3, (num_problems, num_agents))
+    spread = np.array([0.3, 2.0, 1.0]) * rng.uniform(0.8, 1.2, (num_problems, num_agents))
+    problem = np.repeat(np.arange(num_problems), num_agents * n)
+    agents = np.tile(np.repeat(np.arange(num_agents), n), num_problems)
+    rewards = (
+        difficulty[problem]
+        + offset[problem, agents]
+        + spread[problem, agents] * rng.normal(size=problem.size)
+    )
+    logits = rng.normal(size=(num_agents, num_actions))
+    pi = np.exp(logits) / np.exp(logits).sum(1, keepdims=True)
+    actions = np.array([rng.choice(num_actions, p=pi[k]) for k in agents])
+    score_sq = ((np.eye(num_actions)[actions] - pi[agents]) ** 2).sum(1)
+
+    r, a, g = jnp.asarray(rewards, jnp.float32), jnp.asarray(agents), jnp.asarray(problem)
+    a_global = np.asarray(kernels.group_advantages(r, g, num_problems), np.float64)
+    a_agent, metrics = kernels.dr_mas_advantages(r, a, num_agents, group_ids=g, num_groups=num_problems)
+    a_agent = np.asarray(a_agent, np.float64)
+    batch_wide = np.asarray(kernels.amplification_factor(r, a, num_agents))
+    for k in range(num_agents):
+        sel = agents == k
+        g2_global, g2_agent = a_global[sel] ** 2 * score_sq[sel], a_agent[sel] ** 2 * score_sq[sel]
+        ratio = g2_global.mean() / g2_agent.mean()
+        cov = np.cov(g2_global, g2_agent) / sel.sum()
+        grad = np.array([1 / g2_agent.mean(), -g2_global.mean() / g2_agent.mean() ** 2])
+        se = np.sqrt(grad @ cov @ grad)
+        assert abs(ratio - float(metrics["amplification"][k])) < 4 * se + 2e-3, (k, ratio, se)
+    # the steady agent: a small factor per problem, but the batch-wide one sees the problems' spread
+    assert float(metrics["amplification"][0]) < 0.3 and batch_wide[0] > 0.5, (metrics, batch_wide)

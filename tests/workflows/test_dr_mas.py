@@ -127,12 +127,19 @@ def test_default_order_accept_and_max_loops(pool):
     assert m["team/reward"] == pytest.approx((1 + 2 / 3 + 1 + 1 / 3) / 4)
     assert m["team/pass_rate"] == 0.5 and m["team/accept_rate"] == 0.75 and m["team/loops"] == 1.25
     assert m["agent/verifier/reward"] == pytest.approx(4 / 5)
-    r = jnp.asarray(rewards, jnp.float32)
-    ids = jnp.asarray([s.agent == "verifier" for s in out.samples], jnp.int32)
-    amp = np.asarray(kernels.amplification_factor(r, ids, 2))
-    assert [m["agent/solver/amplification"], m["agent/verifier/amplification"]] == pytest.approx(
-        amp, rel=1e-5
-    )
+    # amplification per problem: mean over each agent's samples of (var_pk + (mu_pk - mu_p)^2) / var_p
+    r = np.asarray(rewards)
+    verifier = np.array([s.agent == "verifier" for s in out.samples])
+    problem = np.array([s.ids["episode"] // 2 for s in out.samples])
+    for name, mine in (("solver", ~verifier), ("verifier", verifier)):
+        f = [
+            (r[sel].var() + (r[sel].mean() - r[problem == p].mean()) ** 2) / r[problem == p].var()
+            for p in (0, 1)
+            for sel in [(problem == p) & mine]
+            if r[problem == p].var() > 0
+            for _ in range(sel.sum())
+        ]
+        assert m[f"agent/{name}/amplification"] == pytest.approx(np.mean(f), rel=1e-5)
     assert all(np.isfinite(v) for v in m.values())
 
 
