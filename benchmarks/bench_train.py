@@ -154,6 +154,7 @@ def make_batch(vocab: int, B: int, T: int, prompt: int = 32):
         loss_mask=loss_mask,
         sampling_logp=np.zeros((B, T), np.float32),
         advantages=rng.standard_normal(B).astype(np.float32),
+        temperature=np.ones(B, np.float32),  # sampled at T = 1, as the torch side computes
     )
 
 
