@@ -63,7 +63,7 @@ def aggregate_loss(
     """Reduce a per-token loss `[N, L]` to a scalar over the valid tokens.
 
     With `m` the mask, `n_i = sum_t m_it` and `S` the set of sequences with
-    `n_i > 0` (names and definitions as verl's `agg_loss`):
+    `n_i > 0` (the names of verl's `agg_loss`; the first three also its values):
 
     - `"token-mean"`: `sum_it m_it l_it / sum_it m_it` (DAPO, Yu et al. 2025,
       arXiv 2503.14476: every token weighs the same);
@@ -75,7 +75,10 @@ def aggregate_loss(
       arXiv 2503.20783: a constant normaliser, ideally the generation budget,
       so that the loss does not depend on response length). Pass the
       generation budget as `norm_constant` to keep `C` fixed when `L` varies
-      between batches.
+      between batches. verl's mode of this name sums over the sequences
+      instead of averaging (`sum_i sum_t m_it l_it / L`), so its loss and
+      gradient are `N` times this one for a batch of `N` sequences; the Dr.GRPO
+      objective averages over the group's responses, as here.
 
     Empty sequences (no valid token) contribute nothing and are left out of
     the sequence mean; an all-empty batch gives 0, never NaN. Values at
