@@ -24,6 +24,7 @@ def tis_weights(
     mode: str = "truncate",
     lo: float | None = None,
     hi: float | None = None,
+    veto: float | None = None,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """Importance weights correcting for the sampler/trainer mismatch, without gradient.
 
@@ -47,6 +48,11 @@ def tis_weights(
     - `mode="mask"` (masked IS): `w = w if lo <= w <= hi else 0`, with
       `hi = cap` and `lo = 1 / hi` unless given (as verl's rollout IS).
 
+    With `veto` (verl's `rollout_is_veto_threshold`, as MARTI's scripts set it),
+    a sequence in which any valid token has `rho_t < veto` gets weight 0 on
+    every token: one token the trainer finds far less likely than the sampler
+    did marks the whole sample as too far off-policy.
+
     Masked (padding) tokens get weight 0, and the output is wrapped in
     `stop_gradient`. In mask mode a rejected token has weight 0 but still
     counts in a token-mean denominator; to drop it from the denominator too
@@ -56,7 +62,8 @@ def tis_weights(
 
     Metrics (scalars, over valid tokens): `weight_mean`; `frac_truncated`
     (fraction with `w > cap`, truncate mode; else 0); `frac_masked` (fraction
-    rejected, mask mode; else 0); `mismatch_kl` (mean of `logp_sampler -
+    rejected, mask mode; else 0); `frac_vetoed` (fraction of sequences with a
+    valid token vetoed); `mismatch_kl` (mean of `logp_sampler -
     logp_trainer`, the k1 estimate of KL(sampler || trainer)).
     """
     _checks.floating(logp_trainer, "logp_trainer")
@@ -67,6 +74,10 @@ def tis_weights(
     level = _checks.choice(level, "level", TIS_LEVELS)
     mode = _checks.choice(mode, "mode", TIS_MODES)
     cap = losses_util.static_positive_float(cap, "cap")
+    if veto is not None:
+        veto = losses_util.static_positive_float(veto, "veto")
+        if veto >= 1:
+            raise ValueError(f"argument `veto` must be < 1 (a ratio far below 1), got {veto}")
     if mode == "truncate":
         for name, value in (("lo", lo), ("hi", hi)):
             if value is not None:
@@ -102,11 +113,16 @@ def tis_weights(
         frac_truncated = jnp.zeros((), dtype)
         frac_masked = losses_util.masked_mean((~keep).astype(dtype), mask)
 
+    vetoed = jnp.zeros(mask.shape[:1], bool)
+    if veto is not None:
+        vetoed = jnp.any(mask & (token_log_ratio < math.log(veto)), axis=-1)
+        weights = jnp.where(vetoed[:, None], zero, weights)
     weights = jax.lax.stop_gradient(jnp.where(mask, weights, zero))
     metrics = {
         "weight_mean": losses_util.masked_mean(weights, mask),
         "frac_truncated": jax.lax.stop_gradient(frac_truncated),
         "frac_masked": jax.lax.stop_gradient(frac_masked),
+        "frac_vetoed": losses_util.masked_mean(vetoed.astype(dtype), jnp.any(mask, axis=-1)),
         "mismatch_kl": jax.lax.stop_gradient(losses_util.masked_mean(-token_log_ratio, mask)),
     }
     return weights, metrics

@@ -48,7 +48,13 @@ def rl_loss(params, mb, *, config: ModelConfig, loss: LossConfig, use_old_logp: 
     norm = loss.agg_norm_constant
     if loss.tis_cap is not None:
         weights, tis = kernels.tis_weights(
-            old, mb["sampling_logp"], mask, level=loss.tis_level, cap=loss.tis_cap
+            old,
+            mb["sampling_logp"],
+            mask,
+            level=loss.tis_level,
+            cap=loss.tis_cap,
+            mode=loss.tis_mode,
+            veto=loss.tis_veto,
         )
         metrics.update({f"tis_{k}": v for k, v in tis.items()})
     pg, pg_metrics = kernels.policy_loss(

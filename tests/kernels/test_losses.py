@@ -209,6 +209,22 @@ def test_tis_hand_cases():
     np.testing.assert_array_equal(w, 0.0)
 
 
+def test_tis_veto_drops_a_sequence_with_one_far_off_token():
+    # row 0 has a valid token at ratio 0.05 (< veto 0.1); row 1's 0.05 sits in padding; row 2 is empty
+    trainer = jnp.log(jnp.array([[1.5, 0.05, 1.0], [0.8, 1.2, 0.05], [0.01, 1.0, 1.0]]))
+    sampler = jnp.zeros((3, 3))
+    mask = jnp.array([[True, True, True], [True, True, False], [False, False, False]])
+    w, m = tis_weights(trainer, sampler, mask, cap=2.0, veto=0.1)
+    np.testing.assert_allclose(w, [[0.0, 0.0, 0.0], [0.8, 1.2, 0.0], [0.0, 0.0, 0.0]], rtol=1e-6)
+    assert m["frac_vetoed"] == pytest.approx(0.5)  # of the two sequences with valid tokens
+    w, m = tis_weights(trainer, sampler, mask, cap=2.0)
+    np.testing.assert_allclose(w[0], [1.5, 0.05, 1.0], rtol=1e-6)
+    assert m["frac_vetoed"] == 0.0
+    for bad in (0.0, 1.0):
+        with pytest.raises(ValueError, match="veto"):
+            tis_weights(trainer, sampler, mask, veto=bad)
+
+
 def test_tis_sequence_level_does_not_overflow():
     trainer = jnp.full((2, 50), 40.0)  # sequence log-ratio 2000: exp overflows any float.
     sampler = jnp.zeros((2, 50))

@@ -73,3 +73,32 @@ def test_trainer_logprobs_equal_the_samplers(policy, temperature, top_p, top_k):
     _, metrics = jax.jit(loss)(policy.params, jax.tree.map(lambda x: x[0], batch))
     assert abs(float(metrics["tis_weight_mean"]) - 1.0) < 1e-4
     assert abs(float(metrics["tis_mismatch_kl"])) < 1e-5
+
+
+def test_tis_mode_and_veto_come_from_the_config(policy):
+    from pydantic import ValidationError
+
+    from marljax.train.config import LossConfig
+
+    with pytest.raises(ValidationError, match="tis_veto: needs tis_cap"):
+        LossConfig(tis_veto=0.1)
+    assert LossConfig(tis_cap=2.0, tis_mode="mask", tis_veto=0.1).tis_mode == "mask"
+
+    batch = jax.tree.map(lambda x: x[0], policy._collate(sampled(policy, 1.0, 1.0, 0)))
+    mask = np.asarray(batch["loss_mask"])
+    rows = np.flatnonzero(mask.any(1))
+    first = np.flatnonzero(mask[rows[0]])[0]
+    # the sampler found one token of the first row e^3 times likelier than the trainer does
+    batch["sampling_logp"] = batch["sampling_logp"].at[rows[0], first].add(3.0)
+
+    def metrics(**tis):
+        loss = policy.loss.model_copy(update=tis)
+        return jax.jit(functools.partial(rl_loss, config=policy.config, loss=loss, use_old_logp=False))(
+            policy.params, batch
+        )[1]
+
+    assert float(metrics(tis_veto=0.1)["tis_frac_vetoed"]) == pytest.approx(1 / len(rows))
+    assert float(metrics()["tis_frac_vetoed"]) == 0.0
+    masked = metrics(tis_mode="mask")
+    assert float(masked["tis_frac_masked"]) == pytest.approx(1 / mask.sum(), rel=1e-5)
+    assert float(metrics()["tis_frac_masked"]) == 0.0

@@ -22,7 +22,7 @@ from pydantic_core import PydanticCustomError
 
 from marljax.kernels.losses import AGG_MODES, LOSS_TYPES
 from marljax.kernels.losses_terms import KL_KINDS
-from marljax.kernels.losses_tis import TIS_LEVELS
+from marljax.kernels.losses_tis import TIS_LEVELS, TIS_MODES
 from marljax.models.config import PRESETS
 from marljax.settings import StrictModel
 from marljax.train.distributed import DistributedConfig
@@ -164,6 +164,30 @@ class LossConfig(FrozenModel):
         None, gt=0, description="truncated importance sampling cap; None disables TIS"
     )
     tis_level: Literal[TIS_LEVELS] = "token"
+    tis_mode: Literal[TIS_MODES] = Field(
+        "truncate", description="truncate: min(w, tis_cap); mask: w outside [1/tis_cap, tis_cap] becomes 0"
+    )
+    tis_veto: float | None = Field(
+        None,
+        gt=0,
+        lt=1,
+        description="a sequence with any token ratio below this gets weight 0 (verl/MARTI veto)",
+    )
+
+    @model_validator(mode="after")
+    def _tis_options_need_tis(self):
+        if self.tis_cap is None:
+            _problems(
+                [
+                    ((key,), "needs tis_cap (importance sampling is off without it)", value)
+                    for key, value, default in (
+                        ("tis_mode", self.tis_mode, "truncate"),
+                        ("tis_veto", self.tis_veto, None),
+                    )
+                    if value != default
+                ]
+            )
+        return self
 
     @property
     def agg_norm_constant(self) -> float | None:
