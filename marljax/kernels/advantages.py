@@ -175,6 +175,7 @@ def dr_mas_advantages(
     num_groups: int | None = None,
     eps: float = 1e-6,
     ddof: int = 1,
+    singleton: str = "zero",
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """Dr. MAS (arXiv 2602.08847): agent-wise normalisation.
 
@@ -188,6 +189,8 @@ def dr_mas_advantages(
       rewards, agent_ids, mask: ``[N]``.
       num_agents: static K.
       group_ids, num_groups: optional ``[N]`` problem groups and their static count.
+      singleton: "zero" (default) or "raw": what an agent's lone sample in its group gets
+        (see :func:`group_advantages`; DrMAS's reference code gives the raw reward).
 
     Returns:
       ``(advantages [N], metrics)`` where metrics holds ``amplification [K]``
@@ -197,7 +200,9 @@ def dr_mas_advantages(
     _checks_agents(rewards, agent_ids, num_agents)
     groups, G = _groups_or_one(rewards, group_ids, num_groups)
     keys = groups * num_agents + agent_ids
-    advantages = group_advantages(rewards, keys, G * num_agents, mask, eps=eps, ddof=ddof)
+    advantages = group_advantages(
+        rewards, keys, G * num_agents, mask, eps=eps, ddof=ddof, singleton=singleton
+    )
     valid = _checks.mask_or_ones(mask, rewards, "mask", "rewards")
     count, mean_k, var_k = _moments(rewards, agent_ids, num_agents, valid)
     metrics = {

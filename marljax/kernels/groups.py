@@ -21,16 +21,18 @@ from marljax.kernels import _checks
 
 CENTERS = ("mean", "loo", "none")
 SCALES = ("std", "none")
+SINGLETONS = ("zero", "raw")
 
 
-def _check_options(center: str, scale: str, eps: float, ddof: int) -> None:
+def _check_options(center: str, scale: str, eps: float, ddof: int, singleton: str = "zero") -> None:
     _checks.choice(center, "center", CENTERS)
     _checks.choice(scale, "scale", SCALES)
+    _checks.choice(singleton, "singleton", SINGLETONS)
     _checks.static_float(eps, "eps", minimum=0.0)
     _checks.static_int(ddof, "ddof", minimum=0)
 
 
-def _advantages(rewards, valid, group_sum, group_max, center, scale, eps, ddof):
+def _advantages(rewards, valid, group_sum, group_max, center, scale, eps, ddof, singleton="zero"):
     """Advantages from group statistics; shared by both layouts.
 
     ``group_sum`` / ``group_max`` reduce over each element's own group and
@@ -57,7 +59,10 @@ def _advantages(rewards, valid, group_sum, group_max, center, scale, eps, ddof):
         centred = centred / (std + eps)
     identity = center == "none" and scale == "none"
     informative = valid if identity else valid & (count > 1)
-    return jnp.where(informative, centred, 0.0)
+    out = jnp.where(informative, centred, 0.0)
+    if singleton == "raw":  # verl / DrMAS: a lone sample keeps its reward (mean 0, std 1)
+        out = jnp.where(valid & (count == 1), rewards, out)
+    return out
 
 
 def group_advantages(
@@ -70,6 +75,7 @@ def group_advantages(
     scale: str = "std",
     eps: float = 1e-6,
     ddof: int = 1,
+    singleton: str = "zero",
 ) -> jax.Array:
     """Group-relative advantages over ragged groups.
 
@@ -84,8 +90,10 @@ def group_advantages(
     Conventions:
       * masked entries get 0 and enter no statistic (even if they hold NaN);
       * a group with fewer than two valid members carries no comparison and
-        gets 0 (except the identity ``center="none", scale="none"``, which
-        returns the masked rewards unchanged);
+        gets 0 (``singleton="zero"``; except the identity ``center="none",
+        scale="none"``, which returns the masked rewards unchanged);
+        ``singleton="raw"`` gives a lone member its reward instead, as verl's
+        and DrMAS's GRPO estimators do (mean 0 and std 1 for a group of one);
       * a NaN reward makes its own group's advantages NaN and leaves every
         other group exact; pass ``mask=~jnp.isnan(rewards)`` to drop such
         samples instead;
@@ -98,7 +106,7 @@ def group_advantages(
       group_ids: ``[N]`` int group of each sample.
       num_groups: static number of groups.
       mask: optional ``[N]`` bool, True for valid samples.
-      center, scale, eps, ddof: static options, see above.
+      center, scale, eps, ddof, singleton: static options, see above.
 
     Returns:
       ``[N]`` advantages, dtype of ``rewards``.
@@ -109,13 +117,13 @@ def group_advantages(
     _checks.same_shape(rewards, group_ids, "rewards", "group_ids")
     num_groups = _checks.static_int(num_groups, "num_groups")
     mask = _checks.mask_or_ones(mask, rewards, "mask", "rewards")
-    _check_options(center, scale, eps, ddof)
+    _check_options(center, scale, eps, ddof, singleton)
     _checks.ids_in_range(group_ids, num_groups, "group_ids")
-    return _ragged(rewards, group_ids, num_groups, mask, center, scale, eps, ddof)
+    return _ragged(rewards, group_ids, num_groups, mask, center, scale, eps, ddof, singleton)
 
 
-@functools.partial(jax.jit, static_argnums=(2, 4, 5, 6, 7))
-def _ragged(rewards, group_ids, num_groups, mask, center, scale, eps, ddof):
+@functools.partial(jax.jit, static_argnums=(2, 4, 5, 6, 7, 8))
+def _ragged(rewards, group_ids, num_groups, mask, center, scale, eps, ddof, singleton):
     in_range = (group_ids >= 0) & (group_ids < num_groups)
     # Out-of-range ids go to an overflow segment that is never read back.
     segment = jnp.where(in_range, group_ids, num_groups)
@@ -133,6 +141,7 @@ def _ragged(rewards, group_ids, num_groups, mask, center, scale, eps, ddof):
         scale,
         eps,
         ddof,
+        singleton,
     )
     return jnp.where(mask & ~in_range, jnp.nan, adv).astype(rewards.dtype)
 

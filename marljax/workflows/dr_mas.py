@@ -117,6 +117,10 @@ class DrMasConfig(BaseWorkflowConfig):
     max_loops: int = Field(2, ge=1, description="turns each of solver and verifier may take per episode")
     group_size: int = Field(4, ge=2, description="episodes per problem")
     normalization: Literal["agent", "global"] = "agent"
+    singleton: Literal["zero", "raw"] = Field(
+        "zero",
+        description="advantage of an agent's only turn in its problem group: 0, or its reward (DrMAS's code)",
+    )
 
     @model_validator(mode="after")
     def _distinct(self):
@@ -289,9 +293,12 @@ class DrMasWorkflow(Workflow[DrMasConfig]):
             mask,
             group_ids=jnp.asarray(group_ids),
             num_groups=P,
+            singleton=self.cfg.singleton,
         )
         if self.cfg.normalization == "global":  # all agents of a problem together (GRPO's group baseline)
-            advantages = kernels.group_advantages(jnp.asarray(padded), jnp.asarray(group_ids), P, mask)
+            advantages = kernels.group_advantages(
+                jnp.asarray(padded), jnp.asarray(group_ids), P, mask, singleton=self.cfg.singleton
+            )
         ids = [
             dict(problem=eps[n].problem.id, episode=n, node=t, parent=t - 1, depth=t, turn=t)
             for n, t, _ in flat

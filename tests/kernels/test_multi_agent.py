@@ -184,3 +184,18 @@ def test_amplification_per_problem_group_matches_the_measured_gradient_ratio():
         assert abs(ratio - float(metrics["amplification"][k])) < 4 * se + 2e-3, (k, ratio, se)
     # the steady agent: a small factor per problem, but the batch-wide one sees the problems' spread
     assert float(metrics["amplification"][0]) < 0.3 and batch_wide[0] > 0.5, (metrics, batch_wide)
+
+
+def test_a_lone_sample_gets_zero_or_its_raw_reward():
+    rewards = jnp.array([1.0, 2.0, 3.0, 5.0, 7.0, 4.0])
+    agents = jnp.array([0, 0, 0, 1, 1, 1])
+    groups = jnp.array([0, 0, 0, 0, 1, 1])  # agent 1 acts once in group 0: a group of one
+    mask = jnp.array([True, True, True, True, True, False])  # ... and once (valid) in group 1
+    zero, _ = kernels.dr_mas_advantages(rewards, agents, 2, mask, group_ids=groups, num_groups=2)
+    raw, _ = kernels.dr_mas_advantages(
+        rewards, agents, 2, mask, group_ids=groups, num_groups=2, singleton="raw"
+    )
+    np.testing.assert_allclose(zero, [-1, 0, 1, 0, 0, 0], atol=1e-5)
+    np.testing.assert_allclose(raw, [-1, 0, 1, 5, 7, 0], atol=1e-5)  # the masked sample stays 0
+    with pytest.raises(ValueError, match="singleton"):
+        kernels.group_advantages(rewards, groups, 2, singleton="mean")
