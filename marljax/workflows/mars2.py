@@ -21,14 +21,20 @@ pushing down everything it writes can collapse it.
 
 MARS2-T+ (`search_eval`): the same search at test time with error feedback,
 rewards from the public tests only; the final answer is the highest public
-score (ties: earliest node) or a reward model's pick, and is scored on the
-private tests.
+score or, with ``select: reward_model``, the highest score of a judge: the
+agent named by ``judge`` (any agent of the run, on any policy) answers the
+`JUDGE` prompt (problem, candidate, its public-test report) greedily for each
+candidate, and the first number of its reply (0-10) is the score; Python
+users may set the ``reward_model`` hook instead. ``ties`` picks the earliest
+node (default) or the latest (MARTI). The answer is scored on the private
+tests.
 """
 
 from __future__ import annotations
 
 import functools
 import itertools
+import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar, Literal
 
@@ -54,8 +60,38 @@ from marljax.workflows.scoring import RewardKind, as_reward
 from marljax.workflows.types import Rollout
 
 REFINE_NOTE = "Refine the previous attempt so that it passes all tests. Reply with the complete program."
-# reward_model(problem, candidate texts) -> one score per candidate (higher is better)
-RewardModel = Callable[[Problem, Sequence[str]], Sequence[float]]
+# reward_model(problem, candidate texts, their public-test reports) -> one score per candidate (higher is better)
+RewardModel = Callable[[Problem, Sequence[str], Sequence[str]], Sequence[float]]
+JUDGE = (
+    "Below are a programming problem, a candidate solution and how it did on the public tests. "
+    "How likely is the candidate to pass the hidden tests as well? Reply with one score from 0 "
+    "(surely wrong) to 10 (surely right).\n\nProblem:\n{problem}\n\nCandidate:\n{candidate}\n\n"
+    "Public tests: {report}"
+)
+_SCORE = re.compile(r"\d+(?:\.\d+)?")
+
+
+def judge_model(judge: Agent, generator: Generator) -> RewardModel:
+    """A `RewardModel` that asks `judge` (greedily, with `generator`) to score each candidate from 0 to
+    10 given the problem and the candidate's public-test report; the first number of its reply,
+    clipped to [0, 10], is the score, and a reply without a number scores 0."""
+
+    def scores(problem: Problem, texts: Sequence[str], reports: Sequence[str]) -> list[float]:
+        prompts = [
+            judge.render(JUDGE.format(problem=problem.prompt, candidate=t, report=r))
+            for t, r in zip(texts, reports)
+        ]
+        replies = generator.generate([(judge, q) for q in prompts], 1, 0)
+        found = [_SCORE.search(g[0].text) for g in replies]
+        return [min(10.0, float(m.group())) if m else 0.0 for m in found]
+
+    return scores
+
+
+def public_report(node_data: Mapping[str, Any]) -> str:
+    """`passed 75% of them` and the error feedback, as the judge reads a candidate's public tests."""
+    text = f"passed {node_data['fractions']['public']:.0%} of them"
+    return f"{text}\n{node_data['feedback']}" if node_data.get("feedback") else text
 
 
 class DepthGamma(StrictModel):
@@ -88,7 +124,14 @@ class Mars2Config(BaseWorkflowConfig):
         description="tree: one advantage group per tree (MARS2); agent: per agent inside each tree (Dr. MAS)",
     )
     select: Literal["public_score", "reward_model"] = Field(
-        "public_score", description="T+ final answer: best public score, or the workflow's reward_model hook"
+        "public_score",
+        description="T+ final answer: best public score, or the judge's (else the reward_model hook's) score",
+    )
+    judge: str | None = Field(
+        None, description="agent that scores T+'s candidates when select is reward_model"
+    )
+    ties: Literal["earliest", "latest"] = Field(
+        "earliest", description="T+ final answer among equal scores: the earliest node, or the latest (MARTI)"
     )
     # MARS2-T+: the same tree search at test time, on public tests, scored on private ones
     search_option: ClassVar[str | None] = "eval_search"
@@ -109,6 +152,8 @@ class Mars2Config(BaseWorkflowConfig):
                 found.append((("agents", i), f"unknown agent; known: {', '.join(agents)}", name))
             elif name in self.agents[:i]:
                 found.append((("agents", i), "agent listed twice", name))
+        if self.judge is not None and self.judge not in agents:
+            found.append((("judge",), f"unknown agent; known: {', '.join(agents)}", self.judge))
         return found
 
 
@@ -208,10 +253,12 @@ def search_eval(
     stop_on_solve: bool = True,
     priors: Mapping[str, tuple[float, float]] | None = None,
     reward_model: RewardModel | None = None,
+    ties: str = "earliest",
     seed: int = 0,
 ) -> dict[str, float]:
     """MARS2-T+: search with error feedback on public-test rewards, pick one answer per problem
-    (best public score, ties earliest; or `reward_model`), score it on the private tests.
+    (best public score, or `reward_model`'s; `ties` to the earliest or latest node), score it on
+    the private tests.
 
     pass_at_1: the chosen answer passes all private tests; oracle: some node does."""
     team = list(agents.values()) if isinstance(agents, Mapping) else list(agents)
@@ -227,8 +274,11 @@ def search_eval(
     trees, rounds = run_search(problems, team, generator, verifier, seed, search, priors, split="public")
     chosen, passed, oracle = [], [], []
     for p, t in zip(problems, trees):
-        scores = None if reward_model is None else list(reward_model(p, [n.data["text"] for n in t.nodes]))
-        best = select_final(t.nodes, scores)
+        scores = None
+        if reward_model is not None:
+            texts, reports = [n.data["text"] for n in t.nodes], [public_report(n.data) for n in t.nodes]
+            scores = list(reward_model(p, texts, reports))
+        best = select_final(t.nodes, scores, ties)
         chosen.append(best.agent)
         passed.append(best.data["fractions"]["private"] >= 1.0)
         oracle.append(any(n.data["fractions"]["private"] >= 1.0 for n in t.nodes))
@@ -336,8 +386,13 @@ class Mars2Workflow(Workflow[Mars2Config]):
             out[f"eval/{a.name}/pass_at_1"] = float(np.mean([s.passed for s in mine]))
             out[f"eval/{a.name}/reward"] = float(np.mean([s.reward for s in mine]))
         if c.eval_search:
-            if c.select == "reward_model" and self.reward_model is None:
-                raise ValueError("select='reward_model' needs the workflow's reward_model hook to be set")
+            reward_model = None
+            if c.select == "reward_model":
+                reward_model = judge_model(agents[c.judge], generator) if c.judge else self.reward_model
+                if reward_model is None:
+                    raise ValueError(
+                        "select='reward_model' needs workflow.judge (an agent) or the reward_model hook"
+                    )
             out.update(
                 search_eval(
                     problems,
@@ -350,7 +405,8 @@ class Mars2Workflow(Workflow[Mars2Config]):
                     stop_on_solve=c.stop_on_solve,
                     priors=self.priors(team),
                     seed=0,
-                    reward_model=self.reward_model if c.select == "reward_model" else None,
+                    reward_model=reward_model,
+                    ties=c.ties,
                 )
             )
         return out

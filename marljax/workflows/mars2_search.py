@@ -182,13 +182,19 @@ class Tree:
         self.posteriors[node.kind][node.agent].update(node.reward)
 
 
-def select_final(nodes: Sequence[Node], scores: Sequence[float] | None = None) -> Node:
+def select_final(
+    nodes: Sequence[Node], scores: Sequence[float] | None = None, ties: str = "earliest"
+) -> Node:
     """MARS2-T+ final answer: the highest score (default: the node reward, i.e. the public
-    score at test time); ties go to the earliest node."""
+    score at test time); ties go to the earliest node, or with `ties="latest"` to the latest
+    (MARTI's choice)."""
     if not nodes:
         raise ValueError("no nodes to select from")
+    if ties not in ("earliest", "latest"):
+        raise ValueError(f"ties must be 'earliest' or 'latest', got {ties!r}")
     values = [n.reward for n in nodes] if scores is None else list(scores)
-    return nodes[max(range(len(nodes)), key=lambda i: (values[i], -i))]
+    order = 1 if ties == "latest" else -1
+    return nodes[max(range(len(nodes)), key=lambda i: (values[i], order * i))]
 
 
 class RewardAverage:

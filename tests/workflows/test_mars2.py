@@ -6,6 +6,7 @@ import itertools
 import json
 import math
 import statistics
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -173,10 +174,12 @@ def test_choice_matches_the_documented_rule_draw_by_draw():
         assert t.choose(np.random.default_rng(seed)) == max(arms, key=lambda x: x[0])[1]
 
 
-def test_select_final_by_score_ties_to_earliest():
+def test_select_final_by_score_ties_to_earliest_or_latest():
     nodes = [Node(i, "a", GEN, -1, 0, reward=r) for i, r in enumerate([0.5, 1.0, 0.25, 1.0])]
     assert select_final(nodes).index == 1
     assert select_final(nodes, scores=[3.0, 0.0, 3.0, 1.0]).index == 0
+    assert select_final(nodes, ties="latest").index == 3
+    assert select_final(nodes, scores=[3.0, 0.0, 3.0, 1.0], ties="latest").index == 2
 
 
 # ------------------------------------------------------------------ the workflow with scripted agents
@@ -357,7 +360,7 @@ def test_tplus_picks_by_public_score_and_scores_on_private(pool):
     assert out["eval/search/solo/chosen"] == 1.0 and out["eval/search/solo/nodes"] == out["eval/search/nodes"]
     # a reward model that prefers the first node of each tree picks the fresh solutions
 
-    def first(problem, texts):
+    def first(problem, texts, reports):
         return [1.0] + [0.0] * (len(texts) - 1)
 
     again = search_eval(
@@ -385,7 +388,7 @@ def test_evaluate_greedy_per_agent_and_search(pool):
     wf = Mars2Workflow(max_nodes=6, eval_search=True, select="reward_model")
     with pytest.raises(ValueError, match="reward_model"):
         wf.evaluate(problems, agents, CountingGenerator(script), pool)
-    wf.reward_model = lambda problem, texts: [0.0] * len(texts)
+    wf.reward_model = lambda problem, texts, reports: [0.0] * len(texts)
     out = wf.evaluate(problems, agents, CountingGenerator(script), pool)
     assert {"eval/search/pass_at_1", "eval/search/oracle", "eval/search/alpha/nodes"} <= set(out)
     assert 0.0 <= out["eval/search/pass_at_1"] <= out["eval/search/oracle"] <= 1.0
@@ -488,3 +491,38 @@ def test_binary_reward_option_for_mars2_and_grpo(pool, reward):
         assert [s.reward for s in rollout.samples] == pytest.approx([expected] * 4)
     with pytest.raises(ValueError, match="reward"):
         GrpoWorkflow(reward="half")
+
+
+def test_a_judge_agent_selects_the_t_plus_answer_from_the_config(pool):
+    """select: reward_model with workflow.judge: the judge agent scores every candidate of a tree
+    from the problem, the candidate and its public-test report; its scores pick the answer."""
+    problems = make_problems(2, seed=0)
+    agents = {**team(), "critic": Agent("critic", "pol_critic", role="Judge. ")}
+    seen = []
+
+    def script(agent, prompt, k, seed):
+        if agent.name != "critic":
+            return tplus_script(problems)(agent, prompt, k, seed)
+        seen.append(prompt)
+        # the critic trusts a candidate that looks up a table of the public cases least
+        return "Score: 2" if ".get(x, -12345)" in prompt else "I'd say 9/10"
+
+    kw = dict(max_nodes=8, eval_search=True, agents=["alpha", "beta"], select="reward_model")
+    out = Mars2Workflow(**kw, judge="critic").evaluate(problems, agents, CountingGenerator(script), pool)
+    by_public = Mars2Workflow(**{**kw, "select": "public_score"}).evaluate(
+        problems, agents, CountingGenerator(script), pool
+    )
+    assert by_public["eval/search/pass_at_1"] == 0.5  # the overfit refinement wins on public tests
+    assert out["eval/search/pass_at_1"] == 1.0 == out["eval/search/oracle"]
+    assert seen and all(p.startswith("Judge. Below are a programming problem") for p in seen)
+    assert any("Public tests: passed 75% of them" in p for p in seen)
+    assert any("Public tests: passed 100% of them" in p for p in seen)
+    from marljax.train.config import ConfigError, load_config
+
+    config = Path(__file__).resolve().parents[2] / "configs" / "mars2_tiny.yaml"
+    cfg = load_config(config, ["workflow.select=reward_model", "workflow.judge=bob", "workflow.ties=latest"])
+    assert (cfg.workflow.judge, cfg.workflow.ties) == ("bob", "latest")
+    with pytest.raises(
+        ConfigError, match=r"workflow\.judge: unknown agent; known: alice, bob \(got 'nobody'\)"
+    ):
+        load_config(config, ["workflow.judge=nobody"])
