@@ -190,7 +190,12 @@ class Trainer:
         t1 = time.perf_counter()
         for k, name in enumerate(rollout.policy_names):
             self.buffers[name].add([s for s, p in zip(rollout.samples, rollout.policy_ids) if p == k])
-        metrics = {**rollout.metrics, **diversity_of(rollout), **self.update_ready_policies()}
+        metrics = {
+            **rollout.metrics,
+            **self.workflow.overlong_metrics(rollout),
+            **diversity_of(rollout),
+            **self.update_ready_policies(),
+        }
         self.step += 1
         metrics.update({"time/rollout_s": t1 - t0, "time/update_s": time.perf_counter() - t1})
         self.log_rollout(rollout)

@@ -164,6 +164,7 @@ class AtGrpoWorkflow(Workflow[AtGrpoConfig]):
         roles = self.env.roles
         candidates, last = self.play(problems, agents, generator, verifier, seed, self.cfg.num_candidates)
         rewards = np.array([c.reward for c in candidates], np.float64)
+        rewards += self.length_penalties([c.generation for c in candidates])
         column = {
             key: jnp.asarray([getattr(c, key) for c in candidates], jnp.int32)
             for key in ("problem", "turn", "agent")

@@ -28,10 +28,27 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
 import numpy as np
+from pydantic import Field, model_validator
 
+from marljax import kernels
 from marljax.rewards import Problem, Verifier
 from marljax.settings import StrictModel
 from marljax.workflows.types import Generation, Prompt, Rollout
+
+
+class OverlongConfig(StrictModel):
+    """DAPO's soft overlong punishment (`marljax.kernels.overlong_penalty`): 0 up to `max_len -
+    buffer_len` completion tokens, then falling linearly to `-factor` at `max_len` and beyond."""
+
+    max_len: int = Field(ge=1, description="completion length (tokens) that gets the full penalty")
+    buffer_len: int = Field(ge=1, description="tokens before max_len over which the penalty ramps up")
+    factor: float = Field(1.0, ge=0, description="size of the full penalty")
+
+    @model_validator(mode="after")
+    def _buffer_fits(self):
+        if self.buffer_len > self.max_len:
+            raise ValueError(f"buffer_len ({self.buffer_len}) must be <= max_len ({self.max_len})")
+        return self
 
 
 class BaseWorkflowConfig(StrictModel):
@@ -42,6 +59,9 @@ class BaseWorkflowConfig(StrictModel):
     search_option: ClassVar[str | None] = None
 
     kind: str
+    overlong: OverlongConfig | None = Field(
+        None, description="DAPO's overlong penalty, added to each completion's reward before credit"
+    )
 
     def check_agents(self, agents: Mapping[str, Any]) -> list[tuple[tuple[str, ...], str, Any]]:
         """Cross-checks against the run's agents: `(key under workflow, problem, value)` each."""
@@ -155,7 +175,10 @@ class Workflow(abc.ABC, Generic[C]):
                 )
             self.cfg = args[0]
             return
-        names = [name for name in self.config_type.model_fields if name != "kind"]
+        # positional options are the workflow's own, in order (not the shared `kind` / `overlong`)
+        names = [
+            name for name in self.config_type.model_fields if name not in BaseWorkflowConfig.model_fields
+        ]
         if len(args) > len(names):
             raise TypeError(f"{type(self).__name__} takes at most {len(names)} options, got {len(args)}")
         self.cfg = self.config_type(**dict(zip(names, args)), **options)
@@ -163,6 +186,25 @@ class Workflow(abc.ABC, Generic[C]):
     @classmethod
     def from_config(cls, cfg: C) -> Workflow[C]:
         return cls(cfg)
+
+    def length_penalties(self, generations: Sequence[Generation]) -> np.ndarray:
+        """`overlong`'s penalty of each generation by its completion length (zeros when unset); a
+        workflow adds it to each completion's reward before assigning credit."""
+        o = self.cfg.overlong
+        if o is None:
+            return np.zeros(len(generations))
+        lengths = np.array([len(g.completion_ids) for g in generations], np.int32)
+        return np.asarray(kernels.overlong_penalty(lengths, o.max_len, o.buffer_len, o.factor), np.float64)
+
+    def overlong_metrics(self, rollout: Rollout) -> dict[str, float]:
+        """`overlong/penalty` (mean) and `overlong/frac_penalized` of the rollout's completions."""
+        if self.cfg.overlong is None:
+            return {}
+        penalties = self.length_penalties(rollout.generations)
+        return {
+            "overlong/penalty": float(penalties.mean()),
+            "overlong/frac_penalized": float((penalties < 0).mean()),
+        }
 
     @abc.abstractmethod
     def rollout(

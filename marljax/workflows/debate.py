@@ -99,6 +99,7 @@ class DebateWorkflow(Workflow[DebateConfig]):
         both = np.array([scores[4 * d + 2].passed and scores[4 * d + 3].passed for d in debates])
         # four turns per debate: each agent's first answer (nodes 0, 1), then its revision (nodes 2, 3)
         rewards, passed = np.repeat(joint, 4), np.repeat(both, 4)
+        rewards = rewards + self.length_penalties([g for d in debates for g in (*first[d], *revised[d])])
         agent_ids = np.tile([0, 1, 0, 1], len(first))
         groups = np.repeat(np.arange(P), 4 * n)
         advantages, _ = kernels.dr_mas_advantages(

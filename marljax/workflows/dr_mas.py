@@ -277,6 +277,7 @@ class DrMasWorkflow(Workflow[DrMasConfig]):
             [turn.reward if turn.role == "verifier" else eps[n].score.reward for n, _, turn in flat],
             np.float64,
         )
+        rewards += self.length_penalties([turn.generation for _, _, turn in flat])
         passed = [turn.reward if turn.role == "verifier" else eps[n].score.passed for n, _, turn in flat]
         # padded to a power of two (masked out) so the jitted kernels compile for few sizes
         size = power_of_two_bucket(N)

@@ -66,6 +66,7 @@ class GrpoWorkflow(Workflow[GrpoConfig]):
         flat = [(i, g) for i, group in enumerate(gens) for g in group]
         scores = verifier.score([problems[i] for i, _ in flat], [g.text for _, g in flat])
         rewards = np.array([as_reward(s.reward, self.cfg.reward) for s in scores], np.float32)
+        rewards += self.length_penalties([g for _, g in flat]).astype(np.float32)
         group_ids = np.repeat(np.arange(len(problems)), G)
         estimator = ESTIMATORS[self.cfg.estimator]
         advantages = estimator(jnp.asarray(rewards), jnp.asarray(group_ids), num_groups=len(problems))

@@ -217,7 +217,10 @@ class MagrpoWorkflow(Workflow[MagrpoConfig]):
             nodes += frontier
             frontier = []
             for j, verdict in zip(new, judged):
-                j.reward, j.passed = float(verdict.reward), bool(verdict.passed)
+                # a joint action's overlong penalty is the mean of its members' (`overlong`)
+                members = [j.node.gens[k][c] for k, c in enumerate(j.combo)]
+                j.reward = float(verdict.reward) + float(self.length_penalties(members).mean())
+                j.passed = bool(verdict.passed)
             for idx, (j, texts, verdict) in enumerate(zip(new, answers, judged)):
                 if t + 1 < self.cfg.num_turns and not self.stops(j.node, joints):
                     e = j.node.episode

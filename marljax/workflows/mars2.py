@@ -331,6 +331,7 @@ class Mars2Workflow(Workflow[Mars2Config]):
         trees, rounds = run_search(problems, team, generator, verifier, seed, self.cfg, self.priors(team))
         flat = [(i, n) for i, t in enumerate(trees) for n in t.nodes]
         rewards = np.array([n.reward for _, n in flat], np.float32)
+        rewards += self.length_penalties([n.data["gen"] for _, n in flat]).astype(np.float32)
         tree_ids = jnp.asarray([i for i, _ in flat], jnp.int32)
         if self.cfg.normalization == "agent":
             index = {a.name: k for k, a in enumerate(team)}

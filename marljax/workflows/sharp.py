@@ -282,6 +282,8 @@ class SharpWorkflow(Workflow[SharpConfig]):
                 process_weight=c.process_weight,
             )
         )
+        penalties = self.length_penalties([g for t in trajs for g in (t.plan, *t.work)])
+        rewards = rewards + penalties.reshape(rewards.shape).astype(rewards.dtype)
         groups = jnp.asarray([t.group for t in trajs], jnp.int32)
         advantages = np.asarray(kernels.sharp_advantages(jnp.asarray(rewards), groups, P))
         team = [agents[c.planner]] + [agents[w] for w in c.workers]

@@ -1,5 +1,6 @@
-"""Every workflow kind prompts its agents through the tokenizer's chat template: one training step of
-each shipped tiny config, read back from the rollout log (what the sampler was given)."""
+"""Every workflow kind prompts its agents through the tokenizer's chat template (one training step of
+each shipped tiny config, read back from the rollout log: what the sampler was given) and adds DAPO's
+overlong penalty to each completion's reward when `workflow.overlong` is set."""
 
 from __future__ import annotations
 
@@ -23,15 +24,16 @@ QUICK = [
 ]
 
 
-def logged_prompts(path: Path, run_dir: Path, extra: list[str] = ()) -> list[dict]:
+def logged_step(path: Path, run_dir: Path, extra: list[str] = ()) -> tuple[list[dict], dict]:
+    """One training step of `path`'s config: the rollout log's records and the step's metrics."""
     from marljax.train.loop import Trainer
 
     trainer = Trainer(load_config(path, [f"run_dir={run_dir}", *QUICK, *extra]))
     try:
-        trainer.train_step()
+        metrics = trainer.train_step()
     finally:
         trainer.close()
-    return rollout_log.read_step(run_dir, 1)
+    return rollout_log.read_step(run_dir, 1), metrics
 
 
 def test_the_tiny_configs_cover_every_workflow_kind():
@@ -43,7 +45,7 @@ def test_the_tiny_configs_cover_every_workflow_kind():
 @pytest.mark.parametrize("path", TINY, ids=[p.stem for p in TINY])
 def test_every_agent_prompt_is_in_chat_form(path, tmp_path):
     cfg = load_config(path, [f"run_dir={tmp_path}"])
-    records = logged_prompts(path, tmp_path / "chat")
+    records, _ = logged_step(path, tmp_path / "chat")
     assert records
     for r in records:
         prompt, agent = r["prompt"], cfg.agents[r["agent"]]
@@ -51,6 +53,16 @@ def test_every_agent_prompt_is_in_chat_form(path, tmp_path):
         assert prompt.count("<|im_start|>system\n") == (1 if agent.role and "{role}" in agent.template else 0)
         if agent.role:
             assert agent.role.strip() in prompt
+    # chat off, and DAPO's overlong penalty: -10 for every completion of 2 tokens or more
     off = [f"policies.{name}.chat=off" for name in cfg.policies]
-    for r in logged_prompts(path, tmp_path / "raw", off):
+    overlong = [
+        "workflow.overlong.max_len=2",
+        "workflow.overlong.buffer_len=1",
+        "workflow.overlong.factor=10",
+    ]
+    records, metrics = logged_step(path, tmp_path / "raw", off + overlong)
+    for r in records:
         assert "<|im_start|>" not in r["prompt"] and "<|im_end|>" not in r["prompt"], r["prompt"]
+    long = [r for r in records if r["completion_len"] >= 2]
+    assert long and all(r["reward"] < -5 for r in long), [(r["agent"], r["reward"]) for r in long]
+    assert metrics["overlong/frac_penalized"] == pytest.approx(len(long) / len(records))
