@@ -30,7 +30,7 @@ from marljax.envs.grid import make_grid_problems
 from marljax.rewards import Limits, Problem, SandboxPool, SandboxVerifier
 from marljax.seeds import derive_seed
 from marljax.train import data as data_lib
-from marljax.train import distributed, memory, rollout_log
+from marljax.train import distributed, dynamic_sampling, memory, rollout_log
 from marljax.train.buffer import ExperienceBuffer
 from marljax.train.checkpoint import RunCheckpointer
 from marljax.train.config import DataConfig, RunConfig, dump_config
@@ -183,15 +183,26 @@ class Trainer:
 
     def train_step(self) -> dict[str, float]:
         t0 = time.perf_counter()
-        problems = next(self.stream)
-        rollout = self.workflow.rollout(
-            problems, self.agents, self.generator, self.verifier, derive_seed(self.cfg.seed, self.step)
-        )
+        seed = derive_seed(self.cfg.seed, self.step)
+        rollout = self.workflow.rollout(next(self.stream), self.agents, self.generator, self.verifier, seed)
+        sampling = {}
+        if self.cfg.train.dynamic_sampling:
+
+            def more(round_: int) -> Rollout:
+                again = derive_seed(seed, round_)
+                return self.workflow.rollout(
+                    next(self.stream), self.agents, self.generator, self.verifier, again
+                )
+
+            rollout, sampling = dynamic_sampling.collect(
+                rollout, more, self.cfg.data.batch_size, self.cfg.train.max_sampling_rounds
+            )
         t1 = time.perf_counter()
         for k, name in enumerate(rollout.policy_names):
             self.buffers[name].add([s for s, p in zip(rollout.samples, rollout.policy_ids) if p == k])
         metrics = {
             **rollout.metrics,
+            **sampling,
             **self.workflow.overlong_metrics(rollout),
             **diversity_of(rollout),
             **self.update_ready_policies(),

@@ -167,6 +167,18 @@ class Rollout:
     def __len__(self) -> int:
         return len(self.generations)
 
+    def select(self, keep: Sequence[bool] | np.ndarray) -> Rollout:
+        """The completions where `keep` is True, with the same extras."""
+        idx = np.flatnonzero(np.asarray(keep, bool))
+        return Rollout(
+            [self.generations[i] for i in idx],
+            [self.ids[i] for i in idx],
+            self.rewards[idx],
+            self.advantages[idx],
+            self.passed[idx],
+            self.extras,
+        )
+
     @functools.cached_property
     def agent_names(self) -> tuple[str, ...]:
         return tuple(sorted({g.agent for g in self.generations}))
@@ -215,6 +227,19 @@ class Rollout:
                 f"workflow metrics {clash} are computed from the rollout; leave them out of extras"
             )
         return {**common, **self.extras}
+
+
+def concatenate(rollouts: Sequence[Rollout]) -> Rollout:
+    """One rollout of the completions of several; an extra is its mean over the rollouts reporting it."""
+    keys = dict.fromkeys(k for r in rollouts for k in r.extras)
+    return Rollout(
+        [g for r in rollouts for g in r.generations],
+        [i for r in rollouts for i in r.ids],
+        np.concatenate([r.rewards for r in rollouts]),
+        np.concatenate([r.advantages for r in rollouts]),
+        np.concatenate([r.passed for r in rollouts]),
+        {k: float(np.mean([r.extras[k] for r in rollouts if k in r.extras])) for k in keys},
+    )
 
 
 def agent_metrics(rollout: Rollout) -> dict[str, float]:

@@ -384,6 +384,12 @@ class TrainConfig(FrozenModel):
         description="every N steps write each sample's prompt, completion, reward and advantage "
         "to RUN_DIR/rollouts/step_<step>.jsonl (read with `marljax rollouts`); 0 disables",
     )
+    dynamic_sampling: bool = Field(
+        False,
+        description="DAPO: drop problems whose completions all have zero advantage and roll out more "
+        "problems until data.batch_size informative ones are collected (train/dynamic_sampling.py)",
+    )
+    max_sampling_rounds: int = Field(3, ge=1, description="rollouts per step at most with dynamic_sampling")
 
 
 class RunConfig(FrozenModel):
