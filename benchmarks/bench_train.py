@@ -187,7 +187,7 @@ def setup_marljax(path: Path, batch: dict, dtype: str, scan_layers: bool = False
     return step, config
 
 
-def setup_torch(path: Path, batch: dict, dtype: str):
+def setup_torch(path: Path, batch: dict, dtype: str, param_dtype: str = "float32"):
     import numpy as np
     import torch
     import transformers
@@ -196,7 +196,7 @@ def setup_torch(path: Path, batch: dict, dtype: str):
     torch.set_num_threads(os.cpu_count() or 1)
     model = (
         transformers.AutoModelForCausalLM.from_pretrained(
-            str(path), dtype=torch.float32, attn_implementation="sdpa"
+            str(path), dtype=getattr(torch, param_dtype), attn_implementation="sdpa"
         )
         .to(dev)
         .train()

@@ -6,7 +6,9 @@
 Sections (in this order): peak (matmul FLOP/s, memory bandwidth), train (train step vs
 transformers+torch), generate (sampler vs transformers and tunix), kernels (vs verl and
 NumPy), rl (where an RL iteration's time goes), sandbox (programs/s), gpu (with --gpu:
-Qwen2.5-0.5B-shaped MFU and decode roofline). `--quick` uses fewer repeats and steps and
+Qwen2.5-0.5B-shaped MFU and decode roofline), real (only with `--only real`: a MARS2 step, eval,
+checkpoint, kill, resume and export at the shapes of Qwen2.5-0.5B and Llama-3.2-1B; minutes, full
+depth in full mode, 2 layers and 16 new tokens otherwise). `--quick` uses fewer repeats and steps and
 skips the MARS2 scaling grid; `--smoke` only checks that every section runs (tiny shapes, no external
 environments; used by tests/test_benchmarks_smoke.py).
 
@@ -40,7 +42,8 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 
-SECTIONS = ("peak", "train", "generate", "kernels", "rl", "sandbox", "gpu")
+SECTIONS = ("peak", "train", "generate", "kernels", "rl", "sandbox", "gpu", "real")
+OPT_IN = ("gpu", "real")  # left out unless asked for (--gpu, --only): hardware or minutes
 TITLES = {
     "peak": "1. Machine peak",
     "train": "2. Train step",
@@ -49,6 +52,7 @@ TITLES = {
     "rl": "5. RL iteration breakdown",
     "sandbox": "6. Sandbox",
     "gpu": "7. GPU",
+    "real": "8. Rehearsal at real shapes",
 }
 NOISY_CORES = 0.5
 
@@ -163,6 +167,12 @@ def run_section(name: str, mode: str, args, results: dict):
         import bench_gpu
 
         return bench_gpu.run(mode, peak=results.get("peak"))
+    if name == "real":
+        import bench_real
+
+        if mode == "full":  # bfloat16 and remat: both models' weights and moments in 24 GiB of host memory
+            return bench_real.run(dtype="bfloat16", remat=True)
+        return bench_real.run(layers=2, max_new_tokens=16, repeats=1)
     raise ValueError(name)
 
 
@@ -238,6 +248,13 @@ def targets(results: dict) -> list[dict]:
         train.get("50m", {}).get("marljax", {}).get("fraction_of_peak"),
         0.5,
         "{:.0%}",
+    )
+    real = results.get("real", {}).get("compare", {})
+    add(
+        "update step, Qwen2.5-0.5B shape (MARS2 batch) vs transformers >= 1.2x",
+        real.get("speedup"),
+        1.2,
+        best=real.get("speedup_best"),
     )
     k = results.get("kernels", {})
     add(
@@ -342,7 +359,11 @@ def main(argv=None) -> dict:
     )
     args = ap.parse_args(argv)
     mode = "smoke" if args.smoke else "quick" if args.quick else "full"
-    sections = [s for s in SECTIONS if (s in args.only if args.only else (s != "gpu" or args.gpu))]
+    sections = [
+        s
+        for s in SECTIONS
+        if (s in args.only if args.only else (s not in OPT_IN or (s == "gpu" and args.gpu)))
+    ]
     needed = list(sections)
     if ("train" in sections or "gpu" in sections) and "peak" not in sections:
         needed.insert(0, "peak")  # train and gpu report against the measured peak

@@ -76,11 +76,7 @@ class Trainer:
         self.cfg = cfg
         distributed.initialize(cfg.distributed)  # multi-process runs: before any JAX computation
         self.run_dir = Path(cfg.resolved_run_dir())
-        norm = float(cfg.sampler.max_new_tokens)  # Dr.GRPO's constant: the generation budget
-        self.policies = {
-            name: Policy(name, p, norm_constant=norm, seed=cfg.seed)
-            for name, p in sorted(cfg.policies.items())
-        }
+        self.policies = {name: self._build_policy(name) for name in sorted(cfg.policies)}
         memory.log_estimates(self.policies, cfg.sampler.max_prompt_len + cfg.sampler.max_new_tokens, log)
         self.agents = {
             name: Agent(name, a.policy, a.role, a.template) for name, a in sorted(cfg.agents.items())
@@ -105,6 +101,10 @@ class Trainer:
         )
         self.step = 0
         self._pool: SandboxPool | None = None
+
+    def _build_policy(self, name: str) -> Policy:
+        norm = float(self.cfg.sampler.max_new_tokens)  # Dr.GRPO's constant: the generation budget
+        return Policy(name, self.cfg.policies[name], norm_constant=norm, seed=self.cfg.seed)
 
     # ------------------------------------------------------------ plumbing
     @property
@@ -134,8 +134,18 @@ class Trainer:
 
     def restore(self) -> bool:
         """Load the newest complete checkpoint; False for a fresh run."""
-        got = self.checkpointer.restore({n: p.abstract_state() for n, p in self.policies.items()})
+        targets = {n: p.abstract_state() for n, p in self.policies.items()}
+        # the restored states replace the loaded ones: free those first, else a resume needs the
+        # memory of two states (benchmarks/bench_real.py at full depth did not resume in 24 GiB)
+        released = self.checkpointer.latest_step() is not None
+        if released:
+            for policy in self.policies.values():
+                policy.release_state()
+        got = self.checkpointer.restore(targets)
         if got is None:
+            if released:  # no step verified after all: start afresh from the initial weights
+                for name in self.policies:
+                    self.policies[name] = self._build_policy(name)
             return False
         step, states, loop = got
         for name, state in states.items():

@@ -10,11 +10,19 @@ estimate of what one micro-batch keeps for the backward pass:
   (D hidden, F mlp, H / K query / kv heads on this device, hd head dim);
 - remat on (`model.remat`): the layer inputs `L x D` per token, plus one
   layer's intermediates while it is recomputed;
-- plus the loss head: `[rows, 256, V]` float32 logit chunks (x3 with grads).
+- plus the loss head: `[rows, 256, V]` float32 logit chunks (x3 with grads);
+- with `param_dtype` narrower than the compute dtype (bfloat16 storage, float32 compute): a copy of
+  the parameters in the compute dtype, which the step casts them to, and the gradients in the
+  compute dtype before they are cast back. Sampling holds as much: the prefill's and the
+  decode loop's copies of the weights (reported with the KV cache, not in the peak). On
+  CPU the compute dtype is float32 even for `dtype: bfloat16`: XLA:CPU converts bfloat16 matmul
+  operands to float32 and hoists the conversion of the weights out of the decode loop and the
+  backward pass, so a float32 copy of the weights exists while sampling and updating.
 
 Knobs to fit: `model.remat`, `micro_batch_size` (rows per forward/backward),
 `mesh.fsdp` / `mesh.tensor` (split parameters, moments and gradients),
-`model.param_dtype` / `dtype` (bfloat16 halves them).
+`model.param_dtype` / `dtype` (bfloat16 halves them; on CPU sampling and updates still make
+float32 copies of the weights, so it saves the resident state only).
 """
 
 from __future__ import annotations
@@ -78,6 +86,7 @@ class MemoryEstimate:
     reference: int
     sampler_copy: int
     activations: int  # one micro-batch, with the configured remat
+    compute_copy: int  # parameters and gradients in the compute dtype, where it is wider
     activations_alt: int  # the same with remat toggled
     remat: bool
     rows: int  # rows of a micro-batch on one device
@@ -90,7 +99,7 @@ class MemoryEstimate:
 
     @property
     def peak(self) -> int:
-        return self.state + self.activations
+        return self.state + self.activations + self.compute_copy
 
     def report(self, optimizer: str = "adamw", device_limit: int | None = None) -> str:
         n = self.policy
@@ -102,8 +111,14 @@ class MemoryEstimate:
             f" + sampler copy {_bytes(self.sampler_copy)} = {_bytes(self.state)}",
             f"  activations per micro-batch ({self.rows} rows x {self.seq_len} tokens): ~{_bytes(self.activations)} "
             f"with remat {'on' if self.remat else 'off'} (~{_bytes(self.activations_alt)} with remat "
-            f"{'off' if self.remat else 'on'})",
-            f"  peak ~{_bytes(self.peak)}; sampler KV cache {_bytes(self.kv_per_sequence)} per sequence",
+            f"{'off' if self.remat else 'on'})"
+            + (
+                f"; compute-dtype copies of parameters and gradients {_bytes(self.compute_copy)}"
+                if self.compute_copy
+                else ""
+            ),
+            f"  peak ~{_bytes(self.peak)}; sampler KV cache {_bytes(self.kv_per_sequence)} per sequence"
+            + (f" + compute-dtype weight copies {_bytes(self.compute_copy)}" if self.compute_copy else ""),
         ]
         if device_limit:
             verdict = "fits" if self.peak <= device_limit else "DOES NOT FIT"
@@ -138,16 +153,22 @@ def estimate(
     reference: bool = False,
     remat: bool | None = None,
     sampler_mesh_shape: Mapping[str, int] | None = None,
+    platform: str | None = None,
 ) -> MemoryEstimate:
     """Per-device estimate for a model, mesh and update settings (no devices needed: plan ahead).
 
     `sampler_mesh_shape`: the sampler's layout when it differs (a second copy of the parameters).
+    `platform`: the JAX backend ("cpu" computes bfloat16 in float32; see the module doc).
     """
     shape = {a: int((mesh_shape or {}).get(a, 1)) for a in MESH_AXES}
     total, params = param_bytes(config, shape)
     remat = config.remat != "none" if remat is None else remat
     rows = max(1, micro_batch_size // (shape["data"] * shape["fsdp"]))
     copy = param_bytes(config, sampler_mesh_shape)[1] if sampler_mesh_shape is not None else 0
+    compute = np.dtype(config.dtype).itemsize
+    if platform == "cpu":
+        compute = max(compute, 4)
+    widen = compute / np.dtype(config.param_dtype).itemsize
     kv = (
         2
         * config.num_layers
@@ -167,6 +188,7 @@ def estimate(
         sampler_copy=copy,
         activations=_activations(config, rows, seq_len, shape["tensor"], remat),
         activations_alt=_activations(config, rows, seq_len, shape["tensor"], not remat),
+        compute_copy=int(2 * params * widen) if widen > 1 else 0,
         remat=remat,
         rows=rows,
         seq_len=seq_len,
@@ -176,6 +198,8 @@ def estimate(
 
 def policy_estimate(policy: Any, seq_len: int) -> MemoryEstimate:
     """`estimate` for a built `Policy` (its model, mesh, optimizer and sampler layout)."""
+    import jax
+
     cfg = policy.cfg
     shape = None if policy.mesh is None else dict(policy.mesh.shape)
     sampler = policy.sampler_mesh if getattr(policy, "_to_sampler", None) is not None else None
@@ -189,6 +213,7 @@ def policy_estimate(policy: Any, seq_len: int) -> MemoryEstimate:
         optimizer=cfg.optimizer.name,
         reference=cfg.reference,
         sampler_mesh_shape=sampler_shape,
+        platform=jax.default_backend(),
     )
 
 

@@ -339,8 +339,13 @@ class Policy:
     def load_state(self, state: dict) -> None:
         self.params, self.opt_state = state["params"], state["opt_state"]
         self.version = int(state["version"])
-        if self.ref_params is not None:
+        if "ref_params" in state:
             self.ref_params = state["ref_params"]
+
+    def release_state(self) -> None:
+        """Drop the parameters, optimiser state and reference (before `load_state` replaces them)."""
+        self.params = self.opt_state = self.ref_params = None
+        self._sampler_cache = None
 
     def abstract_state(self) -> dict:
         """`state()` as ShapeDtypeStructs with shardings: the restore target."""

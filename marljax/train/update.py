@@ -111,7 +111,9 @@ def accumulate(loss_fn: Callable, params, batch: dict, agg_mode: str):
     def add(acc, mb, lw, tw):
         (loss, metrics), grads = grad_fn(params, mb)
         g_acc, l_acc, m_acc = acc
-        g_acc = jax.tree.map(lambda a, g: a + lw * g, g_acc, grads)
+        # in the parameter dtype: a float32 weight times bfloat16 gradients promotes to float32,
+        # and the scan's carry must keep its dtype (bfloat16 parameters could not train otherwise)
+        g_acc = jax.tree.map(lambda a, g: (a + lw * g).astype(a.dtype), g_acc, grads)
         m_acc = {k: m_acc[k] + tw * v for k, v in metrics.items()}
         return g_acc, l_acc + lw * loss, m_acc
 

@@ -358,3 +358,35 @@ def test_sigkill_at_any_moment_leaves_a_restorable_step(tmp_path):
                 w.proc.kill()
     assert check_restorable(run_dir, done + 3) == done + 3
     assert sorted(os.listdir(run_dir / "checkpoints"), key=int) == [str(done + 2), str(done + 3)]
+
+
+@pytest.mark.parametrize("corrupt", [None, _corrupt_flip])
+def test_trainer_restore_frees_the_initial_state_first_and_rebuilds_it_when_no_step_restores(
+    tmp_path, corrupt
+):
+    """A resume reads the checkpoint after dropping the freshly loaded weights (one state in memory,
+    not two); if the only step turns out corrupt (its sizes match, its hashes do not), the policies
+    are built again and the run starts afresh from the initial weights."""
+    from marljax.train.config import load_config
+    from marljax.train.loop import Trainer
+
+    overrides = [f"run_dir={tmp_path / 'run'}", "train.tensorboard=false", "train.progress=false"]
+    cfg = load_config(ROOT / "configs" / "grpo_tiny.yaml", overrides)
+    first = Trainer(cfg)
+    initial = jax.tree.map(np.asarray, first.policies["main"].params)
+    first.policies["main"].version = 7  # marks the saved state apart from a rebuilt one
+    first.save()
+    first.close()
+    if corrupt is not None:
+        corrupt(biggest_data_file(tmp_path / "run", "main", 0))
+    second = Trainer(cfg)
+    if corrupt is None:
+        assert second.restore() and second.policies["main"].version == 7
+    else:
+        with pytest.warns(RuntimeWarning, match="step 0"):
+            assert not second.restore()
+        assert second.policies["main"].version == 0 and second.policies["main"].opt_state is not None
+    assert jax.tree.structure(second.policies["main"].params) == jax.tree.structure(initial)
+    for got, want in zip(jax.tree.leaves(second.policies["main"].params), jax.tree.leaves(initial)):
+        np.testing.assert_array_equal(np.asarray(got), want)
+    second.close()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import jax
@@ -217,6 +218,20 @@ def test_bfloat16_parameters_get_bfloat16_updates_and_skips(schedule):
     )
     assert new["w"].dtype == jnp.bfloat16 and float(skipped) == 1.0 and (np.asarray(new["w"]) == 1).all()
     assert int(applied_steps(kept)) == 0
+
+
+def test_bfloat16_parameters_train_through_the_compiled_step():
+    """The gradient accumulator keeps the parameter dtype (a float32 micro-batch weight times
+    bfloat16 gradients would make it float32 and the scan's carry would not type-check)."""
+    config = dataclasses.replace(CONFIG, dtype="float32", param_dtype="bfloat16")
+    params = get_params(init_model(config, seed=0))
+    opt = make_optimizer(OptimizerConfig(lr=1e-2))
+    fn = functools.partial(rl_loss, config=config, loss=LossConfig(), use_old_logp=False)
+    update = make_update_fn(fn, opt, "token-mean")
+    b = jax.tree.map(jnp.asarray, collate(random_samples(4, seed=9), micro_batch_size=2))  # 2 micro-batches
+    new, _, m = update(params, opt.init(params), b)
+    assert float(m["skipped"]) == 0.0 and np.isfinite(float(m["loss"]))
+    assert {x.dtype for x in jax.tree.leaves(new)} == {jnp.dtype(jnp.bfloat16)}
 
 
 def test_sft_lowers_the_nll_of_its_targets():
