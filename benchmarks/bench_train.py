@@ -50,6 +50,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_common import child_json, emit_json, fmt, interleaved  # noqa: E402
 
 from marljax.host_memory import default_env, kept_env  # noqa: E402
+from marljax.models.real_shapes import SHAPES as REAL_SHAPES  # noqa: E402
 
 # name -> environment of the child process that measures with it
 HOST_MEMORY = {"kept": kept_env, "glibc default": default_env}
@@ -93,19 +94,8 @@ SIZES = {
     ),
     # GPU only (--gpu): Qwen2.5-0.5B shapes in bfloat16 (float32 master weights on both sides)
     "qwen2.5-0.5b": (
-        "qwen2",
-        dict(
-            vocab_size=151936,
-            hidden_size=896,
-            intermediate_size=4864,
-            num_hidden_layers=24,
-            num_attention_heads=14,
-            num_key_value_heads=2,
-            rope_theta=1e6,
-            rms_norm_eps=1e-6,
-            tie_word_embeddings=True,
-            max_position_embeddings=32768,
-        ),
+        REAL_SHAPES["qwen2.5-0.5b"][0],
+        REAL_SHAPES["qwen2.5-0.5b"][1],
         8,
         1024,
         "bfloat16",
