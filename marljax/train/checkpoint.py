@@ -183,6 +183,16 @@ class RunCheckpointer:
         self.keep = keep
         self.async_save = async_save
         self.directory = os.path.abspath(os.path.join(os.fspath(run_dir), "checkpoints"))
+        # (a step directory is all digits: a policy named so cannot tell the layouts apart)
+        old = [
+            n for n in (*names, LOOP) if not n.isdigit() and os.path.isdir(os.path.join(self.directory, n))
+        ]
+        if old:  # a run directory of the layout before one manager: its steps would be ignored
+            raise FileExistsError(
+                f"{self.directory} holds checkpoints in the older per-policy layout ({', '.join(old)}/<step>/), "
+                "which this version does not read: resume that run with the marljax version that wrote it, "
+                "or use a new run directory"
+            )
         options = ocp.CheckpointManagerOptions(
             max_to_keep=None,  # retention is ours (see module docstring)
             enable_async_checkpointing=async_save,

@@ -390,3 +390,9 @@ def test_trainer_restore_frees_the_initial_state_first_and_rebuilds_it_when_no_s
     for got, want in zip(jax.tree.leaves(second.policies["main"].params), jax.tree.leaves(initial)):
         np.testing.assert_array_equal(np.asarray(got), want)
     second.close()
+
+
+def test_a_run_directory_of_the_older_per_policy_layout_is_an_error(tmp_path):
+    (tmp_path / "checkpoints" / POLICIES[0] / "10").mkdir(parents=True)
+    with pytest.raises(FileExistsError, match="older per-policy layout"):
+        RunCheckpointer(tmp_path, POLICIES)
