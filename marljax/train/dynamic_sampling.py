@@ -15,17 +15,18 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-import numpy as np
-
 from marljax.workflows.types import Rollout, concatenate
 
 
-def informative(rollout: Rollout) -> tuple[np.ndarray, list[str]]:
-    """(mask of the completions of problems with a non-zero advantage, those problems in order)."""
-    problems = [str(i.get("problem", "")) for i in rollout.ids]
+def problem_of_each(rollout: Rollout) -> list[str]:
+    return [str(i.get("problem", "")) for i in rollout.ids]
+
+
+def informative(rollout: Rollout) -> list[str]:
+    """The problems with a completion of non-zero advantage, in order of appearance."""
+    problems = problem_of_each(rollout)
     teaching = {p for p, a in zip(problems, rollout.advantages) if a != 0}
-    kept = list(dict.fromkeys(p for p in problems if p in teaching))
-    return np.array([p in teaching for p in problems], bool), kept
+    return [p for p in dict.fromkeys(problems) if p in teaching]
 
 
 def collect(
@@ -38,12 +39,11 @@ def collect(
     for round_ in range(max_rounds):
         if round_:
             rollout = more(round_)
-        mask, problems = informative(rollout)
-        take = problems[: batch_size - kept]
-        in_take = np.array([str(i.get("problem", "")) in take for i in rollout.ids], bool)
-        parts.append(rollout.select(mask & in_take))
+        problems, teaching = problem_of_each(rollout), informative(rollout)
+        take = set(teaching[: batch_size - kept])
+        parts.append(rollout.select([p in take for p in problems]))
         kept += len(take)
-        dropped += len({str(i.get("problem", "")) for i in rollout.ids}) - len(problems)
+        dropped += len(set(problems)) - len(teaching)
         if kept >= batch_size:
             break
     metrics = {

@@ -214,12 +214,13 @@ class MagrpoWorkflow(Workflow[MagrpoConfig]):
             judged = (
                 self.task.judge([problems[j.node.episode] for j in new], answers, verifier) if new else []
             )
+            # a joint action's overlong penalty is the mean of its members' (`overlong`)
+            penalties = {id(s): [self.length_penalties(row) for row in s.gens] for s in frontier}
             nodes += frontier
             frontier = []
             for j, verdict in zip(new, judged):
-                # a joint action's overlong penalty is the mean of its members' (`overlong`)
-                members = [j.node.gens[k][c] for k, c in enumerate(j.combo)]
-                j.reward = float(verdict.reward) + float(self.length_penalties(members).mean())
+                mine = penalties[id(j.node)]
+                j.reward = float(verdict.reward) + float(np.mean([mine[k][c] for k, c in enumerate(j.combo)]))
                 j.passed = bool(verdict.passed)
             for idx, (j, texts, verdict) in enumerate(zip(new, answers, judged)):
                 if t + 1 < self.cfg.num_turns and not self.stops(j.node, joints):
