@@ -136,7 +136,7 @@ class Trainer:
         """Load the newest complete checkpoint; False for a fresh run."""
         targets = {n: p.abstract_state() for n, p in self.policies.items()}
         # the restored states replace the loaded ones: free those first, else a resume needs the
-        # memory of two states (benchmarks/bench_real.py at full depth did not resume in 24 GiB)
+        # memory of two full states at once
         released = self.checkpointer.latest_step() is not None
         if released:
             for policy in self.policies.values():
