@@ -44,28 +44,14 @@ from marljax.models.rope import inverse_frequencies
 DecodeCache = tuple[jax.Array, ...]
 
 
-def split_cache(cache: KVCache, slots: int | None = None) -> DecodeCache:
-    """The decode layout of the first `slots` (default all) slots of a `KVCache` `[L, B, S, K, H]`."""
-    L, W = cache.k.shape[0], slots or cache.k.shape[2]
+def init_decode_cache(config: ModelConfig, rows: int, slots: int, dtype=None) -> DecodeCache:
+    """Zero caches of `rows` rows and `slots` slots per row, in the decode layout."""
+    dtype = jnp.dtype(config.dtype) if dtype is None else dtype
+    K, H = config.num_kv_heads, config.head_dim
     return tuple(
-        x
-        for layer in range(L)
-        for x in (
-            jnp.transpose(cache.k[layer, :, :W], (0, 2, 3, 1)),  # keys [B, K, H, W]
-            jnp.swapaxes(cache.v[layer, :, :W], 1, 2),
-        )
-    )  # values [B, K, W, H]
-
-
-def grow_cache(kv: DecodeCache, slots: int) -> DecodeCache:
-    """`split_cache` arrays widened to `slots` slots (new slots zero)."""
-
-    def pad(x, axis):
-        widths = [(0, 0)] * x.ndim
-        widths[axis] = (0, slots - x.shape[axis])
-        return jnp.pad(x, widths)
-
-    return tuple(pad(x, 3 if i % 2 == 0 else 2) for i, x in enumerate(kv))
+        jnp.zeros((rows, K, H, slots) if i % 2 == 0 else (rows, K, slots, H), dtype)
+        for i in range(2 * config.num_layers)
+    )
 
 
 def decode_weights(params: Params, config: ModelConfig, fuse: bool) -> Params:
@@ -84,48 +70,58 @@ def decode_weights(params: Params, config: ModelConfig, fuse: bool) -> Params:
 
 
 def _attend_cached(q: jax.Array, keys: jax.Array, values: jax.Array, mask: jax.Array) -> jax.Array:
-    """Grouped-query attention `[B, N, H]` of one query per row `[B, N, H]` over keys
-    `[B, K, H, S]` and values `[B, K, S, H]` where `mask` `[B, 1, 1, S]` is set; scores and
-    softmax in float32, as `jax.nn.dot_product_attention`."""
-    B, N, H = q.shape
+    """Grouped-query attention `[B, T, N, H]` of queries `[B, T, N, H]` over keys `[B, K, H, S]`
+    and values `[B, K, S, H]` where `mask` `[B, 1, 1, T, S]` is set; scores and softmax in
+    float32, as `jax.nn.dot_product_attention`."""
+    B, T, N, H = q.shape
     K = keys.shape[1]
-    qg = q.reshape(B, K, N // K, H)  # query head n reads kv head n // (N / K)
-    s = jnp.einsum("bkgh,bkhs->bkgs", qg, keys.astype(q.dtype), preferred_element_type=jnp.float32) * (
+    # [B, K, G, T, H]: query head n = k G + g reads kv head k = n // G
+    qg = jnp.transpose(q.reshape(B, T, K, N // K, H), (0, 2, 3, 1, 4))
+    s = jnp.einsum("bkgth,bkhs->bkgts", qg, keys.astype(q.dtype), preferred_element_type=jnp.float32) * (
         1.0 / math.sqrt(H)
     )
     s = jnp.where(mask, s, jnp.finfo(jnp.float32).min)
     a = jax.nn.softmax(s, axis=-1).astype(q.dtype)
-    return jnp.einsum("bkgs,bksh->bkgh", a, values.astype(q.dtype)).reshape(B, N, H)
+    out = jnp.einsum("bkgts,bksh->bkgth", a, values.astype(q.dtype))  # [B, K, G, T, H]
+    return jnp.moveaxis(out, 3, 1).reshape(B, T, N, H)
 
 
-def decode_step(
+def extend_step(
     weights: Params,
     tokens: jax.Array,
-    positions: jax.Array,
+    starts: jax.Array,
+    lengths: jax.Array,
     kv: DecodeCache,
-    valid: jax.Array,
-    index: jax.Array,
     *,
     config: ModelConfig,
 ):
-    """Logits `[B, V]` (float32) of the next token after `tokens` `[B]` and the updated caches.
+    """Run `tokens` `[B, T]` through the decoder against each row's own cache: row b's token t
+    sits in slot `starts[b] + t` (also its rotary position) and attends to the row's slots up to
+    its own. Only the first `lengths[b]` tokens of row b are written to the cache (the rest are
+    padding; a row with length 0 is left unchanged, and writes past the cache are dropped).
 
-    weights: from `decode_weights`; positions: `[B]` rotary positions of `tokens`; kv: from
-    `split_cache`; valid: `[B, S]` slots holding real tokens (any slot >= index may be True:
-    the causal limit `slot <= index` is applied here); index: the slot `tokens` are written to.
+    Returns the float32 logits `[B, V]` after token `lengths[b] - 1` of each row and the updated
+    caches. One call prefills prompts (or their suffixes after a cached prefix) into decode
+    slots; with T = 1 it is the one-token decode step. weights: from `decode_weights`; kv: from
+    `init_decode_cache` (each row's slots hold its tokens from slot 0 on, so a row's rotary
+    position equals its slot).
     """
     c = config
+    B, T = tokens.shape
     S = kv[1].shape[2]
     x = jnp.take(weights["embed"], tokens, axis=0).astype(jnp.dtype(c.dtype))
-    mask = ((jnp.arange(S) <= index)[None, :] & valid)[:, None, None, :]  # [B, 1, 1, S]
+    t = jnp.arange(T, dtype=jnp.int32)
+    positions = starts[:, None] + t[None, :]  # [B, T]
+    slots = jnp.where(t[None, :] < lengths[:, None], positions, S)  # S: out of range, dropped
+    rows = jnp.arange(B)[:, None]
+    mask = (jnp.arange(S)[None, None, :] <= positions[:, :, None])[:, None, None]  # [B, 1, 1, T, S]
     inv_freq = inverse_frequencies(c)
     new = []
     for i, p in enumerate(weights["layers"]):
-        q, k, v = project_qkv(p, x, positions, config=c, inv_freq=inv_freq)
-        keys = lax.dynamic_update_slice(kv[2 * i], k[..., None].astype(kv[2 * i].dtype), (0, 0, 0, index))
-        values = lax.dynamic_update_slice(
-            kv[2 * i + 1], v[:, :, None].astype(kv[2 * i + 1].dtype), (0, 0, index, 0)
-        )
+        q, k, v = project_qkv(p, x, positions, config=c, inv_freq=inv_freq)  # k, v [B, T, K, H]
+        keys = kv[2 * i].at[rows, :, :, slots].set(k.astype(kv[2 * i].dtype), mode="drop")
+        values = kv[2 * i + 1].at[rows, :, slots, :].set(v.astype(kv[2 * i + 1].dtype), mode="drop")
         x = out_and_mlp(p, x, _attend_cached(q, keys, values, mask), config=c)
         new += [keys, values]
-    return unembed(weights, rms_norm(x, weights["final_norm"], c.rms_norm_eps)), tuple(new)
+    last = jnp.take_along_axis(x, jnp.maximum(lengths - 1, 0)[:, None, None], axis=1)[:, 0]
+    return unembed(weights, rms_norm(last, weights["final_norm"], c.rms_norm_eps)), tuple(new)

@@ -12,19 +12,31 @@ top-k/top-p truncation, the distribution a trainer recomputes for the same token
 The model maths (prefill, the one-token decode step, log-probs) lives in `marljax.models`.
 """
 
-from marljax.sampler.api import SamplerOutput, TextOutput, generate, generate_text
-from marljax.sampler.engine import REASONS, Buckets, Engine, EngineStats, get_engine, next_bucket
+from marljax.sampler.api import SamplerOutput, TextOutput, generate, generate_stream, generate_text
+from marljax.sampler.engine import (
+    REASONS,
+    Buckets,
+    Completion,
+    Engine,
+    EngineStats,
+    Schedule,
+    get_engine,
+    next_bucket,
+)
 from marljax.sampler.sampling import argmax_first, sample_tokens, truncation_mask
 
 __all__ = [
     "SamplerOutput",
     "TextOutput",
     "generate",
+    "generate_stream",
     "generate_text",
     "REASONS",
     "Buckets",
+    "Completion",
     "Engine",
     "EngineStats",
+    "Schedule",
     "get_engine",
     "next_bucket",
     "argmax_first",

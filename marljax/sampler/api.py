@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import jax
@@ -11,7 +11,7 @@ import numpy as np
 from jax.sharding import Mesh
 
 from marljax.models import Decoder, ModelConfig, get_params
-from marljax.sampler.engine import REASONS, Buckets, Engine, get_engine, mesh_of, next_bucket
+from marljax.sampler.engine import Buckets, Completion, Engine, Request, Schedule, get_engine, mesh_of
 from marljax.sampler.sampling import DEFAULT_BOUND
 
 
@@ -31,7 +31,6 @@ class SamplerOutput:
       (temperature, top-k, top-p applied; 0 for greedy rows), or None unless
       `return_sampling_logprobs=True`.
     prompt_index: `[B*n]` int32, the prompt each row continues.
-    steps: decode-loop iterations run (< max_new_tokens when all rows stopped early).
     """
 
     tokens: np.ndarray
@@ -40,7 +39,6 @@ class SamplerOutput:
     logprobs: np.ndarray
     sampling_logprobs: np.ndarray | None
     prompt_index: np.ndarray
-    steps: int
 
     def completions(self) -> list[list[int]]:
         """Each row's generated token ids, cut at its length."""
@@ -95,11 +93,52 @@ def _as_prompts(prompt_ids) -> list[list[int]]:
     return prompts
 
 
-def generate(
+def _requests(
+    config: ModelConfig, prompt_ids, max_new_tokens, temperature, top_p, top_k, n, seed
+) -> list[Request]:
+    """Checked arguments as requests: sample `j` of prompt `i` is request `i * n + j`."""
+    prompts = _as_prompts(prompt_ids)
+    if not prompts:
+        raise ValueError("prompt_ids is empty")
+    V = config.vocab_size
+    for i, p in enumerate(prompts):
+        if not p:
+            raise ValueError(f"prompt {i} is empty")
+        if min(p) < 0 or max(p) >= V:
+            raise ValueError(f"prompt {i} has token ids outside [0, {V})")
+    budgets = (
+        [max_new_tokens] * len(prompts)
+        if isinstance(max_new_tokens, (int, np.integer))
+        else list(max_new_tokens)
+    )
+    if len(budgets) != len(prompts) or not all(
+        isinstance(m, (int, np.integer)) and m >= 1 for m in budgets
+    ):
+        raise ValueError(
+            f"max_new_tokens must be a positive int or one per prompt, got {max_new_tokens!r}"
+        )
+    if not isinstance(n, (int, np.integer)) or n < 1:
+        raise ValueError(f"n must be a positive int, got {n!r}")
+    if not temperature >= 0:
+        raise ValueError(f"temperature must be >= 0, got {temperature!r}")
+    if not 0 < top_p <= 1:
+        raise ValueError(f"top_p must be in (0, 1], got {top_p!r}")
+    if not isinstance(top_k, (int, np.integer)) or top_k < 0:
+        raise ValueError(f"top_k must be an int >= 0, got {top_k!r}")
+    if not isinstance(seed, (int, np.integer)) or not 0 <= seed < 2**32:
+        raise ValueError(f"seed must be an int in [0, 2**32), got {seed!r}")
+    return [
+        Request(np.asarray(p, np.int32), int(m), float(temperature), int(top_k), float(top_p))
+        for p, m in zip(prompts, budgets)
+        for _ in range(n)
+    ]
+
+
+def generate_stream(
     model: Any,
     prompt_ids: Any,
     *,
-    max_new_tokens: int,
+    max_new_tokens: int | Sequence[int],
     temperature: float = 1.0,
     top_p: float = 1.0,
     top_k: int = 0,
@@ -112,16 +151,65 @@ def generate(
     pad_id: int | None = None,
     mesh: Mesh | None = None,
     buckets: Buckets | None = None,
+    schedule: Schedule | None = None,
+    topk_bound: int = DEFAULT_BOUND,
+    fuse_projections: bool | None = None,
+) -> Iterator[Completion]:
+    """`generate`'s completions one by one, in the order they finish (`Completion.index` is
+    the row of `generate`'s output: sample `j` of prompt `i` is `i * n + j`)."""
+    config, params = _resolve(model, params)
+    requests = _requests(config, prompt_ids, max_new_tokens, temperature, top_p, top_k, n, seed)
+    stop = [list(map(int, s)) for s in (stop or [])]
+    if any(len(s) == 0 for s in stop):
+        raise ValueError("stop sequences must be non-empty")
+    if mesh is None:
+        mesh = mesh_of(params)
+    engine: Engine = get_engine(config, mesh, buckets, topk_bound, fuse_projections)
+    if pad_id is None:
+        pad_id = config.pad_token_id if config.pad_token_id is not None else 0
+    return engine.run(
+        params,
+        requests,
+        seed=int(seed),
+        eos=_eos_ids(eos_ids, config),
+        stop=stop,
+        schedule=schedule or Schedule(),
+        want_sampling_lp=return_sampling_logprobs,
+        pad_id=int(pad_id),
+    )
+
+
+def generate(
+    model: Any,
+    prompt_ids: Any,
+    *,
+    max_new_tokens: int | Sequence[int],
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    top_k: int = 0,
+    stop: Sequence[Sequence[int]] | None = None,
+    eos_ids: int | Sequence[int] | None = None,
+    n: int = 1,
+    seed: int = 0,
+    params: Any = None,
+    return_sampling_logprobs: bool = False,
+    pad_id: int | None = None,
+    mesh: Mesh | None = None,
+    buckets: Buckets | None = None,
+    schedule: Schedule | None = None,
     topk_bound: int = DEFAULT_BOUND,
     fuse_projections: bool | None = None,
 ) -> SamplerOutput:
     """Sample `n` completions for each prompt from one set of parameters.
 
+    Requests are batched continuously (`marljax.sampler.engine`): at most `schedule.slots`
+    decode at once, each with its own cache positions; a finished row's slot takes the next
+    waiting request, and requests sharing a prompt prefix prefill it once.
+
     Args:
       model: a `Decoder`, or a `ModelConfig` together with `params=`.
-      prompt_ids: `B` prompts of token ids, of any lengths (a list of lists, or a
-        `[B, L]` array); they are left-padded to a prompt bucket internally.
-      max_new_tokens: tokens to generate at most per row.
+      prompt_ids: `B` prompts of token ids, of any lengths (a list of lists, or a `[B, L]` array).
+      max_new_tokens: tokens to generate at most per row: one int, or one per prompt.
       temperature: 0 means greedy (argmax); else logits are divided by it.
       top_p: nucleus mass in (0, 1]; 1 disables. top_k: 0 disables.
         Order and semantics as transformers (see `marljax.sampler.sampling`).
@@ -129,120 +217,63 @@ def generate(
         (matched inside the completion only; the sequence is kept in the output).
       eos_ids: ids that end a row (kept in the output); default the config's
         `eos_token_id`; `()` for none.
-      n: samples per prompt; the prompts are prefilled once and the cache is
-        copied to the `n` samples.
-      seed: row `r` uses the key `fold_in(key(seed), r)`, and step `t` of it
-        `fold_in(row_key, t)`: results are reproducible and independent of batching.
+      n: samples per prompt (they share the prompt's prefill).
+      seed: row `r` uses the key `fold_in(key(seed), r)`, and its token `t`
+        `fold_in(row_key, t)`: results are reproducible and independent of batching and slots.
       params: parameters to use instead of the model's own (any agent's
         parameters of the same shapes; no recompilation).
       return_sampling_logprobs: also return log-probs under the sampling distribution.
       pad_id: fills tokens past each row's end (default the config's pad id, else 0).
       mesh: run sharded on this mesh (default: the mesh of `params`, if sharded);
-        batch over `data`/`fsdp`, heads over `tensor` (from the parameters' sharding).
-      buckets, topk_bound, fuse_projections: shape buckets, the top-k fast-path size and
-        whether decode uses fused q/k/v and gate/up weights (None: automatic); see `Engine`.
+        slots over `data`/`fsdp`, heads over `tensor` (from the parameters' sharding).
+      buckets, schedule: shape buckets and how requests share the slots (`Schedule`).
+      topk_bound, fuse_projections: the top-k fast-path size and whether decode uses fused
+        q/k/v and gate/up weights (None: automatic); see `Engine`.
 
     Returns:
       a `SamplerOutput` with host (numpy) arrays.
     """
-    config, params = _resolve(model, params)
-    prompts = _as_prompts(prompt_ids)
-    if not prompts:
-        raise ValueError("prompt_ids is empty")
-    V = config.vocab_size
-    for i, p in enumerate(prompts):
-        if not p:
-            raise ValueError(f"prompt {i} is empty")
-        if min(p) < 0 or max(p) >= V:
-            raise ValueError(f"prompt {i} has token ids outside [0, {V})")
-    if not isinstance(max_new_tokens, (int, np.integer)) or max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be a positive int, got {max_new_tokens!r}")
-    if not isinstance(n, (int, np.integer)) or n < 1:
-        raise ValueError(f"n must be a positive int, got {n!r}")
-    if not temperature >= 0:
-        raise ValueError(f"temperature must be >= 0, got {temperature!r}")
-    if not 0 < top_p <= 1:
-        raise ValueError(f"top_p must be in (0, 1], got {top_p!r}")
-    if not isinstance(top_k, (int, np.integer)) or top_k < 0:
-        raise ValueError(f"top_k must be an int >= 0, got {top_k!r}")
-    if not isinstance(seed, (int, np.integer)) or not 0 <= seed < 2**32:
-        raise ValueError(f"seed must be an int in [0, 2**32), got {seed!r}")
-
-    if mesh is None:
-        mesh = mesh_of(params)
-    engine: Engine = get_engine(config, mesh, buckets, topk_bound, fuse_projections)
+    config, _ = _resolve(model, params)
+    stream = generate_stream(
+        model,
+        prompt_ids,
+        max_new_tokens=max_new_tokens,
+        temperature=temperature,
+        top_p=top_p,
+        top_k=top_k,
+        stop=stop,
+        eos_ids=eos_ids,
+        n=n,
+        seed=seed,
+        params=params,
+        return_sampling_logprobs=return_sampling_logprobs,
+        pad_id=pad_id,
+        mesh=mesh,
+        buckets=buckets,
+        schedule=schedule,
+        topk_bound=topk_bound,
+        fuse_projections=fuse_projections,
+    )
+    done = sorted(stream, key=lambda c: c.index)
+    budgets = max_new_tokens if isinstance(max_new_tokens, (int, np.integer)) else max(max_new_tokens)
+    N, T = len(done), int(budgets)
     if pad_id is None:
         pad_id = config.pad_token_id if config.pad_token_id is not None else 0
-    pad = int(pad_id)
-
-    B, N = len(prompts), len(prompts) * n
-    Bp, Bd = engine.batch_bucket(B), engine.batch_bucket(N)
-    P = engine.prompt_bucket(max(len(p) for p in prompts))
-    M = engine.new_tokens_bucket(int(max_new_tokens))
-
-    ids = np.full((Bp, P), pad, np.int32)
-    mask = np.zeros((Bp, P), bool)
-    mask[B:, -1] = True  # padding rows: one dummy token, so attention is never empty
-    for i, p in enumerate(prompts):
-        ids[i, P - len(p) :] = p
-        mask[i, P - len(p) :] = True
-    cache, logits = engine.prefill(params, ids, mask, cache_len=P + M)
-
-    src = np.zeros((Bd,), np.int32)
-    src[:N] = np.arange(N) // n
-    lens = np.array([len(p) for p in prompts] + [1] * (Bp - B), np.int32)
-    live = np.arange(Bd) < N
-
-    eos = _eos_ids(eos_ids, config)
-    E = next_bucket(max(len(eos), 1), engine.buckets.min_eos)
-    eos_arr = np.full((E,), -1, np.int32)
-    eos_arr[: len(eos)] = eos
-    stop = [list(map(int, s)) for s in (stop or [])]
-    if any(len(s) == 0 for s in stop):
-        raise ValueError("stop sequences must be non-empty")
-    NS = next_bucket(max(len(stop), 1), engine.buckets.min_stop)
-    Ls = next_bucket(max([len(s) for s in stop] + [1]), engine.buckets.min_stop_len)
-    stop_seqs = np.full((NS, Ls), -2, np.int32)
-    stop_valid = np.zeros((NS, Ls), bool)
-    for j, s in enumerate(stop):
-        stop_seqs[j, Ls - len(s) :] = s
-        stop_valid[j, Ls - len(s) :] = True
-    stop_active = np.arange(NS) < len(stop)
-
-    greedy = temperature == 0
-    toks, lps, slps, lengths, reason, steps = engine.decode(
-        params,
-        cache,
-        logits,
-        src=src,
-        prompt_len=lens[src],
-        live=live,
-        seed=int(seed),
-        temperature=np.full((Bd,), temperature, np.float32),
-        top_k=np.full((Bd,), top_k, np.int32),
-        top_p=np.full((Bd,), top_p, np.float32),
-        eos=eos_arr,
-        stop_seqs=stop_seqs,
-        stop_valid=stop_valid,
-        stop_active=stop_active,
-        max_new=int(max_new_tokens),
-        new_tokens_bucket=M,
-        greedy=greedy,
-        want_sampling_lp=return_sampling_logprobs,
-        broadcast=not (n == 1 and Bd == Bp),
-        pad_id=pad,
-    )
-    toks, lps, slps, lengths, reason, steps = jax.device_get((toks, lps, slps, lengths, reason, steps))
-    engine.stats.last_steps = int(steps)
-    T = int(max_new_tokens)
+    tokens = np.full((N, T), int(pad_id), np.int32)
+    logprobs = np.zeros((N, T), np.float32)
+    sampling = np.zeros((N, T), np.float32) if return_sampling_logprobs else None
+    for c in done:
+        k = len(c.tokens)
+        tokens[c.index, :k], logprobs[c.index, :k] = c.tokens, c.logprobs
+        if sampling is not None:
+            sampling[c.index, :k] = c.sampling_logprobs
     return SamplerOutput(
-        tokens=np.asarray(toks[:N, :T]),
-        lengths=np.asarray(lengths[:N]),
-        finish_reason=np.array([REASONS[int(r)] for r in reason[:N]]),
-        logprobs=np.asarray(lps[:N, :T]),
-        sampling_logprobs=np.asarray(slps[:N, :T]) if return_sampling_logprobs else None,
+        tokens=tokens,
+        lengths=np.array([len(c.tokens) for c in done], np.int32),
+        finish_reason=np.array([c.finish_reason for c in done]),
+        logprobs=logprobs,
+        sampling_logprobs=sampling,
         prompt_index=np.arange(N, dtype=np.int32) // n,
-        steps=int(steps),
     )
 
 

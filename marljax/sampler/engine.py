@@ -1,60 +1,54 @@
-"""The compiled core: a prefill over a padded prompt batch and a decode loop under one `jit`.
+"""The compiled core: continuous batching over a fixed number of decode slots.
 
-Layout. Prompts are left-padded to a prompt bucket `P` so that they all end at
-slot `P - 1` of one preallocated `KVCache` of `P + M` slots (`M` the
-new-token bucket); every row then decodes in lockstep, writing slot `P + t`
-at step `t`, while its rotary position is its own `prompt_len + t`. Padded
-slots are masked out, so each row sees exactly its own prompt. The prefill is
-`marljax.models.hidden_states`; the decode loop runs `marljax.models.decode`'s
-one-token step (the same layer maths over per-layer caches, unrolled layers).
-This module holds no model maths: it chooses tokens, records them and stops rows.
+Layout. The engine owns one cache of `B` slots (rows) x `C` positions in the decode layout
+(`marljax.models.decode`). A request occupies one slot: its prompt fills positions
+`0 .. len - 1` and each generated token the next one, so a slot's write position is also its
+rotary position, and every slot has its own. Three jitted functions over a `SlotState`:
 
-Two jitted functions, both taking the parameters as a pytree argument (new
-parameters of the same shapes and shardings reuse the compiled code):
+- `insert`: puts new requests into free slots. Each new row first takes a copy of the cache
+  row that holds the longest prefix of its prompt (another request's prompt or answer, or an
+  earlier request in the same slot; `share_prefixes`), then runs only the rest of its prompt
+  through `extend_step` and chooses its first token. The `n` samples of one prompt, the nodes
+  of one search tree and refinement prompts built on one problem prefill their shared part once.
+- `decode`: up to `chunk` one-token steps of every busy slot inside one `lax.while_loop`,
+  over a cache window `W <= C` (the first `W` positions: CPU attention reads the window it is
+  given, so short rows do not pay for the longest one). It returns early, so the host can act,
+  when enough slots are free to refill while requests wait, when few enough are busy to halve
+  the slots with none waiting, or when a row reaches the window's end.
+- `compact`: keeps the busy rows in a smaller slot batch (the tail of a call, when the rows
+  left would otherwise share the step with idle slots).
 
-- `prefill(params, ids [Bp, P], mask [Bp, P])` -> cache and the last position's
-  logits `[Bp, V]`; run once per call over the distinct prompts.
-- `decode(params, cache, logits, ...)` -> tokens, raw and sampling log-probs,
-  lengths, finish reasons, steps. It first copies each prompt's cache rows to
-  its `n` samples (a gather along the batch axis: `n` samples share one
-  prefill), then runs a `lax.while_loop` that stops when every row is done or
-  `max_new_tokens` (a traced value, at most `M`) is reached. Its carry is a
-  `DecodeState`. The loop is split into phases over growing cache windows
-  (`Buckets.kv_phases`, `kv_windows`): on CPU a decode step reads the whole
-  cache it is given, so early steps get only its used part.
+The host loop (`Engine.run`) queues requests, refills free slots, streams each request's
+completion as soon as it ends and tracks what every slot's cache holds (for prefix sharing).
+Sampling uses per-request keys: request `r`'s token `t` uses `fold_in(fold_in(key(seed), r), t)`,
+so a request's tokens do not depend on its slot, its batch or the slot count.
 
-Static (recompiling) choices: the model config, the prompt bucket `P`, the
-prompt-batch bucket `Bp`, the sample-batch bucket `Bd`, the new-token bucket
-`M`, greedy vs sampling, whether sampling log-probs are returned, and the
-sizes of the EOS / stop-sequence tables (themselves bucketed). Temperature,
-top-k, top-p, the seed, `max_new_tokens`, EOS ids and stop sequences are
-traced arrays. `Engine.stats` counts compilations (incremented in the traced
-bodies, so only when JAX traces) and calls.
+Static (recompiling) shapes: the slot count `B` (powers of two, halved in the tail), the cache
+length `C` (prompt bucket + new-token bucket), the decode window `W` and chunk, the insert batch
+and its token and window buckets, greedy vs sampling, whether sampling log-probs are kept, and
+the EOS / stop-table sizes. Temperature, top-k, top-p, seeds, budgets, EOS ids and stop
+sequences are traced arrays. `Engine.stats` counts compilations (incremented in the traced
+bodies, so only when JAX traces), calls, slot-steps and shared prefix tokens.
 """
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import threading
+from collections.abc import Iterator, Sequence
 from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
-from jax.sharding import Mesh, NamedSharding
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from marljax.kernels.losses_terms import logprobs_from_logits
-from marljax.models import (
-    ModelConfig,
-    batch_sharding,
-    cache_sharding,
-    hidden_states,
-    init_cache,
-    positions_from_mask,
-    unembed,
-)
-from marljax.models.decode import DecodeCache, decode_step, decode_weights, grow_cache, split_cache
+from marljax.models import ModelConfig
+from marljax.models.decode import DecodeCache, decode_weights, extend_step, init_decode_cache
+from marljax.models.sharding import batch_sharding, logical_to_spec
 from marljax.sampler.sampling import DEFAULT_BOUND, sample_tokens
 
 # finish reasons
@@ -75,24 +69,14 @@ def next_bucket(n: int, minimum: int = 1, sizes: tuple[int, ...] | None = None, 
     return -(-b // multiple) * multiple
 
 
-def kv_windows(prompt_slots: int, new_slots: int, phases: int) -> list[int]:
-    """Cache widths of the decode phases: phase j attends over the first `P + (j + 1) M / n` slots
-    (the last phase over all `P + M`), so early steps do not read the empty tail of the cache."""
-    phases = max(1, min(int(phases), new_slots))
-    return [prompt_slots + (new_slots * (j + 1)) // phases for j in range(phases)]
-
-
 @dataclasses.dataclass(frozen=True)
 class Buckets:
     """Shape buckets. `None` sizes mean powers of two from the minimum.
 
-    prompt: prompt lengths (left-padded); batch: number of prompts and of samples
-    (rounded up to a multiple of the mesh's data-parallel size); new_tokens: the
-    token buffer and cache tail; stop: (number of stop sequences, their length).
-    kv_phases: the decode loop runs in this many phases over growing cache windows
-    (`kv_windows`), so early steps skip the cache's empty tail; each phase is
-    compiled separately. None: 4 phases from 128 new-token slots on, else 1 (short
-    generations save little and would pay the extra compilation).
+    prompt: prompt lengths (the cache holds the longest prompt's bucket plus the new-token
+    bucket); batch: slot counts (rounded up to a multiple of the mesh's data-parallel size);
+    new_tokens: the per-request token budget; stop: (number of stop sequences, their length);
+    min_window: the smallest decode window (cache positions a decode step reads).
     """
 
     prompt: tuple[int, ...] | None = None
@@ -104,48 +88,149 @@ class Buckets:
     min_eos: int = 4
     min_stop: int = 1
     min_stop_len: int = 4
-    kv_phases: int | None = None
+    min_window: int = 64
 
-    def phases(self, new_tokens_bucket: int) -> int:
-        if self.kv_phases is not None:
-            return self.kv_phases  # `kv_windows` clamps it to 1..new_tokens_bucket
-        return 1 if new_tokens_bucket < 128 else 4
+
+@dataclasses.dataclass(frozen=True)
+class Schedule:
+    """How requests share the decode slots.
+
+    slots: decode slots at most (the cache is allocated for these); more requests wait in a
+      queue and take a slot as soon as one frees.
+    chunk: decode steps per device call at most (the host refills slots between calls).
+    refill_fraction: with requests waiting, a call returns once this fraction of the slots is
+      free (at least one slot), so finished rows are replaced without waiting for the others.
+    shrink: with no request waiting, halve the slots once at most half are busy.
+    share_prefixes: a new request copies the longest prefix of its prompt that some slot's
+      cache holds and prefills only the rest.
+    """
+
+    slots: int = 64
+    chunk: int = 32
+    refill_fraction: float = 0.125
+    shrink: bool = True
+    share_prefixes: bool = True
+
+    def __post_init__(self):
+        if self.slots < 1 or self.chunk < 1 or not 0 < self.refill_fraction <= 1:
+            raise ValueError(f"bad schedule {self}: slots, chunk >= 1 and 0 < refill_fraction <= 1")
 
 
 @dataclasses.dataclass
 class EngineStats:
     """Counters: compiles are counted when JAX traces (not when a cached executable runs)."""
 
-    prefill_compiles: int = 0
+    insert_compiles: int = 0
     decode_compiles: int = 0
-    prefill_calls: int = 0
-    prefill_rows: int = 0  # prompt rows prefilled (after batch bucketing)
+    compact_compiles: int = 0
+    insert_calls: int = 0
+    prefill_tokens: int = 0  # prompt tokens run through the model
+    shared_tokens: int = 0  # prompt tokens copied from another slot's cache instead
     decode_calls: int = 0
-    decode_rows: int = 0
-    last_steps: int = 0  # decode-loop iterations of the latest call (tokens per row)
+    decode_steps: int = 0  # one-token steps of the slot batch
+    slot_steps: int = 0  # decode steps x slots (busy or not)
+    useful_tokens: int = 0  # tokens generated for requests
+    peak_slots: int = 0
+    cache_bytes: int = 0  # KV cache of the latest call
 
     @property
     def compiles(self) -> int:
-        return self.prefill_compiles + self.decode_compiles
+        return self.insert_compiles + self.decode_compiles + self.compact_compiles
 
 
-class DecodeState(NamedTuple):
-    """The decode loop's carry, `Bd` rows and `M` new-token slots."""
+class SlotState(NamedTuple):
+    """Per-slot state on the device, `B` slots."""
 
-    step: jax.Array  # [] int32: tokens chosen so far (the next is token `step` of every row)
-    kv: DecodeCache  # per-layer caches in the decode layout (`marljax.models.decode`)
-    last_token: jax.Array  # [Bd] int32: token `step - 1`, the next decode step's input
-    tokens: jax.Array  # [Bd, M] int32: chosen tokens, `pad_id` once a row is done
-    logprobs: jax.Array  # [Bd, M] float32: under softmax(logits / T), no truncation; 0 when done
-    sampling_logprobs: jax.Array  # [Bd, M] float32 under the sampled distribution ([Bd, 1] if unused)
-    done: jax.Array  # [Bd] bool
-    lengths: jax.Array  # [Bd] int32: tokens generated, set when the row ends
-    finish_reason: jax.Array  # [Bd] int32: UNFINISHED, EOS, STOP or LENGTH
-    recent: jax.Array  # [Bd, Ls] int32: the row's last Ls tokens, matched against stop sequences
+    kv: DecodeCache  # per-layer caches, `C` positions per slot
+    pos: jax.Array  # [B] int32: the next write position (= rotary position of `last_token`)
+    last_token: jax.Array  # [B] int32: the latest chosen token, the next step's input
+    step: jax.Array  # [B] int32: tokens generated so far
+    done: jax.Array  # [B] bool: finished or never used (the slot is free)
+    request: jax.Array  # [B] uint32: the request's index (its sampling key)
+    max_new: jax.Array  # [B] int32: the request's token budget
+    temperature: jax.Array  # [B] float32
+    top_k: jax.Array  # [B] int32
+    top_p: jax.Array  # [B] float32
+    recent: jax.Array  # [B, Ls] int32: the last Ls tokens, matched against stop sequences
+
+
+class Tables(NamedTuple):
+    """A call's shared stopping rules (traced)."""
+
+    eos: jax.Array  # [E] int32, -1 = unused
+    stop_seqs: jax.Array  # [NS, Ls] int32, right-aligned
+    stop_valid: jax.Array  # [NS, Ls] bool
+    stop_active: jax.Array  # [NS] bool
+    seed: jax.Array  # [] uint32
+
+
+@dataclasses.dataclass
+class Request:
+    """One completion to generate: its prompt ids, token budget and sampling settings."""
+
+    prompt: np.ndarray
+    max_new: int
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+
+
+@dataclasses.dataclass
+class Completion:
+    """A finished request (index into the call's requests)."""
+
+    index: int
+    tokens: np.ndarray  # [n] int32, a final EOS / stop sequence included
+    logprobs: np.ndarray  # [n] float32 under softmax(logits / T), no truncation
+    sampling_logprobs: np.ndarray | None  # [n] under the sampled distribution
+    finish_reason: str
+
+
+def _window(kv: DecodeCache, window: int) -> DecodeCache:
+    """The first `window` positions of each cache (the caches themselves when that is all)."""
+    return tuple(x[..., :window] if i % 2 == 0 else x[:, :, :window] for i, x in enumerate(kv))
+
+
+def _unwindow(full: DecodeCache, part: DecodeCache) -> DecodeCache:
+    """`full` with its first positions replaced by `part` (from `_window`)."""
+    return tuple(
+        p if x.shape == p.shape else lax.dynamic_update_slice(x, p, (0,) * x.ndim) for x, p in zip(full, part)
+    )
+
+
+def _choose(engine: Engine, logits, state: SlotState, tables: Tables, busy, *, greedy: bool):
+    """Token `state.step` of every slot from its `logits` `[B, V]`: the token, its log-prob
+    under softmax(logits / T) (what the trainer recomputes; T = 1 for greedy rows), its
+    log-prob under the sampled distribution, the new recent window, and whether and why the
+    row ends (`busy` rows only)."""
+    base = jax.random.key(tables.seed)
+    keys = jax.vmap(lambda r, t: jax.random.fold_in(jax.random.fold_in(base, r), t))(
+        state.request, state.step.astype(jnp.uint32)
+    )
+    tok, slp = sample_tokens(
+        logits,
+        keys,
+        temperature=state.temperature,
+        top_k=state.top_k,
+        top_p=state.top_p,
+        greedy=greedy,
+        bound=engine.topk_bound,
+    )
+    scale = jnp.where(state.temperature > 0, state.temperature, 1.0)
+    if greedy:
+        scale = jnp.ones_like(scale)
+    lp = logprobs_from_logits(logits / scale[:, None], tok)
+    recent = jnp.concatenate([state.recent[:, 1:], tok[:, None]], axis=1)
+    is_eos = jnp.any(tok[:, None] == tables.eos[None, :], axis=1)
+    match = jnp.all((recent[:, None, :] == tables.stop_seqs[None]) | ~tables.stop_valid[None], axis=2)
+    is_stop = jnp.any(match & tables.stop_active[None], axis=1)
+    ends = busy & (is_eos | is_stop | (state.step + 1 >= state.max_new))
+    why = jnp.where(is_eos, EOS, jnp.where(is_stop, STOP, LENGTH))
+    return tok, lp, slp, recent, ends, why
 
 
 class Engine:
-    """Compiled prefill + decode for one `ModelConfig` (and optionally one mesh).
+    """Compiled insert / decode / compact for one `ModelConfig` (and optionally one mesh).
 
     Get one with `get_engine(config, mesh)`; `marljax.sampler.generate` does.
     topk_bound: size of the top-k fast path of `sample_tokens`. fuse_projections:
@@ -173,11 +258,12 @@ class Engine:
         self.buckets = buckets or Buckets()
         self.topk_bound = int(topk_bound)
         self.stats = EngineStats()
-        self._prefill_jit = jax.jit(self._prefill, static_argnames=("cache_len",))
+        self._weights_jit = jax.jit(self._weights)
+        self._insert_jit = jax.jit(self._insert, static_argnames=("window", "greedy", "pad_id"))
         self._decode_jit = jax.jit(
-            self._decode,
-            static_argnames=("new_tokens_bucket", "greedy", "want_sampling_lp", "broadcast", "pad_id"),
+            self._decode, static_argnames=("window", "chunk", "greedy", "want_sampling_lp", "pad_id")
         )
+        self._compact_jit = jax.jit(self._compact)
 
     # ----------------------------------------------------------------- shapes
     @property
@@ -196,221 +282,427 @@ class Engine:
     def new_tokens_bucket(self, n: int) -> int:
         return next_bucket(n, self.buckets.min_new_tokens, self.buckets.new_tokens)
 
-    def _put(self, x, ndim_batch: bool = True):
+    def window(self, needed: int, capacity: int) -> int:
+        """The decode window for `needed` positions: a power of two (at least `min_window`),
+        or the whole cache."""
+        return min(next_bucket(needed, self.buckets.min_window), capacity)
+
+    def cache_bytes(self, slots: int, capacity: int) -> int:
+        c = self.config
+        itemsize = np.dtype(c.dtype).itemsize
+        return 2 * c.num_layers * slots * c.num_kv_heads * c.head_dim * capacity * itemsize
+
+    def _put(self, x):
+        """A host array with a leading slot axis, on the device (split over the mesh's data axes)."""
         x = jnp.asarray(x)
-        if self.mesh is None or not ndim_batch:
+        if self.mesh is None:
             return x
         return jax.device_put(x, batch_sharding(self.mesh, x.ndim))
 
-    def _constrain_cache(self, cache):
+    def _constrain(self, state: SlotState) -> SlotState:
+        """The state laid out over the mesh (see `_kv_sharding`)."""
         if self.mesh is None:
-            return cache
-        return lax.with_sharding_constraint(cache, cache_sharding(self.mesh, cache))
+            return state
+        kv = tuple(lax.with_sharding_constraint(x, self._kv_sharding(x)) for x in state.kv)
+        rest = [lax.with_sharding_constraint(x, batch_sharding(self.mesh, x.ndim)) for x in state[1:]]
+        return SlotState(kv, *rest)
 
-    def _constrain_batch(self, x):
-        if self.mesh is None:
-            return x
-        return lax.with_sharding_constraint(x, batch_sharding(self.mesh, x.ndim))
-
-    # ---------------------------------------------------------------- prefill
-    def _prefill(self, params, ids, mask, *, cache_len: int):
-        self.stats.prefill_compiles += 1  # runs at trace time only
+    # ------------------------------------------------------------------ state
+    def empty_state(self, slots: int, capacity: int, stop_len: int) -> SlotState:
         c = self.config
-        B, _ = ids.shape
-        cache = self._constrain_cache(init_cache(c, B, cache_len))
-        h, cache = hidden_states(
-            params, ids, config=c, positions=positions_from_mask(mask), attention_mask=mask, cache=cache
+        zeros_i = np.zeros((slots,), np.int32)
+        state = SlotState(
+            kv=init_decode_cache(c, slots, capacity),
+            pos=zeros_i,
+            last_token=zeros_i,
+            step=zeros_i,
+            done=np.ones((slots,), bool),
+            request=np.zeros((slots,), np.uint32),
+            max_new=np.ones((slots,), np.int32),
+            temperature=np.ones((slots,), np.float32),
+            top_k=zeros_i,
+            top_p=np.ones((slots,), np.float32),
+            recent=np.full((slots, stop_len), -1, np.int32),
         )
-        logits = unembed(params, h[:, -1])
-        return self._constrain_cache(cache), self._constrain_batch(logits)
+        kv = state.kv
+        if self.mesh is not None:
+            kv = tuple(jax.device_put(x, self._kv_sharding(x)) for x in kv)
+        return SlotState(kv, *(self._put(x) for x in state[1:]))
 
-    def prefill(self, params, ids: np.ndarray, mask: np.ndarray, cache_len: int):
-        """Run the prefill over `[Bp, P]` left-padded prompts; returns (cache, logits [Bp, V])."""
-        self.stats.prefill_calls += 1
-        self.stats.prefill_rows += int(ids.shape[0])
-        return self._prefill_jit(
-            params, self._put(ids.astype(np.int32)), self._put(mask.astype(bool)), cache_len=int(cache_len)
+    def _kv_sharding(self, x) -> NamedSharding:
+        """Slots over the data axes, kv heads over `tensor` (where they divide)."""
+        names = [None] * x.ndim
+        names[0], names[1] = "batch", "kv_heads"
+        return NamedSharding(self.mesh, logical_to_spec(names, x.shape, self.mesh))
+
+    # --------------------------------------------------------------- compiled
+    def _weights(self, params):
+        return decode_weights(params, self.config, self.fuse_projections)
+
+    def _insert(
+        self,
+        weights,
+        state: SlotState,
+        tables: Tables,
+        slots,
+        source,
+        starts,
+        tokens,
+        lengths,
+        request,
+        max_new,
+        temperature,
+        top_k,
+        top_p,
+        *,
+        window: int,
+        greedy: bool,
+        pad_id: int,
+    ):
+        """Put `Bn` requests into `slots`: row j copies positions `< starts[j]` of slot
+        `source[j]`'s cache (all as they were before this call), then runs its `lengths[j]`
+        prompt tokens `tokens[j]` from position `starts[j]` on, and chooses its first token.
+        Rows whose slot is out of range (padding) change nothing."""
+        self.stats.insert_compiles += 1  # runs at trace time only
+        rows_kv = _window(tuple(x[source] for x in state.kv), window)
+        logits, rows_kv = extend_step(weights, tokens, starts, lengths, rows_kv, config=self.config)
+        Bn = slots.shape[0]
+        new = SlotState(
+            kv=rows_kv,
+            pos=starts + lengths,
+            last_token=jnp.zeros((Bn,), jnp.int32),
+            step=jnp.zeros((Bn,), jnp.int32),
+            done=jnp.zeros((Bn,), bool),
+            request=request,
+            max_new=max_new,
+            temperature=temperature,
+            top_k=top_k,
+            top_p=top_p,
+            recent=jnp.full((Bn, state.recent.shape[1]), -1, jnp.int32),
         )
+        busy = jnp.ones((Bn,), bool)
+        tok, lp, slp, recent, ends, why = _choose(self, logits, new, tables, busy, greedy=greedy)
+        new = new._replace(last_token=tok, step=jnp.ones((Bn,), jnp.int32), done=ends, recent=recent)
+        kv = tuple(
+            x.at[slots, :, :, :window].set(r, mode="drop")
+            if i % 2 == 0
+            else x.at[slots, :, :window].set(r, mode="drop")
+            for i, (x, r) in enumerate(zip(state.kv, new.kv))
+        )
+        rest = [x.at[slots].set(r, mode="drop") for x, r in zip(state[1:], new[1:])]
+        state = self._constrain(SlotState(kv, *rest))
+        return state, (tok, lp, slp, jnp.where(ends, why, UNFINISHED))
 
-    # ----------------------------------------------------------------- decode
     def _decode(
         self,
-        params,
-        cache,
-        logits,
-        src,
-        prompt_len,
-        live,
-        seed,
-        temperature,
-        top_k,
-        top_p,
-        eos,
-        stop_seqs,
-        stop_valid,
-        stop_active,
-        max_new,
+        weights,
+        state: SlotState,
+        tables: Tables,
+        refill_free,
+        shrink_busy,
         *,
-        new_tokens_bucket: int,
+        window: int,
+        chunk: int,
         greedy: bool,
         want_sampling_lp: bool,
-        broadcast: bool,
         pad_id: int,
     ):
+        """Up to `chunk` decode steps of every busy slot over cache positions `< window`.
+
+        Stops early once `refill_free` slots are free, once at most `shrink_busy` are busy, or
+        once a busy row's next position is outside the window. Returns the state, the steps
+        run and, per slot, the chosen tokens `[B, chunk]` with their log-probs (0 and `pad_id`
+        where the slot was not busy), the number it emitted and its finish reason."""
         self.stats.decode_compiles += 1  # runs at trace time only
-        c = self.config
-        Bd, M = prompt_len.shape[0], new_tokens_bucket
-        if broadcast:  # n samples per prompt: copy the prefilled rows
-            cache = dataclasses.replace(
-                cache,
-                k=jnp.take(cache.k, src, axis=1),
-                v=jnp.take(cache.v, src, axis=1),
-                mask=jnp.take(cache.mask, src, axis=0),
+        B = state.pos.shape[0]
+        full_kv = state.kv
+        state = state._replace(kv=_window(full_kv, window))
+
+        def cond(carry):
+            state, i = carry[0], carry[1]
+            busy = ~state.done
+            n_busy = jnp.sum(busy)
+            inside = jnp.max(jnp.where(busy, state.pos, 0)) < window
+            return (i < chunk) & (n_busy > shrink_busy) & (B - n_busy < refill_free) & inside
+
+        def body(carry):
+            state, i, toks, lps, slps, emitted, reason = carry
+            busy = ~state.done
+            logits, kv = extend_step(
+                weights,
+                state.last_token[:, None],
+                state.pos,
+                busy.astype(jnp.int32),
+                state.kv,
+                config=self.config,
             )
-            logits = jnp.take(logits, src, axis=0)
-        cache = self._constrain_cache(cache)
-        logits = self._constrain_batch(logits)
-        base = jax.random.key(seed)
-        row_keys = jax.vmap(lambda r: jax.random.fold_in(base, r))(jnp.arange(Bd, dtype=jnp.uint32))
-        Ls = stop_seqs.shape[1]
-        S = cache.k.shape[2]
-        P = S - M  # the prompt bucket: first decode slot; every slot from here on holds a real token
-        windows = kv_windows(P, M, self.buckets.phases(M))
-        weights = decode_weights(params, c, self.fuse_projections)
-        valid = cache.mask | (jnp.arange(S) >= P)[None, :]
-        # log-probs under softmax(logits / T) without top-k/top-p, the distribution the trainer
-        # recomputes; a greedy row (T = 0) records the model's own (T = 1)
-        scale = jnp.ones_like(temperature) if greedy else jnp.where(temperature > 0, temperature, 1.0)
+            state = state._replace(kv=kv)
+            tok, lp, slp, recent, ends, why = _choose(self, logits, state, tables, busy, greedy=greedy)
 
-        def record(state: DecodeState, logits) -> DecodeState:
-            """Choose token `state.step` of every row from its `logits` `[Bd, V]`; end rows."""
-            t, done = state.step, state.done
-            step_keys = jax.vmap(lambda k: jax.random.fold_in(k, t))(row_keys)
-            tok, slp = sample_tokens(
-                logits,
-                step_keys,
-                temperature=temperature,
-                top_k=top_k,
-                top_p=top_p,
-                greedy=greedy,
-                bound=self.topk_bound,
-            )
-            lp = logprobs_from_logits(logits / scale[:, None], tok)  # the trainer's convention
-            tok = jnp.where(done, pad_id, tok)
+            def put(buf, x):
+                return lax.dynamic_update_slice(buf, x[:, None], (0, i))
 
-            def put(buf, x, t=t):
-                return lax.dynamic_update_slice(buf, x[:, None], (0, t))
-
-            sampling_logprobs = state.sampling_logprobs
+            toks = put(toks, jnp.where(busy, tok, pad_id))
+            lps = put(lps, jnp.where(busy, lp, 0.0))
             if want_sampling_lp:
-                sampling_logprobs = put(sampling_logprobs, jnp.where(done, 0.0, slp))
-            recent = jnp.concatenate([state.recent[:, 1:], tok[:, None]], axis=1)
-            is_eos = jnp.any(tok[:, None] == eos[None, :], axis=1)
-            match = jnp.all((recent[:, None, :] == stop_seqs[None]) | ~stop_valid[None], axis=2)
-            is_stop = jnp.any(match & stop_active[None], axis=1)
-            ends = ~done & (is_eos | is_stop | (t + 1 >= max_new))
-            why = jnp.where(is_eos, EOS, jnp.where(is_stop, STOP, LENGTH))
-            return state._replace(
-                step=t + 1,
-                last_token=tok,
-                tokens=put(state.tokens, tok),
-                logprobs=put(state.logprobs, jnp.where(done, 0.0, lp)),
-                sampling_logprobs=sampling_logprobs,
-                done=done | ends,
-                lengths=jnp.where(ends, t + 1, state.lengths),
-                finish_reason=jnp.where(ends, why, state.finish_reason),
-                recent=recent,
+                slps = put(slps, jnp.where(busy, slp, 0.0))
+            state = state._replace(
+                pos=jnp.where(busy, state.pos + 1, state.pos),
+                last_token=jnp.where(busy, tok, state.last_token),
+                step=jnp.where(busy, state.step + 1, state.step),
+                done=state.done | ends,
+                recent=jnp.where(busy[:, None], recent, state.recent),
             )
+            return state, i + 1, toks, lps, slps, emitted + busy, jnp.where(ends, why, reason)
 
-        def phase(W, last):
-            def cond(state: DecodeState):  # step t writes slot P + t - 1, which must lie in the window
-                return ~jnp.all(state.done) & (True if last else state.step <= W - P)
-
-            def body(state: DecodeState):
-                t = state.step
-                # token t-1 sits at rotary position prompt_len + t - 1 and in slot P + t - 1
-                logits, kv = decode_step(
-                    weights, state.last_token, prompt_len + t - 1, state.kv, valid[:, :W], P + t - 1, config=c
-                )
-                return record(state._replace(kv=kv), logits)
-
-            return cond, body
-
-        state = DecodeState(
-            step=jnp.zeros((), jnp.int32),
-            kv=split_cache(cache, windows[0]),
-            last_token=jnp.zeros((Bd,), jnp.int32),
-            tokens=jnp.full((Bd, M), pad_id, jnp.int32),
-            logprobs=jnp.zeros((Bd, M), jnp.float32),
-            sampling_logprobs=jnp.zeros((Bd, M) if want_sampling_lp else (Bd, 1), jnp.float32),
-            done=~live,
-            lengths=jnp.zeros((Bd,), jnp.int32),
-            finish_reason=jnp.full((Bd,), UNFINISHED, jnp.int32),
-            recent=jnp.full((Bd, Ls), -1, jnp.int32),
+        init = (
+            state,
+            jnp.zeros((), jnp.int32),
+            jnp.full((B, chunk), pad_id, jnp.int32),
+            jnp.zeros((B, chunk), jnp.float32),
+            jnp.zeros((B, chunk) if want_sampling_lp else (B, 1), jnp.float32),
+            jnp.zeros((B,), jnp.int32),
+            jnp.full((B,), UNFINISHED, jnp.int32),
         )
-        state = record(state, logits)
-        for j, W in enumerate(windows):
-            if j:
-                state = state._replace(kv=grow_cache(state.kv, W))
-            state = lax.while_loop(*phase(W, j == len(windows) - 1), state)
-        return (
-            state.tokens,
-            state.logprobs,
-            state.sampling_logprobs,
-            state.lengths,
-            state.finish_reason,
-            state.step,
-        )
+        state, steps, toks, lps, slps, emitted, reason = lax.while_loop(cond, body, init)
+        state = state._replace(kv=_unwindow(full_kv, state.kv))
+        return self._constrain(state), steps, (toks, lps, slps, emitted, reason)
 
-    def decode(
+    def _compact(self, state: SlotState, keep):
+        """The slots `keep` `[B2]` as a state of `B2` slots."""
+        self.stats.compact_compiles += 1  # runs at trace time only
+        return self._constrain(jax.tree.map(lambda x: x[keep], state))
+
+    # -------------------------------------------------------------- host loop
+    def run(
         self,
         params,
-        cache,
-        logits,
+        requests: Sequence[Request],
         *,
-        src,
-        prompt_len,
-        live,
-        seed,
-        temperature,
-        top_k,
-        top_p,
-        eos,
-        stop_seqs,
-        stop_valid,
-        stop_active,
-        max_new,
-        new_tokens_bucket: int,
-        greedy: bool,
-        want_sampling_lp: bool,
-        broadcast: bool,
-        pad_id: int,
-    ):
-        """Run the decode loop (see the module doc); arrays are host numpy, `[Bd]` per row."""
-        self.stats.decode_calls += 1
-        self.stats.decode_rows += int(prompt_len.shape[0])
-        return self._decode_jit(
-            params,
-            cache,
-            logits,
-            self._put(src.astype(np.int32)),
-            self._put(prompt_len.astype(np.int32)),
-            self._put(live.astype(bool)),
-            jnp.asarray(seed, jnp.uint32),
-            self._put(temperature.astype(np.float32)),
-            self._put(top_k.astype(np.int32)),
-            self._put(top_p.astype(np.float32)),
-            jnp.asarray(eos, jnp.int32),
-            jnp.asarray(stop_seqs, jnp.int32),
-            jnp.asarray(stop_valid, bool),
-            jnp.asarray(stop_active, bool),
-            jnp.asarray(max_new, jnp.int32),
-            new_tokens_bucket=int(new_tokens_bucket),
-            greedy=bool(greedy),
-            want_sampling_lp=bool(want_sampling_lp),
-            broadcast=bool(broadcast),
-            pad_id=int(pad_id),
+        seed: int,
+        eos: Sequence[int],
+        stop: Sequence[Sequence[int]],
+        schedule: Schedule,
+        want_sampling_lp: bool = False,
+        pad_id: int = 0,
+    ) -> Iterator[Completion]:
+        """Generate every request; yields each `Completion` as soon as its request ends.
+
+        `requests` take slots in order; all rows are greedy when every temperature is 0."""
+        run = _Run(self, params, requests, seed, eos, stop, schedule, want_sampling_lp, pad_id)
+        yield from run.loop()
+
+
+class _Run:
+    """The host side of one `Engine.run` call: queue, slot bookkeeping, outputs."""
+
+    def __init__(self, engine, params, requests, seed, eos, stop, schedule, want_sampling_lp, pad_id):
+        e = self.engine = engine
+        self.requests = list(requests)
+        self.schedule, self.want_slp, self.pad_id = schedule, bool(want_sampling_lp), int(pad_id)
+        self.greedy = all(r.temperature == 0 for r in self.requests)
+        N = len(self.requests)
+        self.capacity = e.prompt_bucket(max(len(r.prompt) for r in self.requests)) + e.new_tokens_bucket(
+            max(r.max_new for r in self.requests)
         )
+        self.slots = e.batch_bucket(min(N, schedule.slots))
+        b = e.buckets
+        E = next_bucket(max(len(eos), 1), b.min_eos)
+        eos_arr = np.full((E,), -1, np.int32)
+        eos_arr[: len(eos)] = eos
+        if any(len(s) == 0 for s in stop):
+            raise ValueError("stop sequences must be non-empty")
+        NS = next_bucket(max(len(stop), 1), b.min_stop)
+        Ls = next_bucket(max([len(s) for s in stop] + [1]), b.min_stop_len)
+        seqs = np.full((NS, Ls), -2, np.int32)
+        valid = np.zeros((NS, Ls), bool)
+        for j, s in enumerate(stop):
+            seqs[j, Ls - len(s) :] = s
+            valid[j, Ls - len(s) :] = True
+        self.tables = Tables(
+            eos=jnp.asarray(eos_arr),
+            stop_seqs=jnp.asarray(seqs),
+            stop_valid=jnp.asarray(valid),
+            stop_active=jnp.asarray(np.arange(NS) < len(stop)),
+            seed=jnp.asarray(seed, jnp.uint32),
+        )
+        self.weights = e._weights_jit(params)
+        self.state = e.empty_state(self.slots, self.capacity, Ls)
+        e.stats.cache_bytes = e.cache_bytes(self.slots, self.capacity)
+        e.stats.peak_slots = max(e.stats.peak_slots, self.slots)
+        self.queue = collections.deque(range(N))
+        self.slot_request = [-1] * self.slots  # the request a slot serves, -1 when free
+        self.slot_pos = [0] * self.slots  # host copy of each slot's write position
+        self.contents: list[np.ndarray] = [np.zeros((0,), np.int32)] * self.slots  # tokens in each cache
+        self.out: dict[int, list] = {}  # request -> [tokens, logprobs, sampling logprobs] chunks
+
+    # ------------------------------------------------------------- insertion
+    def _longest_prefix(self, prompt: np.ndarray, candidates) -> tuple[int, int]:
+        """(length, source) of the longest common prefix of `prompt` with a candidate's tokens."""
+        best, source = 0, -1
+        for src, toks in candidates:
+            m = min(len(toks), len(prompt))
+            if m <= best:
+                continue
+            diff = np.flatnonzero(toks[:m] != prompt[:m])
+            n = int(diff[0]) if diff.size else m
+            if n > best:
+                best, source = n, src
+        return best, source
+
+    def _fill(self) -> None:
+        """Put waiting requests into the free slots: one insert call for those whose longest
+        shared prefix is in a cache already (or none), then one for those that share more
+        with a request of the first call."""
+        free = [s for s in range(self.slots) if self.slot_request[s] < 0]
+        take = [self.queue.popleft() for _ in range(min(len(free), len(self.queue)))]
+        if not take:
+            return
+        share = self.schedule.share_prefixes
+        cached = [(s, self.contents[s]) for s in range(self.slots) if len(self.contents[s])] if share else []
+        first, second = [], []  # (request, slot, copy source, copied length)
+        for r in take:
+            prompt = self.requests[r].prompt
+            limit = len(prompt) - 1  # at least one token runs, for the first token's logits
+            n, src = self._longest_prefix(prompt, cached) if share else (0, -1)
+            m, lead = (
+                self._longest_prefix(prompt, [(j, self.requests[q].prompt) for j, (q, *_) in enumerate(first)])
+                if share
+                else (0, -1)
+            )
+            slot = free.pop(0)
+            if min(m, limit) > min(n, limit):
+                second.append((r, slot, first[lead][1], min(m, limit)))
+            else:
+                first.append((r, slot, src if n else slot, min(n, limit)))
+        for group in (first, second):
+            if group:
+                self._insert(group)
+
+    def _insert(self, group) -> None:
+        e, N_slots = self.engine, self.slots
+        Bn = e.batch_bucket(len(group))
+        T = max(len(self.requests[r].prompt) - n for r, _, _, n in group)
+        if T > 1:  # (one token: the samples of a prompt after its first, the usual second call)
+            T = e.prompt_bucket(T)
+        window = e.window(max(len(self.requests[r].prompt) for r, *_ in group), self.capacity)
+        slots = np.full((Bn,), N_slots, np.int32)  # out of range: padding rows write nothing
+        source = np.zeros((Bn,), np.int32)
+        starts = np.zeros((Bn,), np.int32)
+        tokens = np.full((Bn, T), self.pad_id, np.int32)
+        lengths = np.ones((Bn,), np.int32)
+        request = np.zeros((Bn,), np.uint32)
+        max_new = np.ones((Bn,), np.int32)
+        temperature = np.ones((Bn,), np.float32)
+        top_k = np.zeros((Bn,), np.int32)
+        top_p = np.ones((Bn,), np.float32)
+        for j, (r, slot, src, n) in enumerate(group):
+            req = self.requests[r]
+            rest = req.prompt[n:]
+            slots[j], source[j], starts[j] = slot, src, n
+            tokens[j, : len(rest)], lengths[j] = rest, len(rest)
+            request[j], max_new[j] = r, req.max_new
+            temperature[j], top_k[j], top_p[j] = req.temperature, req.top_k, req.top_p
+            e.stats.prefill_tokens += len(rest)
+            e.stats.shared_tokens += n
+        e.stats.insert_calls += 1
+        self.state, first = e._insert_jit(
+            self.weights,
+            self.state,
+            self.tables,
+            *(
+                e._put(x)
+                for x in (slots, source, starts, tokens, lengths, request, max_new, temperature, top_k, top_p)
+            ),
+            window=window,
+            greedy=self.greedy,
+            pad_id=self.pad_id,
+        )
+        tok, lp, slp, reason = jax.device_get(first)
+        for j, (r, slot, _, _) in enumerate(group):
+            prompt = self.requests[r].prompt
+            self.slot_request[slot] = r
+            self.slot_pos[slot] = len(prompt)
+            self.contents[slot] = prompt
+            self.out[r] = [[tok[j : j + 1]], [lp[j : j + 1]], [slp[j : j + 1]]]
+            if reason[j] != UNFINISHED:
+                self.finished.append((slot, int(reason[j])))
+
+    # ----------------------------------------------------------------- decode
+    def _decode(self) -> None:
+        e, sched = self.engine, self.schedule
+        B = self.slots
+        busy = [s for s in range(B) if self.slot_request[s] >= 0]
+        waiting = bool(self.queue)
+        refill_free = max(1, int(B * sched.refill_fraction)) if waiting else B + 1
+        can_shrink = sched.shrink and not waiting and e.batch_bucket(B // 2) < B
+        shrink_busy = B // 2 if can_shrink else -1
+        reach = max(self.slot_pos[s] for s in busy)
+        window = e.window(reach + sched.chunk, self.capacity)
+        e.stats.decode_calls += 1
+        self.state, steps, outs = e._decode_jit(
+            self.weights,
+            self.state,
+            self.tables,
+            jnp.asarray(refill_free, jnp.int32),
+            jnp.asarray(shrink_busy, jnp.int32),
+            window=window,
+            chunk=sched.chunk,
+            greedy=self.greedy,
+            want_sampling_lp=self.want_slp,
+            pad_id=self.pad_id,
+        )
+        steps, (toks, lps, slps, emitted, reason) = jax.device_get((steps, outs))
+        steps = int(steps)
+        e.stats.decode_steps += steps
+        e.stats.slot_steps += steps * B
+        for s in busy:
+            k = int(emitted[s])
+            r = self.slot_request[s]
+            self.out[r][0].append(toks[s, :k])
+            self.out[r][1].append(lps[s, :k])
+            self.out[r][2].append(slps[s, :k] if self.want_slp else lps[s, :0])
+            self.slot_pos[s] += k
+            if reason[s] != UNFINISHED:
+                self.finished.append((s, int(reason[s])))
+
+    def _complete(self) -> Iterator[Completion]:
+        for slot, why in self.finished:
+            r = self.slot_request[slot]
+            toks, lps, slps = (np.concatenate(x) for x in self.out.pop(r))
+            # the cache holds the prompt and every generated token but the last
+            self.contents[slot] = np.concatenate([self.requests[r].prompt, toks[:-1]]).astype(np.int32)
+            self.slot_request[slot] = -1
+            self.engine.stats.useful_tokens += len(toks)
+            yield Completion(r, toks, lps, slps if self.want_slp else None, REASONS[why])
+        self.finished = []
+
+    def _compact(self) -> None:
+        """Keep the busy slots in half as many (the tail of the call)."""
+        e = self.engine
+        busy = [s for s in range(self.slots) if self.slot_request[s] >= 0]
+        B2 = e.batch_bucket(len(busy))
+        keep = busy + [s for s in range(self.slots) if self.slot_request[s] < 0][: B2 - len(busy)]
+        self.state = e._compact_jit(self.state, e._put(np.asarray(keep, np.int32)))
+        self.slot_request = [self.slot_request[s] for s in keep]
+        self.slot_pos = [self.slot_pos[s] for s in keep]
+        self.contents = [self.contents[s] for s in keep]
+        self.slots = B2
+
+    def loop(self) -> Iterator[Completion]:
+        self.finished: list[tuple[int, int]] = []
+        while self.queue or any(r >= 0 for r in self.slot_request):
+            if self.queue:
+                self._fill()
+                yield from self._complete()
+                if not any(r >= 0 for r in self.slot_request):
+                    continue
+            self._decode()
+            yield from self._complete()
+            busy = sum(r >= 0 for r in self.slot_request)
+            if self.schedule.shrink and not self.queue and 0 < busy <= self.slots // 2:
+                if self.engine.batch_bucket(busy) < self.slots:
+                    self._compact()
 
 
 _ENGINES: dict[Any, Engine] = {}

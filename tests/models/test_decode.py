@@ -1,5 +1,6 @@
-"""The one-token decode step (`marljax.models.decode`), in its own cache layout and with
-separate or fused weights, gives the logits of the full forward."""
+"""`extend_step` (`marljax.models.decode`): prompts run into per-row cache positions, then
+one-token steps, in the decode cache layout with separate or fused weights, give the logits
+of the full forward."""
 
 from __future__ import annotations
 
@@ -10,41 +11,50 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from marljax.models import ModelConfig, forward, get_params, hidden_states, init_cache, positions_from_mask
-from marljax.models.decode import decode_step, decode_weights, grow_cache, split_cache
+from marljax.models import ModelConfig, forward, get_params
+from marljax.models.decode import decode_weights, extend_step, init_decode_cache
 from marljax.models.testing import random_model
 
 
 @pytest.mark.parametrize("fuse", [False, True])
 @pytest.mark.parametrize("preset", ["tiny-qwen2", "tiny-qwen3"])  # untied + biases; tied + q/k norm
-def test_decode_steps_after_a_prefill_equal_the_full_forward(preset, fuse):
+def test_extend_then_decode_steps_equal_the_full_forward(preset, fuse):
     cfg = ModelConfig.preset(preset)
     params = get_params(random_model(cfg))
     rng = np.random.RandomState(0)
-    B, T, P, S = 3, 10, 6, 12  # rows, tokens, prompt slots, cache slots
+    B, T, S = 3, 10, 16  # rows, tokens, cache positions
+    prompt = np.array([6, 3, 4])  # each row's prompt length: rows sit at different positions
     ids = jnp.asarray(rng.randint(3, cfg.vocab_size, (B, T)))
-    mask = jnp.asarray(np.arange(T)[None] >= np.array([[0], [2], [5]]))  # left padding
-    pos = positions_from_mask(mask)
-    full, _ = jax.jit(forward, static_argnames="config")(
-        params, ids, config=cfg, positions=pos, attention_mask=mask
-    )
+    full, _ = jax.jit(forward, static_argnames="config")(params, ids, config=cfg)
 
-    _, cache = jax.jit(hidden_states, static_argnames="config")(
-        params,
-        ids[:, :P],
-        config=cfg,
-        positions=pos[:, :P],
-        attention_mask=mask[:, :P],
-        cache=init_cache(cfg, B, S),
-    )
-    kv = grow_cache(split_cache(cache, P), S)  # the prompt's slots, widened to the whole cache
-    assert kv[0].shape == (B, cfg.num_kv_heads, cfg.head_dim, S)
-    assert kv[1].shape == (B, cfg.num_kv_heads, S, cfg.head_dim)
-    valid = cache.mask | (jnp.arange(S) >= P)[None]  # decode slots hold real tokens
     weights = decode_weights(params, cfg, fuse)
     assert ("wqkv" in weights["layers"][0]) == fuse
-    step = jax.jit(functools.partial(decode_step, config=cfg))
-    for t in range(P, T):
-        logits, kv = step(weights, ids[:, t], pos[:, t], kv, valid, jnp.int32(t))
-        np.testing.assert_allclose(logits, full[:, t], atol=1e-5, rtol=0, err_msg=f"token {t}")
+    step = jax.jit(functools.partial(extend_step, config=cfg))
+    kv = init_decode_cache(cfg, B, S)
+    assert kv[0].shape == (B, cfg.num_kv_heads, cfg.head_dim, S)
+    assert kv[1].shape == (B, cfg.num_kv_heads, S, cfg.head_dim)
+    # the prompts in two pieces: 2 tokens, then the rest (a cached prefix and its suffix)
+    logits, kv = step(weights, ids[:, :2], jnp.zeros(B, jnp.int32), jnp.full(B, 2, jnp.int32), kv)
+    np.testing.assert_allclose(logits, full[:, 1], atol=1e-5, rtol=0)
+    rest = np.full((B, 4), 0)
+    for b in range(B):
+        rest[b, : prompt[b] - 2] = np.asarray(ids[b, 2 : prompt[b]])
+    logits, kv = step(weights, jnp.asarray(rest), jnp.full(B, 2, jnp.int32), jnp.asarray(prompt - 2), kv)
+    np.testing.assert_allclose(logits, full[np.arange(B), prompt - 1], atol=1e-5, rtol=0)
+    pos = prompt.copy()
+    for _ in range(T - prompt.max()):  # one token per step; row 1 idles (length 0) every other step
+        for idle in (False, True):
+            lengths = np.ones(B, np.int32)
+            lengths[1] = 0 if idle else 1
+            toks = ids[np.arange(B), pos][:, None]
+            logits, kv = step(weights, toks, jnp.asarray(pos), jnp.asarray(lengths), kv)
+            moved = lengths == 1
+            np.testing.assert_allclose(
+                np.asarray(logits)[moved], np.asarray(full)[np.arange(B), pos][moved], atol=1e-5, rtol=0
+            )
+            pos = pos + lengths
+            if pos.max() >= T:
+                break
+        if pos.max() >= T:
+            break
     assert float(jnp.abs(full).std()) > 0.5

@@ -11,8 +11,7 @@ import numpy as np
 import pytest
 
 from marljax.models import forward, from_pretrained, get_params, load_tokenizer, testing, token_logprobs
-from marljax.sampler import Buckets, generate, generate_text, get_engine, truncation_mask
-from marljax.sampler.engine import kv_windows
+from marljax.sampler import Buckets, Schedule, generate, generate_text, get_engine, truncation_mask
 
 # one checkpoint per family: Qwen2 (biases, untied), Qwen3 (q/k norm, tied, head_dim 32),
 # Llama (llama3 rope scaling, GQA 1)
@@ -129,21 +128,24 @@ def test_logprobs_equal_teacher_forcing_for_sampled_tokens(qwen3):
     assert n_checked == 6 * MAX_NEW and truncation_visible > n_checked // 2
 
 
-def test_phased_decode_over_growing_cache_windows_equals_one_phase(qwen3):
-    """`Buckets.kv_phases`: phases over cache windows of 5, 10, 16 new slots give the tokens,
-    ends and log-probs of a single phase; log-probs also equal teacher forcing, with rows
-    ending inside different phases."""
+def test_decode_over_growing_cache_windows_equals_the_whole_cache(qwen3):
+    """Decode calls over windows of 16, 32, ... positions (chunks of 4 steps) give the tokens,
+    ends and log-probs of decoding over the whole cache, with rows ending in different windows;
+    log-probs also equal teacher forcing."""
     model, config, _ = qwen3
     params = get_params(model)
     prompts = _prompts(seed=8)
-    assert kv_windows(16, 16, 3) == [21, 26, 32] and kv_windows(16, 16, 1) == [32]
-    kw = dict(max_new_tokens=13, temperature=1.0, n=2, seed=4)
-    ref = generate(model, prompts, eos_ids=(), buckets=Buckets(kv_phases=1), **kw)
-    eos = int(ref.tokens[1, 4])  # ends row 1 (at least) in the first phase
-    one = generate(model, prompts, eos_ids=[eos], buckets=Buckets(kv_phases=1), **kw)
-    assert len(set(one.lengths.tolist())) >= 2
+    kw = dict(max_new_tokens=40, temperature=1.0, n=2, seed=4, schedule=Schedule(chunk=4))
+    whole = Buckets(min_window=4096)  # every window is the whole cache
+    ref = generate(model, prompts, eos_ids=(), buckets=whole, **kw)
+    eos = int(ref.tokens[1, 4])  # ends row 1 (at least) in the first window
+    one = generate(model, prompts, eos_ids=[eos], buckets=whole, **kw)
+    assert len(set(one.lengths.tolist())) >= 2 and one.lengths.max() > 20
     lp, _ = _teacher_forced(params, config, prompts, one)
-    out = generate(model, prompts, eos_ids=[eos], buckets=Buckets(kv_phases=3), **kw)
+    small = get_engine(config, buckets=Buckets(min_window=16))
+    before = small.stats.decode_compiles
+    out = generate(model, prompts, eos_ids=[eos], buckets=Buckets(min_window=16), **kw)
+    assert small.stats.decode_compiles - before >= 3  # windows of 16, 32 and 64 positions
     np.testing.assert_array_equal(out.tokens, one.tokens)
     np.testing.assert_array_equal(out.lengths, one.lengths)
     np.testing.assert_array_equal(out.finish_reason, one.finish_reason)
@@ -180,9 +182,10 @@ def test_rows_stop_independently_on_eos_and_stop_sequences(qwen3):
         np.testing.assert_array_equal(out.tokens[r, :end], G[r, :end])
         assert (out.tokens[r, end:] == testing.PAD_ID).all() and (out.logprobs[r, end:] == 0).all()
     assert len({e for e, _ in expected}) >= 2, expected  # rows really ended at different steps
-    assert out.steps == MAX_NEW or out.steps == max(e for e, _ in expected)
 
-    # every row hits an EOS within 3 tokens -> the loop exits early
+    # every row hits an EOS within 3 tokens -> decoding stops early
+    stats = get_engine(model.config).stats
+    steps = stats.decode_steps
     early = generate(
         model,
         prompts,
@@ -191,8 +194,8 @@ def test_rows_stop_independently_on_eos_and_stop_sequences(qwen3):
         eos_ids=sorted({int(G[r, 2]) for r in range(len(prompts))}),
     )
     assert (early.finish_reason == "eos").all() and early.lengths.max() <= 3
-    assert early.steps == early.lengths.max() < MAX_NEW
-    assert get_engine(model.config).stats.last_steps == early.steps
+    # the first token comes from the prefill's logits, each further one from a decode step
+    assert stats.decode_steps - steps == early.lengths.max() - 1
 
 
 def test_same_seed_same_tokens_and_n_samples_share_one_prefill(qwen3):
@@ -200,13 +203,14 @@ def test_same_seed_same_tokens_and_n_samples_share_one_prefill(qwen3):
     prompts = _prompts(seed=5)
     kw = dict(max_new_tokens=MAX_NEW, temperature=1.0, top_p=0.95, eos_ids=())
     stats = get_engine(config).stats
-    before = (stats.prefill_calls, stats.prefill_rows, stats.decode_rows)
+    before = (stats.insert_calls, stats.prefill_tokens, stats.shared_tokens, stats.peak_slots)
     a = generate(model, prompts, n=4, seed=11, **kw)
-    assert (stats.prefill_calls - before[0], stats.prefill_rows - before[1]) == (
-        1,
-        4,
-    )  # 3 prompts -> bucket 4
-    assert stats.decode_rows - before[2] == 16  # 12 samples -> bucket 16
+    # the first sample of each prompt prefills it; the other 3 copy all but its last token
+    lengths = np.array([len(p) for p in prompts])
+    assert stats.insert_calls - before[0] == 2
+    assert stats.prefill_tokens - before[1] == lengths.sum() + 3 * 3
+    assert stats.shared_tokens - before[2] == 3 * (lengths - 1).sum()
+    assert stats.peak_slots == 16  # 12 samples -> 16 slots
     b = generate(model, prompts, n=4, seed=11, **kw)
     np.testing.assert_array_equal(a.tokens, b.tokens)
     np.testing.assert_array_equal(a.logprobs, b.logprobs)
