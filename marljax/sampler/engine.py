@@ -100,7 +100,10 @@ class Schedule:
     chunk: decode steps per device call at most (the host refills slots between calls).
     refill_fraction: with requests waiting, a call returns once this fraction of the slots is
       free (at least one slot), so finished rows are replaced without waiting for the others.
-    shrink: with no request waiting, halve the slots once at most half are busy.
+    shrink: with no request waiting, once at most half the slots are busy, move the busy rows
+      to a smaller slot batch (a power of two, at least `min_slots`): on a CPU a step costs
+      about in proportion to its rows; on an accelerator small batches cost about the same,
+      and each new slot count compiles its own steps.
     share_prefixes: a new request copies the longest prefix of its prompt that some slot's
       cache holds and prefills only the rest.
     """
@@ -109,11 +112,12 @@ class Schedule:
     chunk: int = 32
     refill_fraction: float = 0.125
     shrink: bool = True
+    min_slots: int = 8
     share_prefixes: bool = True
 
     def __post_init__(self):
-        if self.slots < 1 or self.chunk < 1 or not 0 < self.refill_fraction <= 1:
-            raise ValueError(f"bad schedule {self}: slots, chunk >= 1 and 0 < refill_fraction <= 1")
+        if min(self.slots, self.chunk, self.min_slots) < 1 or not 0 < self.refill_fraction <= 1:
+            raise ValueError(f"bad schedule {self}: slots, chunk, min_slots >= 1, 0 < refill_fraction <= 1")
 
 
 @dataclasses.dataclass
@@ -423,7 +427,7 @@ class Engine:
             busy = ~state.done
             n_busy = jnp.sum(busy)
             inside = jnp.max(jnp.where(busy, state.pos, 0)) < window
-            return (i < chunk) & (n_busy > shrink_busy) & (B - n_busy < refill_free) & inside
+            return (i < chunk) & (n_busy > jnp.maximum(shrink_busy, 0)) & (B - n_busy < refill_free) & inside
 
         def body(carry):
             state, i, toks, lps, slps, emitted, reason = carry
@@ -635,7 +639,7 @@ class _Run:
         busy = [s for s in range(B) if self.slot_request[s] >= 0]
         waiting = bool(self.queue)
         refill_free = max(1, int(B * sched.refill_fraction)) if waiting else B + 1
-        can_shrink = sched.shrink and not waiting and e.batch_bucket(B // 2) < B
+        can_shrink = sched.shrink and not waiting and self._smaller() < B
         shrink_busy = B // 2 if can_shrink else -1
         reach = max(self.slot_pos[s] for s in busy)
         window = e.window(reach + sched.chunk, self.capacity)
@@ -677,11 +681,16 @@ class _Run:
             yield Completion(r, toks, lps, slps if self.want_slp else None, REASONS[why])
         self.finished = []
 
+    def _smaller(self, busy: int | None = None) -> int:
+        """The slot count for `busy` rows (default half the slots) when shrinking."""
+        busy = self.slots // 2 if busy is None else busy
+        return self.engine.batch_bucket(max(busy, self.schedule.min_slots))
+
     def _compact(self) -> None:
         """Keep the busy slots in half as many (the tail of the call)."""
         e = self.engine
         busy = [s for s in range(self.slots) if self.slot_request[s] >= 0]
-        B2 = e.batch_bucket(len(busy))
+        B2 = self._smaller(len(busy))
         keep = busy + [s for s in range(self.slots) if self.slot_request[s] < 0][: B2 - len(busy)]
         self.state = e._compact_jit(self.state, e._put(np.asarray(keep, np.int32)))
         self.slot_request = [self.slot_request[s] for s in keep]
@@ -701,7 +710,7 @@ class _Run:
             yield from self._complete()
             busy = sum(r >= 0 for r in self.slot_request)
             if self.schedule.shrink and not self.queue and 0 < busy <= self.slots // 2:
-                if self.engine.batch_bucket(busy) < self.slots:
+                if self._smaller(busy) < self.slots:
                     self._compact()
 
 

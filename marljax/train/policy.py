@@ -33,7 +33,7 @@ from marljax.models.decoder import abstract_model, get_params, init_model, param
 from marljax.models.hf_io import from_pretrained, load_tokenizer, save_pretrained
 from marljax.models.sharding import make_mesh, process_local_mesh, reshard, to_local
 from marljax.sampler import generate
-from marljax.sampler.engine import Buckets
+from marljax.sampler.engine import Buckets, Schedule
 from marljax.train.batch import collate
 from marljax.train.config import LossConfig, OptimizerConfig
 from marljax.train.optim import applied_steps, make_optimizer, make_schedule
@@ -242,6 +242,7 @@ class Policy:
             pad_id=self.pad_id,
             mesh=self.sampler_mesh,
             buckets=Buckets(min_prompt=sampler.min_prompt_bucket, min_batch=sampler.min_batch_bucket),
+            schedule=Schedule(slots=sampler.slots, share_prefixes=sampler.share_prefixes),
         )
 
     # ------------------------------------------------------------- updates

@@ -14,7 +14,7 @@ from jax.sharding import PartitionSpec as P  # noqa: E402
 
 from marljax.models import ModelConfig, get_params, make_mesh, shard_model  # noqa: E402
 from marljax.models.testing import random_model  # noqa: E402
-from marljax.sampler import Buckets, generate, get_engine  # noqa: E402
+from marljax.sampler import Buckets, Schedule, generate, get_engine  # noqa: E402
 
 assert jax.device_count() == 8, jax.devices()
 
@@ -36,18 +36,24 @@ def main():
     g2 = generate(sharded, prompts, temperature=0.0, **kw)  # mesh taken from the parameters
     s2 = generate(sharded, prompts, temperature=1.0, top_p=0.9, n=2, seed=3, **kw)
     engine = get_engine(cfg, mesh)
-    assert engine.stats.prefill_calls == 2 and engine.batch_bucket(5) == 8
-    # decode phases over growing cache windows on the mesh (the default uses them from 128 tokens)
+    assert engine.stats.insert_calls == 3 and engine.batch_bucket(5) == 8  # greedy 1, sampled 2
+    # growing cache windows, queued requests (4 slots for 10), refills and shrinking on the mesh
     s3 = generate(
-        sharded, prompts, temperature=1.0, top_p=0.9, n=2, seed=3, buckets=Buckets(kv_phases=3), **kw
+        sharded,
+        prompts,
+        temperature=1.0,
+        top_p=0.9,
+        n=2,
+        seed=3,
+        buckets=Buckets(min_window=16),
+        schedule=Schedule(slots=4, chunk=3),
+        **kw,
     )
 
-    # the cache really is split: batch over data, kv heads over tensor
-    ids = np.zeros((8, 16), np.int32)
-    mask = np.ones((8, 16), bool)
-    cache, logits = engine.prefill(params, ids, mask, cache_len=32)
-    assert cache.k.sharding.spec == P(None, "data", None, "tensor"), cache.k.sharding
-    assert len(cache.k.sharding.device_set) == 8 and logits.sharding.spec[0] == "data"
+    # the cache really is split: slots over data, kv heads over tensor
+    state = engine.empty_state(8, 32, 4)
+    assert state.kv[0].sharding.spec == P("data", "tensor"), state.kv[0].sharding
+    assert len(state.kv[0].sharding.device_set) == 8 and state.pos.sharding.spec[0] == "data"
 
     for a, b in ((g1, g2), (s1, s2), (s1, s3)):
         np.testing.assert_array_equal(a.tokens, b.tokens)

@@ -344,6 +344,12 @@ class SamplerConfig(FrozenModel):
         16, ge=1, description="smallest padded prompt length; larger = fewer compiles"
     )
     min_batch_bucket: int = Field(1, ge=1, description="smallest padded batch; larger = fewer compiles")
+    slots: int = Field(
+        64, ge=1, description="rows decoding at once (the KV cache's size); more requests queue for a slot"
+    )
+    share_prefixes: bool = Field(
+        True, description="requests sharing a prompt prefix (samples, tree nodes) prefill it once"
+    )
 
 
 # Workflow option models live beside their workflows (marljax.workflows.REGISTRY); `kind` picks one.
