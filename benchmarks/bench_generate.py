@@ -379,6 +379,161 @@ def run(
     return {"meta": meta, "rows": rows, "markdown": "\n".join(lines)}
 
 
+# ----------------------------------------------------------------------------- long-tailed
+LONGTAIL_MODES = {  # requests, largest budget, prompt length, slots, repeats, transformers batch
+    "smoke": (16, 32, 8, 4, 1, 8),
+    "quick": (64, 256, 32, 16, 1, 16),
+    "full": (256, 1024, 32, 64, 2, 64),
+}
+
+
+def longtail_budgets(requests: int, largest: int, seed: int = 0) -> list[int]:
+    """Token budgets drawn log-normally (median `largest / 8`, sigma 1), clipped to [1, largest]:
+    most answers short, a tail to the limit."""
+    import numpy as np
+
+    rng = np.random.RandomState(seed)
+    return (
+        np.clip(np.round(rng.lognormal(np.log(largest / 8), 1.0, requests)), 1, largest).astype(int).tolist()
+    )
+
+
+def run_longtail(mode: str = "full", checkpoint: str = DEFAULT_CKPT, with_transformers: bool = True) -> dict:
+    """Static vs continuous batching on one long-tailed request set, interleaved in one process.
+
+    Every request ends at its own budget (EOS disabled), which the scheduler does not look
+    ahead at: for it a budget is an end it discovers, as an EOS. "static" is the engine with
+    a slot for every request and no refill or shrinking: all rows decode in lockstep until
+    the longest ends (how the sampler batched before); "static, slot-sized calls" splits the
+    requests into calls of the continuous engine's slot count; "continuous" is the default
+    schedule with that slot count. transformers `generate` runs the requests in batches of its
+    size, each to the longest budget of its batch (its static batching); tunix is not measured
+    here. Sampling at temperature 1, top-p 0.9.
+    """
+    import numpy as np
+
+    from bench_common import interleaved
+    from marljax.models import from_pretrained
+    from marljax.sampler import Schedule, generate, get_engine
+
+    N, largest, plen, slots, repeats, hf_batch = LONGTAIL_MODES[mode]
+    spec = SMOKE_CKPT if mode == "smoke" else CKPT
+    path = make_checkpoint(
+        Path(tempfile.gettempdir()) / "marljax_bench_qwen3_smoke" if mode == "smoke" else Path(checkpoint),
+        spec,
+    )
+    model, config = from_pretrained(path)
+    ids = prompts(N, plen)
+    budgets = longtail_budgets(N, largest)
+    useful = sum(budgets)
+    kw = dict(max_new_tokens=budgets, eos_ids=(), seed=0, temperature=1.0, top_p=0.9)
+    engine = get_engine(config)
+
+    def marljax_call(schedule, calls=1):
+        def call():
+            before = (engine.stats.slot_steps, engine.stats.useful_tokens)
+            peak = 0
+            per = -(-N // calls)
+            outs = []
+            for i in range(0, N, per):
+                outs.append(
+                    generate(
+                        model,
+                        ids[i : i + per],
+                        **{**kw, "max_new_tokens": budgets[i : i + per]},
+                        schedule=schedule,
+                    )
+                )
+                peak = max(peak, engine.stats.cache_bytes)
+            lengths = np.concatenate([o.lengths for o in outs])
+            assert lengths.tolist() == budgets
+            steps = engine.stats.slot_steps - before[0]
+            return {
+                "slot_steps": steps,
+                "useful": engine.stats.useful_tokens - before[1],
+                "cache_bytes": peak,
+            }
+
+        return call
+
+    calls = {
+        "static": marljax_call(Schedule(slots=N, shrink=False, share_prefixes=False)),
+        "static, slot-sized calls": marljax_call(
+            Schedule(slots=slots, shrink=False, share_prefixes=False), calls=-(-N // slots)
+        ),
+        "continuous": marljax_call(Schedule(slots=slots)),
+    }
+    hf_version = None
+    if with_transformers:
+        import importlib.metadata
+
+        import torch
+        import transformers
+
+        hf_version = importlib.metadata.version("transformers")
+        torch.set_num_threads(_xla_threads())
+        hf = transformers.AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
+        hf.generation_config.eos_token_id = None
+        hf.generation_config.pad_token_id = 0
+
+        def hf_call():
+            rows = 0
+            for i in range(0, N, hf_batch):
+                x = torch.tensor(ids[i : i + hf_batch])
+                m = max(budgets[i : i + hf_batch])
+                with torch.no_grad():
+                    hf.generate(
+                        x,
+                        attention_mask=torch.ones_like(x),
+                        max_new_tokens=m,
+                        min_new_tokens=m,
+                        do_sample=True,
+                        temperature=1.0,
+                        top_p=0.9,
+                        top_k=0,
+                    )
+                rows += len(x) * m
+            return {"slot_steps": rows, "useful": useful, "cache_bytes": None}
+
+        calls["transformers generate"] = hf_call
+    timed = interleaved(calls, repeats, warmup=1)
+    rows = []
+    base = useful / timed["static"]["best_seconds"]
+    lines = [
+        f"Long-tailed generation: {N} requests, prompt {plen}, budgets log-normal (median {largest // 8}, "
+        f"clipped to {largest}; {useful:,} tokens, longest {max(budgets)}), {slots} slots, best of {repeats} "
+        f"interleaved calls after a warm-up\n",
+        "| engine | useful tokens/s | vs static | slot-steps per useful token | KV cache |",
+        "|---|---|---|---|---|",
+    ]
+    for name, r in timed.items():
+        last = r["last"]
+        tps = useful / r["best_seconds"]
+        row = {
+            "engine": name,
+            "tokens_per_s": tps,
+            "median_tokens_per_s": useful / r["seconds"],
+            "vs_static": tps / base,
+            "slot_steps_per_token": last["slot_steps"] / useful,
+            "cache_bytes": last["cache_bytes"],
+            "seconds": r["all_seconds"],
+        }
+        rows.append(row)
+        cache = "-" if row["cache_bytes"] is None else f"{row['cache_bytes'] / 2**20:.1f} MiB"
+        lines.append(
+            f"| {name} | {tps:,.0f} | {row['vs_static']:.2f}x | {row['slot_steps_per_token']:.2f} | {cache} |"
+        )
+    meta = {
+        "requests": N,
+        "largest": largest,
+        "prompt": plen,
+        "slots": slots,
+        "useful_tokens": useful,
+        "transformers": hf_version,
+    }
+    return {"meta": meta, "rows": rows, "markdown": "\n".join(lines)}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
@@ -394,7 +549,12 @@ def main() -> None:
     ap.add_argument("--checkpoint", default=DEFAULT_CKPT)
     ap.add_argument("--json", default=os.path.join(tempfile.gettempdir(), "marljax_bench_generate.json"))
     ap.add_argument("--only", choices=["marljax", "transformers", "tunix"], help=argparse.SUPPRESS)
+    ap.add_argument("--longtail", action="store_true", help="only the long-tailed workload")
     args = ap.parse_args()
+    if args.longtail:
+        out = run_longtail("quick" if args.quick else "full", args.checkpoint)
+        print(out["markdown"])
+        return
     if args.only:  # child process: JSON on stdout
         path = make_checkpoint(Path(args.checkpoint))
         print(

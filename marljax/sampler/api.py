@@ -111,12 +111,8 @@ def _requests(
         if isinstance(max_new_tokens, (int, np.integer))
         else list(max_new_tokens)
     )
-    if len(budgets) != len(prompts) or not all(
-        isinstance(m, (int, np.integer)) and m >= 1 for m in budgets
-    ):
-        raise ValueError(
-            f"max_new_tokens must be a positive int or one per prompt, got {max_new_tokens!r}"
-        )
+    if len(budgets) != len(prompts) or not all(isinstance(m, (int, np.integer)) and m >= 1 for m in budgets):
+        raise ValueError(f"max_new_tokens must be a positive int or one per prompt, got {max_new_tokens!r}")
     if not isinstance(n, (int, np.integer)) or n < 1:
         raise ValueError(f"n must be a positive int, got {n!r}")
     if not temperature >= 0:

@@ -570,7 +570,9 @@ class _Run:
             limit = len(prompt) - 1  # at least one token runs, for the first token's logits
             n, src = self._longest_prefix(prompt, cached) if share else (0, -1)
             m, lead = (
-                self._longest_prefix(prompt, [(j, self.requests[q].prompt) for j, (q, *_) in enumerate(first)])
+                self._longest_prefix(
+                    prompt, [(j, self.requests[q].prompt) for j, (q, *_) in enumerate(first)]
+                )
                 if share
                 else (0, -1)
             )
