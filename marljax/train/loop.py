@@ -77,7 +77,8 @@ class Trainer:
         distributed.initialize(cfg.distributed)  # multi-process runs: before any JAX computation
         self.run_dir = Path(cfg.resolved_run_dir())
         self.policies = {name: self._build_policy(name) for name in sorted(cfg.policies)}
-        memory.log_estimates(self.policies, cfg.sampler.max_prompt_len + cfg.sampler.max_new_tokens, log)
+        seq_len = cfg.sampler.max_prompt_len + cfg.sampler.max_new_tokens
+        memory.log_estimates(self.policies, seq_len, log, cfg.sampler.slots)
         self.agents = {
             name: Agent(name, a.policy, a.role, a.template) for name, a in sorted(cfg.agents.items())
         }

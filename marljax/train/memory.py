@@ -92,6 +92,12 @@ class MemoryEstimate:
     rows: int  # rows of a micro-batch on one device
     seq_len: int
     kv_per_sequence: int  # sampler KV cache of one sequence of seq_len tokens
+    slots: int = 1  # sampler slots on this device (sequences decoding at once)
+
+    @property
+    def kv_cache(self) -> int:
+        """The sampler's KV cache: allocated for its slots, whatever the number of requests."""
+        return self.kv_per_sequence * self.slots
 
     @property
     def state(self) -> int:
@@ -117,7 +123,8 @@ class MemoryEstimate:
                 if self.compute_copy
                 else ""
             ),
-            f"  peak ~{_bytes(self.peak)}; sampler KV cache {_bytes(self.kv_per_sequence)} per sequence"
+            f"  peak ~{_bytes(self.peak)}; sampler KV cache {_bytes(self.kv_cache)} ({self.slots} slots x "
+            f"{_bytes(self.kv_per_sequence)})"
             + (f" + compute-dtype weight copies {_bytes(self.compute_copy)}" if self.compute_copy else ""),
         ]
         if device_limit:
@@ -154,10 +161,12 @@ def estimate(
     remat: bool | None = None,
     sampler_mesh_shape: Mapping[str, int] | None = None,
     platform: str | None = None,
+    sampler_slots: int = 64,
 ) -> MemoryEstimate:
     """Per-device estimate for a model, mesh and update settings (no devices needed: plan ahead).
 
     `sampler_mesh_shape`: the sampler's layout when it differs (a second copy of the parameters).
+    `sampler_slots`: sequences the sampler decodes at once (`sampler.slots`), over its data axes.
     `platform`: the JAX backend ("cpu" computes bfloat16 in float32; see the module doc).
     """
     shape = {a: int((mesh_shape or {}).get(a, 1)) for a in MESH_AXES}
@@ -193,10 +202,11 @@ def estimate(
         rows=rows,
         seq_len=seq_len,
         kv_per_sequence=kv,
+        slots=-(-sampler_slots // math.prod((sampler_mesh_shape or shape).get(a, 1) for a in ("data", "fsdp"))),
     )
 
 
-def policy_estimate(policy: Any, seq_len: int) -> MemoryEstimate:
+def policy_estimate(policy: Any, seq_len: int, sampler_slots: int = 64) -> MemoryEstimate:
     """`estimate` for a built `Policy` (its model, mesh, optimizer and sampler layout)."""
     import jax
 
@@ -214,6 +224,7 @@ def policy_estimate(policy: Any, seq_len: int) -> MemoryEstimate:
         reference=cfg.reference,
         sampler_mesh_shape=sampler_shape,
         platform=jax.default_backend(),
+        sampler_slots=sampler_slots,
     )
 
 
@@ -228,7 +239,7 @@ def device_limit() -> int | None:
     return stats.get("bytes_limit")
 
 
-def log_estimates(policies: Mapping[str, Any], seq_len: int, log: Any) -> None:
+def log_estimates(policies: Mapping[str, Any], seq_len: int, log: Any, sampler_slots: int = 64) -> None:
     """Log every policy's estimate on process 0 (`log` is a `logging.Logger`)."""
     import jax
 
@@ -236,4 +247,4 @@ def log_estimates(policies: Mapping[str, Any], seq_len: int, log: Any) -> None:
         return
     limit = device_limit()
     for policy in policies.values():
-        log.info(policy_estimate(policy, seq_len).report(policy.cfg.optimizer.name, limit))
+        log.info(policy_estimate(policy, seq_len, sampler_slots).report(policy.cfg.optimizer.name, limit))

@@ -75,3 +75,15 @@ def test_trainer_prints_the_estimate_at_start(tmp_path, caplog):
     assert "memory estimate, policy 'main'" in text and "policies.main.model.remat" in text, text
     seq = cfg.sampler.max_prompt_len + cfg.sampler.max_new_tokens
     assert f"{cfg.policies['main'].micro_batch_size} rows x {seq} tokens" in text, text
+
+
+def test_sampler_kv_cache_is_what_the_engine_allocates_for_its_slots():
+    from marljax.sampler import get_engine
+
+    cfg = ModelConfig.preset("tiny-qwen3")
+    est = estimate(cfg, seq_len=48, sampler_slots=4)
+    state = get_engine(cfg).empty_state(4, 48, 4)
+    assert est.kv_cache == nbytes(state.kv) == 4 * est.kv_per_sequence
+    assert "sampler KV cache" in est.report() and "4 slots" in est.report()
+    # over 2 data-parallel devices each holds half the slots
+    assert estimate(cfg, seq_len=48, sampler_slots=4, mesh_shape={"data": 2}).kv_cache == est.kv_cache // 2
