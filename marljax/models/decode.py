@@ -1,22 +1,24 @@
-"""One-token decode step of the decoder, in the cache layout the sampler's loop needs.
+"""The sampler's step of the decoder: tokens run against per-row KV caches in the decode layout.
 
 The maths is the decoder's own layer (`project_qkv`, then attention, then
 `out_and_mlp`, from `marljax.models.decoder`); only the data layout differs, for
-speed when generating one token per row:
+speed when generating a token per row:
 
 - the KV cache is one `(keys, values)` pair per layer, keys `[B, K, H, S]` and
   values `[B, K, S, H]`, so that both attention products are plain batched
   matmuls (keys stored slot-major make the score product several times slower
-  on CPU), carried separately in the decode loop so each step writes one slot
-  in place;
-- the layers are unrolled, each reading its own weights (`decode_weights`,
-  sliced once per call) instead of slicing stacked weights inside a scan;
+  on CPU), carried separately in the decode loop so each step writes in place;
+- every row has its own positions: its tokens fill its cache from position 0, so
+  a token's cache position is its rotary position, and rows of different lengths
+  (continuous batching) need no padding inside the cache;
+- the layers are unrolled, each reading its own weights (`decode_weights`)
+  instead of slicing stacked weights inside a scan;
 - optionally (`fuse=True`), the weights take the fused layout of
   `fuse_projections` and a tied embedding is transposed once into a `[D, V]`
   head: fewer, larger, plainer matmuls, which matters when steps are short.
 
-The prefill runs `marljax.models.hidden_states`; `split_cache` converts its
-`KVCache` to this layout.
+`extend_step` runs any number of tokens per row from any position: a prompt (or
+its part after a prefix copied from another row's cache) or one decode token.
 """
 
 from __future__ import annotations
@@ -25,11 +27,9 @@ import math
 
 import jax
 import jax.numpy as jnp
-from jax import lax
 
 from marljax.models.config import ModelConfig
 from marljax.models.decoder import (
-    KVCache,
     Params,
     fuse_projections,
     out_and_mlp,
@@ -55,7 +55,7 @@ def init_decode_cache(config: ModelConfig, rows: int, slots: int, dtype=None) ->
 
 
 def decode_weights(params: Params, config: ModelConfig, fuse: bool) -> Params:
-    """`params` for `decode_step`: `layers` becomes a list of per-layer weight dicts (fused
+    """`params` for `extend_step`: `layers` becomes a list of per-layer weight dicts (fused
     projections when `fuse`); with `fuse`, a tied embedding also gets a transposed `lm_head`
     copy, since a plain `[B, D] @ [D, V]` step is measurably faster for small models."""
     layers = []

@@ -1,4 +1,4 @@
-"""Prefill + decode generation with a KV cache under `jit`, returning tokens and log-probs.
+"""Generation with continuous batching over KV-cache slots under `jit`: tokens and log-probs.
 
     from marljax.sampler import generate, generate_text
     out = generate(model, [[5, 6, 7], [8, 9]], max_new_tokens=64, temperature=1.0,
@@ -8,7 +8,7 @@
 Knows nothing about RL: `logprobs` are under `softmax(logits / temperature)` without
 top-k/top-p truncation, the distribution a trainer recomputes for the same tokens.
 `marljax.sampler.sampling` holds the pure per-step token choice;
-`marljax.sampler.engine` the compiled prefill / decode loop, buckets and counters.
+`marljax.sampler.engine` the slots, the compiled insert / decode steps, buckets and counters.
 The model maths (prefill, the one-token decode step, log-probs) lives in `marljax.models`.
 """
 

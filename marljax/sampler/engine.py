@@ -43,7 +43,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
-from jax.sharding import Mesh, NamedSharding, PartitionSpec
+from jax.sharding import Mesh, NamedSharding
 
 from marljax.kernels.losses_terms import logprobs_from_logits
 from marljax.models import ModelConfig
@@ -262,8 +262,8 @@ class Engine:
         self.buckets = buckets or Buckets()
         self.topk_bound = int(topk_bound)
         self.stats = EngineStats()
-        self._weights_jit = jax.jit(self._weights)
-        self._insert_jit = jax.jit(self._insert, static_argnames=("window", "greedy", "pad_id"))
+        self._fuse_jit = jax.jit(self._fuse)
+        self._insert_jit = jax.jit(self._insert, static_argnames=("window", "greedy"))
         self._decode_jit = jax.jit(
             self._decode, static_argnames=("window", "chunk", "greedy", "want_sampling_lp", "pad_id")
         )
@@ -340,8 +340,19 @@ class Engine:
         return NamedSharding(self.mesh, logical_to_spec(names, x.shape, self.mesh))
 
     # --------------------------------------------------------------- compiled
-    def _weights(self, params):
-        return decode_weights(params, self.config, self.fuse_projections)
+    def _fuse(self, params):
+        return decode_weights(params, self.config, fuse=True)
+
+    def weights(self, params):
+        """What a call's insert and decode steps take: with fused projections, the fused copy,
+        built once per call (small models only); else the parameters themselves, sliced per
+        layer inside each step (a separate per-layer copy would double a large model)."""
+        return self._fuse_jit(params) if self.fuse_projections else params
+
+    def _layer_weights(self, weights):
+        if isinstance(weights["layers"], list):  # already in the decode layout (`weights`)
+            return weights
+        return decode_weights(weights, self.config, fuse=False)
 
     def _insert(
         self,
@@ -361,7 +372,6 @@ class Engine:
         *,
         window: int,
         greedy: bool,
-        pad_id: int,
     ):
         """Put `Bn` requests into `slots`: row j copies positions `< starts[j]` of slot
         `source[j]`'s cache (all as they were before this call), then runs its `lengths[j]`
@@ -369,6 +379,7 @@ class Engine:
         Rows whose slot is out of range (padding) change nothing."""
         self.stats.insert_compiles += 1  # runs at trace time only
         rows_kv = _window(tuple(x[source] for x in state.kv), window)
+        weights = self._layer_weights(weights)
         logits, rows_kv = extend_step(weights, tokens, starts, lengths, rows_kv, config=self.config)
         Bn = slots.shape[0]
         new = SlotState(
@@ -418,6 +429,7 @@ class Engine:
         run and, per slot, the chosen tokens `[B, chunk]` with their log-probs (0 and `pad_id`
         where the slot was not busy), the number it emitted and its finish reason."""
         self.stats.decode_compiles += 1  # runs at trace time only
+        weights = self._layer_weights(weights)
         B = state.pos.shape[0]
         full_kv = state.kv
         state = state._replace(kv=_window(full_kv, window))
@@ -530,7 +542,7 @@ class _Run:
             stop_active=jnp.asarray(np.arange(NS) < len(stop)),
             seed=jnp.asarray(seed, jnp.uint32),
         )
-        self.weights = e._weights_jit(params)
+        self.weights = e.weights(params)
         self.state = e.empty_state(self.slots, self.capacity, Ls)
         e.stats.cache_bytes = e.cache_bytes(self.slots, self.capacity)
         e.stats.peak_slots = max(e.stats.peak_slots, self.slots)
@@ -539,6 +551,7 @@ class _Run:
         self.slot_pos = [0] * self.slots  # host copy of each slot's write position
         self.contents: list[np.ndarray] = [np.zeros((0,), np.int32)] * self.slots  # tokens in each cache
         self.out: dict[int, list] = {}  # request -> [tokens, logprobs, sampling logprobs] chunks
+        self.finished: list[tuple[int, int]] = []  # (slot, finish reason) ended since the last yield
 
     # ------------------------------------------------------------- insertion
     def _longest_prefix(self, prompt: np.ndarray, candidates) -> tuple[int, int]:
@@ -622,7 +635,6 @@ class _Run:
             ),
             window=window,
             greedy=self.greedy,
-            pad_id=self.pad_id,
         )
         tok, lp, slp, reason = jax.device_get(first)
         for j, (r, slot, _, _) in enumerate(group):
@@ -701,7 +713,6 @@ class _Run:
         self.slots = B2
 
     def loop(self) -> Iterator[Completion]:
-        self.finished: list[tuple[int, int]] = []
         while self.queue or any(r >= 0 for r in self.slot_request):
             if self.queue:
                 self._fill()
@@ -711,9 +722,8 @@ class _Run:
             self._decode()
             yield from self._complete()
             busy = sum(r >= 0 for r in self.slot_request)
-            if self.schedule.shrink and not self.queue and 0 < busy <= self.slots // 2:
-                if self._smaller(busy) < self.slots:
-                    self._compact()
+            if self.schedule.shrink and not self.queue and busy > 0 and self._smaller(busy) < self.slots:
+                self._compact()
 
 
 _ENGINES: dict[Any, Engine] = {}

@@ -202,7 +202,9 @@ def estimate(
         rows=rows,
         seq_len=seq_len,
         kv_per_sequence=kv,
-        slots=-(-sampler_slots // math.prod((sampler_mesh_shape or shape).get(a, 1) for a in ("data", "fsdp"))),
+        slots=-(
+            -sampler_slots // math.prod((sampler_mesh_shape or shape).get(a, 1) for a in ("data", "fsdp"))
+        ),
     )
 
 

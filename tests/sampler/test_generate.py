@@ -203,14 +203,14 @@ def test_same_seed_same_tokens_and_n_samples_share_one_prefill(qwen3):
     prompts = _prompts(seed=5)
     kw = dict(max_new_tokens=MAX_NEW, temperature=1.0, top_p=0.95, eos_ids=())
     stats = get_engine(config).stats
-    before = (stats.insert_calls, stats.prefill_tokens, stats.shared_tokens, stats.peak_slots)
+    before = (stats.insert_calls, stats.prefill_tokens, stats.shared_tokens)
     a = generate(model, prompts, n=4, seed=11, **kw)
     # the first sample of each prompt prefills it; the other 3 copy all but its last token
     lengths = np.array([len(p) for p in prompts])
     assert stats.insert_calls - before[0] == 2
     assert stats.prefill_tokens - before[1] == lengths.sum() + 3 * 3
     assert stats.shared_tokens - before[2] == 3 * (lengths - 1).sum()
-    assert stats.peak_slots == 16  # 12 samples -> 16 slots
+    assert stats.cache_bytes == get_engine(config).cache_bytes(16, 16 + 16)  # 12 samples -> 16 slots
     b = generate(model, prompts, n=4, seed=11, **kw)
     np.testing.assert_array_equal(a.tokens, b.tokens)
     np.testing.assert_array_equal(a.logprobs, b.logprobs)
