@@ -140,7 +140,7 @@ class _IdTokenizer:
         return 0
 
 
-def setup_tunix(path, batch, plen, new):
+def setup_tunix(path, batch, plen, new, ids=None):
     import jax.numpy as jnp
     from tunix.generate import sampler as tsampler
     from tunix.models.qwen3 import model as tmodel
@@ -171,7 +171,7 @@ def setup_tunix(path, batch, plen, new):
             head_dim=cfg.head_dim,
         ),
     )
-    texts = [" ".join(map(str, p)) for p in prompts(batch, plen)]
+    texts = [" ".join(map(str, p)) for p in (ids or prompts(batch, plen))]
 
     def make(kw):
         skw = (
@@ -398,7 +398,49 @@ def longtail_budgets(requests: int, largest: int, seed: int = 0) -> list[int]:
     )
 
 
-def run_longtail(mode: str = "full", checkpoint: str = DEFAULT_CKPT, with_transformers: bool = True) -> dict:
+def longtail_tunix(mode: str, checkpoint: str) -> dict:
+    """In tunix's environment: tunix's sampler on the long-tailed requests in batches of the
+    transformers batch size, each to its longest budget, interleaved with marljax's continuous
+    engine on the same requests; best seconds of each."""
+    import importlib.metadata
+
+    from bench_common import interleaved
+
+    from marljax.models import from_pretrained
+    from marljax.sampler import Schedule, generate
+
+    N, largest, plen, slots, repeats, batch = LONGTAIL_MODES[mode]
+    path = Path(checkpoint)
+    budgets = longtail_budgets(N, largest)
+    ids = prompts(N, plen)
+    model, _ = from_pretrained(path)
+    samplers = {}  # tunix: one sampler per (batch, cache size)
+
+    def tunix_call():
+        for i in range(0, N, batch):
+            part, m = ids[i : i + batch], max(budgets[i : i + batch])
+            if (len(part), m) not in samplers:
+                samplers[len(part), m] = setup_tunix(path, len(part), plen, m, ids=part)
+            samplers[len(part), m]["top_p=0.9"][0]()
+
+    def marljax_call():
+        kw = dict(max_new_tokens=budgets, eos_ids=(), seed=0, temperature=1.0, top_p=0.9)
+        generate(model, ids, **kw, schedule=Schedule(slots=slots))
+
+    timed = interleaved({"tunix": tunix_call, "marljax": marljax_call}, repeats, warmup=1)
+    return {
+        "tunix_seconds": timed["tunix"]["best_seconds"],
+        "marljax_seconds": timed["marljax"]["best_seconds"],
+        "version": importlib.metadata.version("google-tunix"),
+    }
+
+
+def run_longtail(
+    mode: str = "full",
+    checkpoint: str = DEFAULT_CKPT,
+    with_transformers: bool = True,
+    tunix_python: str = TUNIX_PYTHON,
+) -> dict:
     """Static vs continuous batching on one long-tailed request set, interleaved in one process.
 
     Every request ends at its own budget (EOS disabled), which the scheduler does not look
@@ -523,7 +565,25 @@ def run_longtail(mode: str = "full", checkpoint: str = DEFAULT_CKPT, with_transf
         lines.append(
             f"| {name} | {tps:,.0f} | {row['vs_static']:.2f}x | {row['slot_steps_per_token']:.2f} | {cache} |"
         )
+    tunix_version = None
+    if mode != "smoke" and tunix_python and Path(tunix_python).exists():
+        from bench_common import child_json
+
+        d = child_json(
+            [tunix_python, __file__, "--only", "tunix", "--longtail", "--checkpoint", str(path)]
+            + (["--quick"] if mode == "quick" else [])
+        )
+        tunix_version = d["version"]
+        tps, paired = useful / d["tunix_seconds"], useful / d["marljax_seconds"]
+        rows.append({"engine": "tunix sampler", "tokens_per_s": tps, "continuous_same_process": paired})
+        lines.append(
+            f"| tunix sampler (own process; marljax continuous beside it: {paired:,.0f}, "
+            f"{paired / tps:.2f}x tunix) | {tps:,.0f} | - | - | - |"
+        )
+    else:
+        lines.append(f"\n(tunix not measured: {tunix_python!r} not found, or smoke mode)")
     meta = {
+        "tunix": tunix_version,
         "requests": N,
         "largest": largest,
         "prompt": plen,
@@ -551,8 +611,11 @@ def main() -> None:
     ap.add_argument("--only", choices=["marljax", "transformers", "tunix"], help=argparse.SUPPRESS)
     ap.add_argument("--longtail", action="store_true", help="only the long-tailed workload")
     args = ap.parse_args()
+    if args.longtail and args.only == "tunix":  # child process in tunix's environment
+        print("JSON:" + json.dumps(longtail_tunix("quick" if args.quick else "full", args.checkpoint)))
+        return
     if args.longtail:
-        out = run_longtail("quick" if args.quick else "full", args.checkpoint)
+        out = run_longtail("quick" if args.quick else "full", args.checkpoint, tunix_python=args.tunix_python)
         print(out["markdown"])
         return
     if args.only:  # child process: JSON on stdout

@@ -150,7 +150,10 @@ def run_section(name: str, mode: str, args, results: dict):
     if name == "generate":
         import bench_generate
 
-        return bench_generate.run(mode, tunix_python=args.tunix_python)
+        res = bench_generate.run(mode, tunix_python=args.tunix_python)
+        res["longtail"] = bench_generate.run_longtail(mode, tunix_python=args.tunix_python)
+        res["markdown"] += "\n\n" + res["longtail"]["markdown"]
+        return res
     if name == "kernels":
         import bench_kernels
 
@@ -184,7 +187,7 @@ def run_section(name: str, mode: str, args, results: dict):
 
 # ----------------------------------------------------------------------------- targets
 def targets(results: dict) -> list[dict]:
-    """The issue's targets (#9, #4), each met / not met / not measured."""
+    """The issues' targets (#9, #4, #25), each met / not met / not measured."""
     out = []
 
     def add(what, value, goal, fmt="{:.2f}x", best=None):
@@ -231,6 +234,15 @@ def targets(results: dict) -> list[dict]:
                 2.0,
                 best=p.get("vs_tunix_best"),
             )
+    tail = {r["engine"]: r for r in results.get("generate", {}).get("longtail", {}).get("rows", [])}
+    cont = tail.get("continuous", {})
+    add("long-tailed generation: continuous vs static >= 2x (#25)", cont.get("vs_static"), 2.0)
+    steps = cont.get("slot_steps_per_token")
+    add(  # lower is better: the goal is met when 1.3 / value >= 1
+        "long-tailed generation: slot-steps per useful token <= 1.3 (#25; shown as 1.3 / value)",
+        None if steps is None else 1.3 / steps,
+        1.0,
+    )
     # the setting marljax's entry points run with (the glibc-default rows are shown for comparison)
     train = {
         r["size"]: r

@@ -47,6 +47,10 @@ def test_harness_smoke(tmp_path):
     assert {r["mode"] for r in gen} == {"greedy", "top_p=0.9"}
     assert all(r["marljax"] > 0 and r["transformers"] > 0 for r in gen)
     assert [r["greedy_tokens_equal"] for r in gen if r["mode"] == "greedy"] == ["1.000 / -"]
+    tail = {r["engine"]: r for r in res["generate"]["longtail"]["rows"]}
+    assert set(tail) >= {"static", "static, slot-sized calls", "continuous", "transformers generate"}
+    # lockstep pays for every slot until the longest row ends; continuous refills slots
+    assert tail["continuous"]["slot_steps_per_token"] < tail["static"]["slot_steps_per_token"]
     k = res["kernels"]
     assert k["marljax"]["tokens_per_s"] > 0 and k["numpy"]["tokens_per_s"] > 0
     assert k["max_rel_diff_vs_numpy"]["marljax"] < 1e-4
