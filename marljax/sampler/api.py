@@ -229,9 +229,9 @@ def generate(
     Returns:
       a `SamplerOutput` with host (numpy) arrays.
     """
-    config, _ = _resolve(model, params)
+    config, params = _resolve(model, params)
     stream = generate_stream(
-        model,
+        config,
         prompt_ids,
         max_new_tokens=max_new_tokens,
         temperature=temperature,

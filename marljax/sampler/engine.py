@@ -150,7 +150,7 @@ class SlotState(NamedTuple):
     last_token: jax.Array  # [B] int32: the latest chosen token, the next step's input
     step: jax.Array  # [B] int32: tokens generated so far
     done: jax.Array  # [B] bool: finished or never used (the slot is free)
-    request: jax.Array  # [B] uint32: the request's index (its sampling key)
+    key: jax.Array  # [B, 2] uint32: the request's key data, `fold_in(key(seed), request)`
     max_new: jax.Array  # [B] int32: the request's token budget
     temperature: jax.Array  # [B] float32
     top_k: jax.Array  # [B] int32
@@ -207,10 +207,11 @@ def _choose(engine: Engine, logits, state: SlotState, tables: Tables, busy, *, g
     under softmax(logits / T) (what the trainer recomputes; T = 1 for greedy rows), its
     log-prob under the sampled distribution, the new recent window, and whether and why the
     row ends (`busy` rows only)."""
-    base = jax.random.key(tables.seed)
-    keys = jax.vmap(lambda r, t: jax.random.fold_in(jax.random.fold_in(base, r), t))(
-        state.request, state.step.astype(jnp.uint32)
-    )
+    keys = state.key  # unused when greedy
+    if not greedy:
+        keys = jax.vmap(jax.random.fold_in)(
+            jax.random.wrap_key_data(state.key), state.step.astype(jnp.uint32)
+        )
     tok, slp = sample_tokens(
         logits,
         keys,
@@ -263,6 +264,8 @@ class Engine:
         self.topk_bound = int(topk_bound)
         self.stats = EngineStats()
         self._fuse_jit = jax.jit(self._fuse)
+        self._fused = None  # (parameter leaves, their fused copy)
+        self._empty_jit = jax.jit(self._empty, static_argnames=("slots", "capacity", "stop_len"))
         self._insert_jit = jax.jit(self._insert, static_argnames=("window", "greedy"))
         self._decode_jit = jax.jit(
             self._decode, static_argnames=("window", "chunk", "greedy", "want_sampling_lp", "pad_id")
@@ -287,9 +290,13 @@ class Engine:
         return next_bucket(n, self.buckets.min_new_tokens, self.buckets.new_tokens)
 
     def window(self, needed: int, capacity: int) -> int:
-        """The decode window for `needed` positions: a power of two (at least `min_window`),
-        or the whole cache."""
-        return min(next_bucket(needed, self.buckets.min_window), capacity)
+        """The decode window for `needed` positions: the smallest of `min_window` times 1, 1.5,
+        2, 3, 4, 6, ... that holds them, or the whole cache (a step reads the whole window, so
+        half-steps between powers of two cut the waste to a third for one compile more)."""
+        w = next_bucket(needed, self.buckets.min_window)
+        if w * 3 // 4 >= max(needed, self.buckets.min_window):
+            w = w * 3 // 4
+        return min(w, capacity)
 
     def cache_bytes(self, slots: int, capacity: int) -> int:
         c = self.config
@@ -313,25 +320,26 @@ class Engine:
 
     # ------------------------------------------------------------------ state
     def empty_state(self, slots: int, capacity: int, stop_len: int) -> SlotState:
-        c = self.config
-        zeros_i = np.zeros((slots,), np.int32)
-        state = SlotState(
-            kv=init_decode_cache(c, slots, capacity),
-            pos=zeros_i,
-            last_token=zeros_i,
-            step=zeros_i,
-            done=np.ones((slots,), bool),
-            request=np.zeros((slots,), np.uint32),
-            max_new=np.ones((slots,), np.int32),
-            temperature=np.ones((slots,), np.float32),
-            top_k=zeros_i,
-            top_p=np.ones((slots,), np.float32),
-            recent=np.full((slots, stop_len), -1, np.int32),
+        """`slots` free slots of `capacity` cache positions, built on the device."""
+        return self._empty_jit(slots=slots, capacity=capacity, stop_len=stop_len)
+
+    def _empty(self, *, slots: int, capacity: int, stop_len: int) -> SlotState:
+        zeros = jnp.zeros((slots,), jnp.int32)
+        return self._constrain(
+            SlotState(
+                kv=init_decode_cache(self.config, slots, capacity),
+                pos=zeros,
+                last_token=zeros,
+                step=zeros,
+                done=jnp.ones((slots,), bool),
+                key=jnp.zeros((slots, 2), jnp.uint32),
+                max_new=jnp.ones((slots,), jnp.int32),
+                temperature=jnp.ones((slots,), jnp.float32),
+                top_k=zeros,
+                top_p=jnp.ones((slots,), jnp.float32),
+                recent=jnp.full((slots, stop_len), -1, jnp.int32),
+            )
         )
-        kv = state.kv
-        if self.mesh is not None:
-            kv = tuple(jax.device_put(x, self._kv_sharding(x)) for x in kv)
-        return SlotState(kv, *(self._put(x) for x in state[1:]))
 
     def _kv_sharding(self, x) -> NamedSharding:
         """Slots over the data axes, kv heads over `tensor` (where they divide)."""
@@ -344,10 +352,21 @@ class Engine:
         return decode_weights(params, self.config, fuse=True)
 
     def weights(self, params):
-        """What a call's insert and decode steps take: with fused projections, the fused copy,
-        built once per call (small models only); else the parameters themselves, sliced per
-        layer inside each step (a separate per-layer copy would double a large model)."""
-        return self._fuse_jit(params) if self.fuse_projections else params
+        """What the insert and decode steps take: with fused projections, the fused copy (small
+        models only), kept while the same parameter arrays come back (the calls of one RL step);
+        else the parameters themselves, sliced per layer inside each step (a separate per-layer
+        copy would double a large model)."""
+        if not self.fuse_projections:
+            return params
+        leaves = tuple(jax.tree.leaves(params))
+        cached = self._fused
+        if (
+            cached is None
+            or len(cached[0]) != len(leaves)
+            or any(a is not b for a, b in zip(cached[0], leaves))
+        ):
+            self._fused = cached = (leaves, self._fuse_jit(params))
+        return cached[1]
 
     def _layer_weights(self, weights):
         if isinstance(weights["layers"], list):  # already in the decode layout (`weights`)
@@ -388,7 +407,9 @@ class Engine:
             last_token=jnp.zeros((Bn,), jnp.int32),
             step=jnp.zeros((Bn,), jnp.int32),
             done=jnp.zeros((Bn,), bool),
-            request=request,
+            key=jax.vmap(lambda r: jax.random.key_data(jax.random.fold_in(jax.random.key(tables.seed), r)))(
+                request
+            ),
             max_new=max_new,
             temperature=temperature,
             top_k=top_k,

@@ -281,9 +281,14 @@ def test_bad_arguments_are_clear_errors(qwen3):
         (dict(top_k=-2), "top_k"),
         (dict(n=0), "n must"),
         (dict(max_new_tokens=0), "max_new_tokens"),
+        (dict(max_new_tokens=[4, 4]), "one per prompt"),  # 1 prompt, 2 budgets
+        (dict(max_new_tokens=[0]), "one per prompt"),
     ]:
         args = {"prompt_ids": [[1, 2, 3]], "max_new_tokens": 4, **kw}
         with pytest.raises(ValueError, match=match):
             generate(model, args.pop("prompt_ids"), **args)
     with pytest.raises(ValueError, match="params"):
         generate(config, [[1, 2]], max_new_tokens=2)
+    for bad in (dict(slots=0), dict(chunk=0), dict(refill_fraction=0.0), dict(min_slots=0)):
+        with pytest.raises(ValueError, match="schedule"):
+            Schedule(**bad)
