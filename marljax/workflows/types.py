@@ -25,26 +25,32 @@ ID_FIELDS = ("problem", "episode", "node", "parent", "depth", "turn")
 
 class Prompt(str):
     """An agent's prompt: its raw text (the string itself, tokenized as is when chat is off) and the
-    same request as chat `messages` (`(role, content)` pairs ending with a user turn), which the
-    generator renders with the tokenizer's chat template when chat is on. Workflows may use it as
-    a string; string operations give a plain `str`, which the generator sends as one user turn."""
+    same request as chat `messages` (`(role, content)` pairs ending with a user turn, or a tool turn
+    holding tool results), which the generator renders with the tokenizer's chat template when
+    chat is on. `tools`: the function schemas the agent may call (`marljax.envs.tool_calls.
+    tool_schema`), given to the template's `tools=` argument (the raw text must describe them
+    itself). Workflows may use it as a string; string operations give a plain `str`, which the
+    generator sends as one user turn."""
 
     messages: tuple[tuple[str, str], ...]
+    tools: tuple[dict[str, Any], ...]
 
-    def __new__(cls, text: str, messages: Sequence[tuple[str, str]]):
+    def __new__(cls, text: str, messages: Sequence[tuple[str, str]], tools: Sequence[Mapping[str, Any]] = ()):
         self = super().__new__(cls, text)
         self.messages = tuple((str(role), str(content)) for role, content in messages)
-        if not self.messages or self.messages[-1][0] != "user":
-            raise ValueError(f"a prompt's messages must end with a user turn, got {self.messages}")
+        self.tools = tuple(dict(t) for t in tools)
+        if not self.messages or self.messages[-1][0] not in ("user", "tool"):
+            raise ValueError(f"a prompt's messages must end with a user or tool turn, got {self.messages}")
         return self
 
     def __getnewargs__(self):
-        return str(self), self.messages
+        return str(self), self.messages, self.tools
 
-    def continued(self, answer: str, follow_up: str, text: str) -> Prompt:
-        """This conversation after the agent answered `answer`, then the user's `follow_up`; `text` is
-        the same request as raw text (which carries the earlier turns inside it)."""
-        return Prompt(text, (*self.messages, ("assistant", answer), ("user", follow_up)))
+    def continued(self, answer: str, follow_up: str, text: str, role: str = "user") -> Prompt:
+        """This conversation after the agent answered `answer`, then `follow_up` (the user's, or
+        tool results with `role="tool"`); `text` is the same request as raw text (which carries the
+        earlier turns inside it). The tools stay."""
+        return Prompt(text, (*self.messages, ("assistant", answer), (role, follow_up)), self.tools)
 
 
 @dataclasses.dataclass(frozen=True)
