@@ -53,6 +53,45 @@ def encode_prompt(tokenizer: Any, prompt: str, *, chat: bool, where: str = "prom
             raise ValueError(f"{where}: the chat template failed to render ({e})") from e
 
 
+def encode_continuation(
+    tokenizer: Any, prompt: Any, *, chat: bool, where: str = "prompt"
+) -> list[int] | None:
+    """Token ids of a prompt that continues an earlier one of the same policy
+    (`prompt.continues`, see `marljax.workflows.types.Prompt.continued`): the earlier prompt and
+    completion exactly as sampled, then the new turn's tokens. With chat, the new turn is the text
+    the template adds after the answer (its end-of-turn markup, the tool or user turn, the next
+    generation prompt), found by rendering the conversation with and without the new turn; raw,
+    it is the text the raw prompt adds. None when that cannot be told (a template that re-renders
+    earlier turns differently), and the caller encodes the prompt whole."""
+    after = prompt.continues
+    if not chat:
+        if after.raw_tail is None:
+            return None
+        return [*after.ids, *tokenizer(after.raw_tail, add_special_tokens=False)["input_ids"]]
+    messages = [{"role": r, "content": c} for r, c in prompt.messages]
+    tools = [dict(t) for t in prompt.tools]
+    if tools and not template_supports_tools(tokenizer):
+        messages, tools = _tools_in_text(messages, tools), []
+    kwargs = dict(tools=tools or None, tokenize=False)
+    try:
+        head = tokenizer.apply_chat_template(messages[:-1], add_generation_prompt=False, **kwargs)
+        full = tokenizer.apply_chat_template(messages, add_generation_prompt=True, **kwargs)
+    except Exception as e:
+        raise ValueError(f"{where}: the chat template failed to render ({e})") from e
+    answer = messages[-2]["content"]
+    end = head.rfind(answer) + len(answer)
+    if not answer or end < len(answer) or not full.startswith(head):
+        return None
+    closing = head[end:]  # the template's end of the answer's turn, e.g. "<|im_end|>\n"
+    if after.ended:  # the completion's last token already wrote the start of it
+        eos = tokenizer.decode([after.ids[-1]], skip_special_tokens=False)
+        if not closing.startswith(eos):
+            return None
+        closing = closing[len(eos) :]
+    tail = closing + full[len(head) :]
+    return [*after.ids, *tokenizer(tail, add_special_tokens=False)["input_ids"]]
+
+
 def _render(tokenizer: Any, messages: list[dict], tools: list[dict]) -> list[int]:
     ids = tokenizer.apply_chat_template(
         messages, tools=tools or None, add_generation_prompt=True, tokenize=True, return_dict=False
