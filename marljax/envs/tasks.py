@@ -9,6 +9,7 @@
   and says where it ends (no solver: the agent still has to find the path).
 * `load_qa_jsonl`: HotpotQA-, MuSiQue- or plain ``{question, answer}`` JSONL rows as problems,
   and the passages their contexts hold as a corpus.
+* `problem_passages`: the passages a problem carries, for a search tool over them alone.
 """
 
 from __future__ import annotations
@@ -90,13 +91,15 @@ def _names(rng: random.Random, n: int, syllables: int, taken: set[str]) -> list[
 
 
 def make_multihop(
-    n: int, seed: int = 0, hops: Sequence[int] = (2, 3), n_people: int = 12
+    n: int, seed: int = 0, hops: Sequence[int] = (2, 3), n_people: int = 12, distractors: int = 4
 ) -> tuple[list[Problem], list[Passage]]:
     """`n` questions (hop counts cycling through `hops`) and the corpus that answers them.
 
     World: each person was born in a city, each city lies in a country, each company was founded
     by a person; one passage per fact. 2 hops: "In which country was <person> born?" (person ->
-    city -> country). 3 hops: "In which country was the founder of <company> born?"."""
+    city -> country). 3 hops: "In which country was the founder of <company> born?". Each problem
+    also carries its own passages (``fields["passages"]``: the supporting ones and `distractors`
+    others, shuffled), HotpotQA's distractor setting, which the search tool indexes per problem."""
     if not set(hops) <= {2, 3}:
         raise ValueError(f"hops must be 2 or 3, got {list(hops)}")
     rng = random.Random(f"multihop/{seed}")
@@ -124,14 +127,18 @@ def make_multihop(
             question = f"In which country was the founder of {company} born?"
             support = [f"company/{company}", f"person/{person}", f"city/{born_in[person]}"]
         answer = country_of[born_in[person]]
+        others = [p for p in passages if p.id not in support]
+        chosen = [p for p in passages if p.id in support] + rng.sample(others, min(distractors, len(others)))
+        rng.shuffle(chosen)
+        fields = {
+            "question": question,
+            "answers": [answer],
+            "hops": k,
+            "supporting": support,
+            "passages": [[p.title, p.text] for p in chosen],
+        }
         problems.append(
-            Problem(
-                f"multihop/{seed}/{i}",
-                question,
-                "qa",
-                f"<multihop seed {seed}>:{i}",
-                {"question": question, "answers": [answer], "hops": k, "supporting": support},
-            )
+            Problem(f"multihop/{seed}/{i}", question, "qa", f"<multihop seed {seed}>:{i}", fields)
         )
     return problems, passages
 
@@ -175,14 +182,15 @@ def numeric_score(problem: Problem, answer: str) -> float:
 
 
 # ------------------------------------------------------------------ the grid with a checker
-def grid_checker_tool(problem: Problem, timeout_s: float = 2.0) -> Tool:
-    """`check_plan(moves)` on one grid (from its start): where the moves end, whether a move hit a
-    wall or the edge, and how far the end is from the goal. It checks, it does not plan."""
+def grid_checker_tool(problem: Problem, pos: Sequence[int] | None = None, timeout_s: float = 2.0) -> Tool:
+    """`check_plan(moves)` on one grid from `pos` (default: its start): where the moves end, whether
+    a move hit a wall or the edge, and how far the end is from the goal. It checks, it does not plan."""
     fields = problem.fields
+    start = fields["start"] if pos is None else pos
 
     def check_plan(moves: str) -> str:
         plan = parse_moves(f"Moves: {moves}")
-        res = run_plan(fields, fields["start"], plan)
+        res = run_plan(fields, start, plan)
         if res.reached:
             return f"reaches the goal after {res.used} moves"
         stop = f"move {res.used + 1} ({plan[res.used]}) hits a wall or the edge; " if res.illegal else ""
@@ -198,6 +206,14 @@ def grid_checker_tool(problem: Problem, timeout_s: float = 2.0) -> Tool:
     )
 
 
+def problem_passages(problem: Problem) -> list[Passage]:
+    """The passages a QA problem carries (``fields["passages"]``: ``[[title, text], ...]``)."""
+    rows = problem.fields.get("passages")
+    if not rows:
+        raise ValueError(f"{problem.source}: problem {problem.id!r} carries no passages to search")
+    return [Passage(f"{problem.id}/{k}", str(t), str(x)) for k, (t, x) in enumerate(rows)]
+
+
 # ------------------------------------------------------------------ loaders
 def load_qa_jsonl(path: str | os.PathLike) -> tuple[list[Problem], list[Passage]]:
     """Questions (schema ``qa``) and the passages of their contexts from a JSONL file of rows in
@@ -208,7 +224,8 @@ def load_qa_jsonl(path: str | os.PathLike) -> tuple[list[Problem], list[Passage]
       "paragraph_text"}, ...]}``;
     * plain: ``{"id"?, "question", "answer" or "answers": [...]}`` (bring a corpus with
       `marljax.envs.search.load_corpus`).
-    Passages are deduplicated by (title, text)."""
+    Each problem keeps its own passages (``fields["passages"]``, the distractor setting); the
+    corpus returned holds them all, deduplicated by (title, text)."""
     problems, passages, seen = [], [], set()
     with open(path, encoding="utf-8") as f:
         for n, line in enumerate(f, 1):
@@ -222,12 +239,13 @@ def load_qa_jsonl(path: str | os.PathLike) -> tuple[list[Problem], list[Passage]
             if not isinstance(row, dict) or not isinstance(row.get("question"), str):
                 raise ValueError(f"{where}: a row needs a 'question' string")
             answers = _row_answers(row, where)
-            for title, text in _row_passages(row, where):
+            own = _row_passages(row, where)
+            for title, text in own:
                 if (title, text) not in seen:
                     seen.add((title, text))
                     passages.append(Passage(f"{len(passages)}", title, text))
             qid = str(row.get("_id", row.get("id", n - 1)))
-            fields = {"question": row["question"], "answers": answers}
+            fields = {"question": row["question"], "answers": answers, "passages": [list(p) for p in own]}
             problems.append(Problem(qid, row["question"], "qa", where, fields))
     return problems, passages
 

@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from marljax.envs.grid import make_grid_problems
+from marljax.envs.tasks import make_arithmetic, make_multihop
 from marljax.rewards import Limits, Problem, SandboxPool, SandboxVerifier
 from marljax.seeds import derive_seed
 from marljax.train import data as data_lib
@@ -47,11 +48,18 @@ log = logging.getLogger(__name__)
 
 
 def load_split(cfg: DataConfig, split: str) -> list[Problem]:
-    """Problems of the train or eval split from a JSONL file or a generator (code tasks, grids)."""
+    """Problems of the train or eval split from a JSONL file or a generator (code tasks, grids, tool
+    tasks)."""
     if cfg.grid is not None:
         g = cfg.grid
         n, seed = (g.n_train, g.seed) if split == "train" else (g.n_eval, g.seed + 1_000_000)
         return make_grid_problems(n, seed=seed, size=g.size)
+    if cfg.tools is not None:
+        t = cfg.tools
+        n, seed = (t.n_train, t.seed) if split == "train" else (t.n_eval, t.seed + 1_000_000)
+        if t.task == "arithmetic":
+            return make_arithmetic(n, seed=seed)
+        return make_multihop(n, seed=seed, hops=t.hops)[0]
     if cfg.synthetic is not None:
         s = cfg.synthetic
         n, seed = (s.n_train, s.seed) if split == "train" else (s.n_eval, s.seed + 1_000_000)

@@ -46,6 +46,11 @@ def test_multihop_answers_follow_the_corpus():
             expected = country[born[re.fullmatch(r"In which country was (.+) born\?", p.prompt)[1]]]
         assert p.fields["answers"] == [expected] and p.schema == "qa"
         assert len(p.fields["supporting"]) == p.fields["hops"]
+        # the problem's own passages: its supporting facts and 4 others of the same world
+        own = {(t, x) for t, x in p.fields["passages"]}
+        by_id = {q.id: (q.title, q.text) for q in passages}
+        assert {by_id[i] for i in p.fields["supporting"]} <= own and len(own) == p.fields["hops"] + 4
+        assert own <= set(by_id.values())
     assert make_multihop(12, seed=3) == (problems, passages)  # deterministic
     assert make_multihop(12, seed=4)[1] != passages
 
@@ -122,6 +127,8 @@ def test_hotpotqa_and_musique_rows(tmp_path):
     assert [p.id for p in problems] == ["h1", "m1", "2"]
     assert [p.fields["answers"] for p in problems] == [["A1"], ["A2", "a two"], ["x", "y"]]
     assert [(p.title, p.text) for p in passages] == [("T1", "S1. S2."), ("T2", "S3."), ("T3", "S4.")]
+    assert problems[1].fields["passages"] == [["T1", "S1. S2."], ["T3", "S4."]]
+    assert problems[2].fields["passages"] == []
     assert qa_score(problems[1], "A two") == 1.0
 
 
