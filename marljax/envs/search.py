@@ -55,14 +55,16 @@ class BM25Index:
             raise ValueError("a BM25 index needs at least one passage")
         self.passages = list(passages)
         self._bm25s = bm25s
-        self._retriever = bm25s.BM25()
         tokens = bm25s.tokenize([f"{p.title} {p.text}" for p in self.passages], show_progress=False)
-        self._retriever.index(tokens, show_progress=False)
+        # passages of stopwords and one-letter words only leave nothing to index (bm25s cannot)
+        self._retriever = bm25s.BM25() if tokens.vocab else None
+        if self._retriever is not None:
+            self._retriever.index(tokens, show_progress=False)
 
     def search(self, query: str, k: int = 3) -> list[tuple[Passage, float]]:
         """Up to `k` passages with a positive score, best first (none for a query of stopwords only)."""
         tokens = self._bm25s.tokenize([query], show_progress=False)
-        if not any(tokens.ids):  # nothing left to match after stopwords and short tokens
+        if self._retriever is None or not any(tokens.ids):  # nothing to match after stopwords, short tokens
             return []
         k = min(k, len(self.passages))
         docs, scores = self._retriever.retrieve(tokens, k=k, show_progress=False)

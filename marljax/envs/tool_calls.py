@@ -105,13 +105,16 @@ def tool_schema(name: str, description: str, parameters: Mapping[str, Any]) -> d
 
 
 def tools_text(schemas: Sequence[Mapping[str, Any]]) -> str:
-    """The tools and the call format in plain text, for prompts without the template's tool support."""
-    lines = ["You can call these tools (JSON schemas):"]
-    lines += [json.dumps(s.get("function", s)) for s in schemas]
-    lines.append(
-        'To call a tool, write <tool_call>{"name": <tool name>, "arguments": <JSON object>}</tool_call>; '
-        "its result comes back in the next message."
-    )
+    """The tools and the call format in plain text, for prompts without the template's tool support:
+    one line per tool, ``name(argument: type, ...): description``, then an example call."""
+    lines = ["Tools:"]
+    for s in schemas:
+        f = s.get("function", s)
+        props = f.get("parameters", {}).get("properties", {})
+        args = ", ".join(f"{k}: {v.get('type', 'any')}" for k, v in props.items())
+        lines.append(f"- {f['name']}({args}): {f.get('description', '')}")
+    first = schemas[0].get("function", schemas[0]) if schemas else {"name": "tool"}
+    lines.append(f'Call one as <tool_call>{{"name": "{first["name"]}", "arguments": {{...}}}}</tool_call>.')
     return "\n".join(lines)
 
 

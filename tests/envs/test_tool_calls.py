@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
 from marljax.envs.tool_calls import (
@@ -81,9 +79,12 @@ def test_formatted_calls_parse_back():
 
 
 def test_plain_text_description_lists_each_tool_and_the_format():
-    schema = tool_schema("search", "Search passages.", {"type": "object", "properties": {}})
-    text = tools_text([schema])
-    assert json.dumps(schema["function"]) in text and "<tool_call>" in text
+    search = tool_schema("search", "Search passages.", {"type": "object", "properties": {"query": {"type": "string"}}})
+    calc = tool_schema("calc", "Add.", {"type": "object", "properties": {"a": {"type": "number"}, "b": {}}})
+    assert tools_text([search, calc]) == (
+        "Tools:\n- search(query: string): Search passages.\n- calc(a: number, b: any): Add.\n"
+        'Call one as <tool_call>{"name": "search", "arguments": {...}}</tool_call>.'
+    )
 
 
 def test_template_support_is_read_from_the_template():

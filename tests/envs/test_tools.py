@@ -179,6 +179,7 @@ def test_bm25_ranks_the_matching_passage_first():
     # "capital" is in two passages, "Italy" only in b; "of" is a stopword
     assert [p.id for p, _ in hits] == ["b", "a"] and hits[0][1] > hits[1][1] > 0
     assert index.search("the of", k=3) == [] and index.search("xyzzy") == []
+    assert BM25Index([Passage("x", "a", "I a")]).search("a") == []  # nothing indexable
 
 
 def test_search_tool_text(tmp_path):
