@@ -79,7 +79,9 @@ def test_formatted_calls_parse_back():
 
 
 def test_plain_text_description_lists_each_tool_and_the_format():
-    search = tool_schema("search", "Search passages.", {"type": "object", "properties": {"query": {"type": "string"}}})
+    search = tool_schema(
+        "search", "Search passages.", {"type": "object", "properties": {"query": {"type": "string"}}}
+    )
     calc = tool_schema("calc", "Add.", {"type": "object", "properties": {"a": {"type": "number"}, "b": {}}})
     assert tools_text([search, calc]) == (
         "Tools:\n- search(query: string): Search passages.\n- calc(a: number, b: any): Add.\n"

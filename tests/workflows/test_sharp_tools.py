@@ -11,6 +11,7 @@ import pytest
 from marljax.envs.tasks import make_multihop
 from marljax.envs.tool_calls import format_tool_call
 from marljax.rewards import SandboxVerifier
+from marljax.train import rollout_log
 from marljax.workflows import REGISTRY
 from marljax.workflows.base import Agent, ScriptedGenerator
 from marljax.workflows.sharp_tools import SharpToolsConfig, SharpToolsWorkflow
@@ -120,3 +121,28 @@ def test_config_errors():
         SharpToolsConfig(workers=["w1"], tools={"tsk": "qa"})
     found = SharpToolsConfig(workers=["w1", "w9"]).check_agents(AGENTS)
     assert [(k, v) for k, _, v in found] == [(("workers", 1), "w9")]
+
+
+class ByteTokenizer:
+    """Decodes the ScriptedGenerator's byte ids."""
+
+    def decode(self, ids, skip_special_tokens=False):
+        return bytes(np.asarray(ids, np.uint8)).decode("utf-8", "replace")
+
+
+def test_rollout_log_shows_the_calls_and_their_results():
+    out = SharpToolsWorkflow(workers=["w1", "w2"], group_size=2).rollout(
+        PROBLEMS, AGENTS, ScriptedGenerator(script), SandboxVerifier(), seed=0
+    )
+    records = rollout_log.rollout_records(3, out, {"pol": ByteTokenizer()})
+    w1 = [r for r in records if r["agent"] == "w1"]
+    assert len(w1) == 2
+    for r in w1:
+        # one sequence: the call, the search result the agent read, then its answer
+        call, result, answer = (
+            r["completion"].index(s) for s in ('<tool_call>\n{"name": "search"', "[search] [1]", "<answer>")
+        )
+        assert call < result < answer
+        assert r["trained_len"] < r["completion_len"]
+    planner = next(r for r in records if r["agent"] == "planner")
+    assert "trained_len" not in planner  # a one-turn completion is trained whole
