@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from marljax.envs.grid import make_grid_problems
-from marljax.envs.tasks import make_arithmetic, make_multihop
+from marljax.envs.tasks import load_qa_jsonl, make_arithmetic, make_multihop
 from marljax.rewards import Limits, Problem, SandboxPool, SandboxVerifier
 from marljax.seeds import derive_seed
 from marljax.train import data as data_lib
@@ -66,6 +66,8 @@ def load_split(cfg: DataConfig, split: str) -> list[Problem]:
         rows = data_lib.synthetic_rows(n, seed=seed, difficulty=s.difficulty, style=s.style)
         return [data_lib.parse_row(r, "stdio", f"<synthetic {split}>:{k + 1}") for k, r in enumerate(rows)]
     path = cfg.train if split == "train" else cfg.eval
+    if path is not None and cfg.schema == "qa":
+        return load_qa_jsonl(path)[0]
     return [] if path is None else data_lib.load_problems(path, cfg.schema)
 
 

@@ -147,3 +147,23 @@ def test_bad_rows_name_file_and_line(tmp_path, row, message):
     path.write_text('{"question": "ok", "answer": "a"}\n' + json.dumps(row) + "\n")
     with pytest.raises(ValueError, match=rf"qa.jsonl:2: .*{re.escape(message)}"):
         load_qa_jsonl(path)
+
+
+def test_run_configs_load_qa_rows_and_generated_tool_tasks(tmp_path):
+    from marljax.train.config import DataConfig
+    from marljax.train.loop import load_split
+
+    path = tmp_path / "qa.jsonl"
+    path.write_text(
+        json.dumps({"_id": "h1", "question": "Q?", "answer": "A", "context": [["T", ["S."]]]}) + "\n"
+    )
+    (p,) = load_split(DataConfig(train=str(path), schema="qa"), "train")
+    assert p.id == "h1" and p.fields["passages"] == [["T", "S."]] and p.schema == "qa"
+    generated = DataConfig(tools={"task": "multihop", "n_train": 3, "n_eval": 2, "hops": [3]})
+    train, held_out = load_split(generated, "train"), load_split(generated, "eval")
+    assert [q.fields["hops"] for q in train] == [3, 3, 3] and len(held_out) == 2
+    assert {q.prompt for q in train}.isdisjoint({q.prompt for q in held_out})
+    arithmetic = load_split(DataConfig(tools={"task": "arithmetic", "n_train": 2}), "train")
+    assert [q.schema for q in arithmetic] == ["math", "math"]
+    with pytest.raises(ValueError, match="hops must be 2 or 3"):
+        DataConfig(tools={"hops": [4]})

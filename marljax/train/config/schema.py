@@ -332,7 +332,11 @@ with warnings.catch_warnings():
     class DataConfig(FrozenModel):
         train: str | None = Field(None, description="training problems (JSONL)")
         eval: str | None = Field(None, description="evaluation problems (JSONL)")
-        schema: Literal["auto", "humaneval", "mbpp", "stdio", "math"] = "auto"
+        schema: Literal["auto", "humaneval", "mbpp", "stdio", "math", "qa"] = Field(
+            "auto",
+            description="qa: HotpotQA / MuSiQue / {question, answer} rows for the tool workflows "
+            "(marljax.envs.tasks.load_qa_jsonl), never detected by auto",
+        )
         synthetic: SyntheticData | None = Field(None, description="generated tasks instead of a file")
         grid: GridData | None = Field(None, description="generated planning grids instead of a file")
         tools: ToolTaskData | None = Field(None, description="generated tool tasks instead of a file")
