@@ -59,19 +59,20 @@ class TaskTools:
 
     def __init__(self, cfg: ToolsConfig):
         self.cfg = cfg
-        self._corpus = BM25Index(load_corpus(cfg.corpus)) if cfg.corpus else None
-        self._indexes: dict[str, BM25Index] = {}  # per problem id: problems repeat across steps
+        # per problem id (problems repeat across steps), or "" for the corpus, built at first use
+        self._indexes: dict[str, BM25Index] = {}
 
     def _index(self, problem: Problem) -> BM25Index:
-        if problem.id not in self._indexes:
-            self._indexes[problem.id] = BM25Index(problem_passages(problem))
-        return self._indexes[problem.id]
+        key = "" if self.cfg.corpus else problem.id
+        if key not in self._indexes:
+            passages = load_corpus(self.cfg.corpus) if self.cfg.corpus else problem_passages(problem)
+            self._indexes[key] = BM25Index(passages)
+        return self._indexes[key]
 
     def tools(self, problem: Problem, extra: Sequence[Tool] = ()) -> list[Tool]:
         c = self.cfg
         if c.task == "qa":
-            index = self._corpus or self._index(problem)
-            return [search_tool(index, c.top_k), *extra]
+            return [search_tool(self._index(problem), c.top_k), *extra]
         if c.task == "math":
             limits = Limits(test_timeout_s=c.python_timeout_s, program_timeout_s=c.python_timeout_s + 1)
             return [python_tool(limits), calculator_tool(), *extra]

@@ -127,3 +127,14 @@ def test_config_errors():
         DrMasSearchConfig(router="a", searcher="a", answerer="b")
     with pytest.raises(ValueError, match="qa or math"):
         DrMasSearchConfig(tools={"task": "plan"})
+
+
+def test_a_corpus_file_is_searched_for_every_problem(tmp_path):
+    from marljax.workflows.tool_use import TaskTools, ToolsConfig
+
+    path = tmp_path / "corpus.jsonl"
+    path.write_text('{"title": "Zorb", "text": "Zorb is a city in Quux."}\n')
+    task = TaskTools(ToolsConfig(corpus=str(path)))
+    (search,) = task.tools(PROBLEMS[0])  # the problem's own passages are not searched
+    assert search.fn(query="Zorb") == "[1] Zorb: Zorb is a city in Quux."
+    assert task.tools(PROBLEMS[0])[0].fn(query=PERSON) == "no results"
