@@ -76,10 +76,10 @@ class ToolEnv:
         return f"{problem.prompt}\n\n{ANSWER_FORMAT}"
 
     def step(self, agent: str, action_text: str) -> StepResult:
-        if self.done or self._problem is None:
-            raise RuntimeError(f"env {self.spec.name!r}: step after the episode ended; call reset first")
         if agent not in self.spec.agents:
             raise ValueError(f"env {self.spec.name!r}: unknown agent {agent!r}; agents: {self.spec.agents}")
+        if self.done or self._problem is None:
+            raise RuntimeError(f"env {self.spec.name!r}: step after the episode ended; call reset first")
         self.turn += 1
         info: dict[str, Any] = {"turn": self.turn, "agent": agent, "calls": 0, "valid_calls": 0}
         info["useful_calls"] = 0
