@@ -131,3 +131,37 @@ def test_masked_tokens_get_zero_gradient(monkeypatch):
     trained = np.asarray(b["loss_mask"][0, 0])
     assert np.all(grads[~trained] == 0.0)
     assert np.all(np.abs(grads[trained]) > 1e-3)
+
+
+def test_the_policy_continues_its_own_generations_only():
+    """`Policy.encode_prompt` (what the trainer's generator calls) starts a continued prompt with the
+    exact tokens of its own earlier turn; another policy's turn is re-encoded whole."""
+    from marljax.train.config import PolicyConfig
+    from marljax.train.policy import Policy
+
+    policy = Policy("p", PolicyConfig.model_validate({"model": {"preset": "tiny-qwen3", "seed": 1}}))
+    first = Prompt("Q?", [("user", "Q?")])
+    ids0 = policy.encode_prompt(first)
+    sampled = [70, 71, 72, *policy.eos_ids[:1]]
+    text = policy.tokenizer.decode(sampled, skip_special_tokens=True)
+    mine = first.continued(gen(ids0, sampled, text=text, policy="p"), "obs", "raw", role="tool")
+    ids = policy.encode_prompt(mine)
+    assert ids[: len(ids0) + len(sampled)] == ids0 + sampled
+    theirs = first.continued(gen(ids0, sampled, text=text, policy="q"), "obs", "raw", role="tool")
+    assert policy.encode_prompt(theirs) == encode_prompt(policy.tokenizer, theirs, chat=True)
+    assert policy.tokenizer.decode(ids) == policy.tokenizer.decode(policy.encode_prompt(theirs))
+
+
+def test_a_template_that_rewrites_the_answer_is_not_continued(tok):
+    """A template that does not render the earlier answer verbatim (as Qwen3's strips reasoning)
+    gives no continuation: the caller encodes the prompt whole, and the turns stay separate samples."""
+    first = Prompt("Q?", [("user", "Q?")])
+    g0 = gen(encode_prompt(tok, first, chat=True), [70, 71], text="<think>x</think>ok", finish="length")
+    rewriting = make_tokenizer()
+    rewriting.chat_template = (
+        "{%- for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' }}"
+        "{{ m['content'].split('</think>')[-1] if m['role'] == 'assistant' else m['content'] }}"
+        "{{ '<|im_end|>\\n' }}{%- endfor %}"
+        "{%- if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{%- endif %}"
+    )
+    assert encode_continuation(rewriting, first.continued(g0, "obs", "raw", role="tool"), chat=True) is None
