@@ -4,7 +4,9 @@ An instruct checkpoint expects its chat markup (`<|im_start|>user ... <|im_start
 Qwen, header tokens for Llama 3) and ends its turn with a turn-end token that its
 `generation_config.json` lists as an end of sequence. `encode_prompt` gives the token ids of a
 prompt either as raw text or as chat messages rendered with the template and the generation prompt;
-the sampler is given exactly these ids and the trainer trains on exactly them.
+the sampler is given exactly these ids and the trainer trains on exactly them. A prompt's `tools`
+go to the template's `tools=` argument (Qwen2.5/3, Llama 3.1+), or, for a template that does not
+read them, into the system turn as text.
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ from __future__ import annotations
 import json
 import os
 from typing import Any
+
+from marljax.envs.tool_calls import template_supports_tools, tools_text
 
 CHAT_MODES = ("auto", "on", "off")
 
@@ -33,23 +37,78 @@ def encode_prompt(tokenizer: Any, prompt: str, *, chat: bool, where: str = "prom
     if not chat:
         return list(tokenizer(str(prompt))["input_ids"])
     messages = [{"role": r, "content": c} for r, c in getattr(prompt, "messages", (("user", str(prompt)),))]
+    tools = [dict(t) for t in getattr(prompt, "tools", ())]
+    if tools and not template_supports_tools(tokenizer):
+        messages = _tools_in_text(messages, tools)
+        tools = []
     try:
-        return _render(tokenizer, messages)
+        return _render(tokenizer, messages, tools)
     except Exception as first:
         if messages[0]["role"] != "system" or len(messages) < 2:
             raise ValueError(f"{where}: the chat template failed to render ({first})") from first
         merged = [{"role": "user", "content": f"{messages[0]['content']}\n\n{messages[1]['content']}"}]
         try:
-            return _render(tokenizer, merged + messages[2:])
+            return _render(tokenizer, merged + messages[2:], tools)
         except Exception as e:
             raise ValueError(f"{where}: the chat template failed to render ({e})") from e
 
 
-def _render(tokenizer: Any, messages: list[dict]) -> list[int]:
+def encode_continuation(
+    tokenizer: Any, prompt: Any, *, chat: bool, where: str = "prompt"
+) -> list[int] | None:
+    """Token ids of a prompt that continues an earlier one of the same policy
+    (`prompt.continues`, see `marljax.workflows.types.Prompt.continued`): the earlier prompt and
+    completion exactly as sampled, then the new turn's tokens. With chat, the new turn is the text
+    the template adds after the answer (its end-of-turn markup, the tool or user turn, the next
+    generation prompt), found by rendering the conversation with and without the new turn; raw,
+    it is the text the raw prompt adds. None when that cannot be told (a template that re-renders
+    earlier turns differently), and the caller encodes the prompt whole."""
+    after = prompt.continues
+    if not chat:
+        if after.raw_tail is None:
+            return None
+        return [*after.ids, *tokenizer(after.raw_tail, add_special_tokens=False)["input_ids"]]
+    messages = [{"role": r, "content": c} for r, c in prompt.messages]
+    tools = [dict(t) for t in prompt.tools]
+    if tools and not template_supports_tools(tokenizer):
+        messages, tools = _tools_in_text(messages, tools), []
+    kwargs = dict(tools=tools or None, tokenize=False)
+    try:
+        head = tokenizer.apply_chat_template(messages[:-1], add_generation_prompt=False, **kwargs)
+        full = tokenizer.apply_chat_template(messages, add_generation_prompt=True, **kwargs)
+    except Exception as e:
+        raise ValueError(f"{where}: the chat template failed to render ({e})") from e
+    answer = messages[-2]["content"]
+    end = head.rfind(answer) + len(answer)
+    if not answer or end < len(answer) or not full.startswith(head):
+        return None
+    closing = head[end:]  # the template's end of the answer's turn, e.g. "<|im_end|>\n"
+    if after.ended:  # the completion's last token already wrote the start of it
+        eos = tokenizer.decode([after.ids[-1]], skip_special_tokens=False)
+        if not closing.startswith(eos):
+            return None
+        closing = closing[len(eos) :]
+    tail = closing + full[len(head) :]
+    return [*after.ids, *tokenizer(tail, add_special_tokens=False)["input_ids"]]
+
+
+def _render(tokenizer: Any, messages: list[dict], tools: list[dict]) -> list[int]:
     ids = tokenizer.apply_chat_template(
-        messages, add_generation_prompt=True, tokenize=True, return_dict=False
+        messages, tools=tools or None, add_generation_prompt=True, tokenize=True, return_dict=False
     )
     return [int(i) for i in ids]
+
+
+def _tools_in_text(messages: list[dict], tools: list[dict]) -> list[dict]:
+    """For a template without tool support: the tools described in the system turn (one is added
+    when there is none) and tool results sent as user turns, which every template renders."""
+    described = tools_text(tools)
+    out = [{**m, "role": "user" if m["role"] == "tool" else m["role"]} for m in messages]
+    if out[0]["role"] == "system":
+        out[0] = {"role": "system", "content": f"{out[0]['content']}\n\n{described}"}
+    else:
+        out.insert(0, {"role": "system", "content": described})
+    return out
 
 
 def generation_eos_ids(path: str | os.PathLike | None) -> list[int]:

@@ -2,8 +2,9 @@
 
 Each row is `prompt + completion`, right-padded. Position t of the model
 predicts token t + 1, so the loss covers positions `P - 1 .. P + C - 2`
-(those that predict a completion token) and `labels` is the token sequence
-shifted left by one. Shapes are bucketed (length to a multiple, rows to a
+(those that predict a completion token; a sample's `completion_mask` takes out
+the observation tokens of a multi-turn sequence) and `labels` is the token
+sequence shifted left by one. Shapes are bucketed (length to a multiple, rows to a
 whole number of micro-batches, or both geometrically) so that the jitted
 update recompiles rarely.
 """
@@ -65,7 +66,7 @@ def collate(
         n = len(seq)
         tokens[b, :n] = seq
         attention[b, :n] = True
-        loss_mask[b, P - 1 : n - 1] = True
+        loss_mask[b, P - 1 : n - 1] = True if s.completion_mask is None else s.completion_mask[: n - P]
         sampling[b, P - 1 : n - 1] = s.sampling_logprobs[: n - P]
         advantages[b] = s.advantage
         temperature[b] = s.temperature

@@ -27,7 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
-from marljax.models.chat import encode_prompt, generation_eos_ids, use_chat
+from marljax.models.chat import encode_continuation, encode_prompt, generation_eos_ids, use_chat
 from marljax.models.config import ModelConfig
 from marljax.models.decoder import abstract_model, get_params, init_model, param_dict_shardings, set_params
 from marljax.models.hf_io import from_pretrained, load_tokenizer, save_pretrained
@@ -200,8 +200,15 @@ class Policy:
         return int(pad if pad is not None else 0)
 
     def encode_prompt(self, prompt: str) -> list[int]:
-        """The token ids this policy's sampler gets for `prompt` (chat template or raw text)."""
-        return encode_prompt(self.tokenizer, prompt, chat=self.chat, where=f"policies.{self.name}")
+        """The token ids this policy's sampler gets for `prompt` (chat template or raw text); a prompt
+        that continues this policy's earlier one starts with that one's exact tokens."""
+        where = f"policies.{self.name}"
+        after = getattr(prompt, "continues", None)
+        if after is not None and after.policy == self.name:
+            ids = encode_continuation(self.tokenizer, prompt, chat=self.chat, where=where)
+            if ids is not None:
+                return ids
+        return encode_prompt(self.tokenizer, prompt, chat=self.chat, where=where)
 
     def _sampler_setup(self, sampler_mesh_cfg: Any) -> None:
         """The sampler's layout: the trainer's, another mesh, or per-process copies (multi-process)."""

@@ -9,7 +9,9 @@ one JSON object per completion of that step's rollout::
      "temperature": 1.0, "prompt_len": 12, "completion_len": 9,
      "prompt": "Question 3: answer 7", "completion": " 7<|im_end|>"}
 
-The id keys are the workflow's `ID_FIELDS` for that completion. `prompt` and
+The id keys are the workflow's `ID_FIELDS` for that completion. A multi-turn sequence (an agent's
+tool calls, the tool results and its later turns as one completion, `merge_turns`) also has
+``trained_len``: the completion tokens the agent wrote, which alone are trained. `prompt` and
 `completion` decode the token ids with special tokens kept, so chat markup and
 end-of-sequence tokens show exactly as the model saw and wrote them. Token ids
 are left out: the texts and lengths are what a reader needs, and ids would make
@@ -75,6 +77,8 @@ def rollout_records(step: int, rollout: Rollout, tokenizers: Mapping[str, Any]) 
                 "completion": tok.decode(g.completion_ids, skip_special_tokens=False),
             }
         )
+        if g.completion_mask is not None:  # a multi-turn sequence: tool results between the turns
+            records[-1]["trained_len"] = int(g.completion_mask.sum())
     return records
 
 

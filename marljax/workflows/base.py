@@ -193,7 +193,14 @@ class Workflow(abc.ABC, Generic[C]):
         o = self.cfg.overlong
         if o is None:
             return np.zeros(len(generations))
-        lengths = np.array([len(g.completion_ids) for g in generations], np.int32)
+        # a multi-turn sequence counts the tokens the agent wrote, not the tool results between them
+        lengths = np.array(
+            [
+                len(g.completion_ids) if g.completion_mask is None else int(g.completion_mask.sum())
+                for g in generations
+            ],
+            np.int32,
+        )
         return np.asarray(kernels.overlong_penalty(lengths, o.max_len, o.buffer_len, o.factor), np.float64)
 
     def overlong_metrics(self, rollout: Rollout) -> dict[str, float]:

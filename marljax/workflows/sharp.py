@@ -15,11 +15,15 @@ without the planner is valued as if no worker had written code:
 ``v(S) = v(empty) if planner not in S``. Shapley credit phi_k comes from
 `marljax.kernels.shapley_values` over the full table (`shapley: exact`, 2^W
 programs per episode) or `sampled_shapley_values` (`shapley: sampled`: only
-the coalitions its permutations visit are run in the sandbox).
+the coalitions its permutations visit are run in the sandbox); `shapley:
+counterfactual` is the paper's practical form, masking one agent at a time:
+``phi_k = v(all) - v(all without k)`` (`marljax.kernels.leave_one_out_credit`,
+W + 1 programs per episode). `marljax.workflows.sharp_tools` is SHARP with
+tool-using workers.
 
 Reward of agent k (`marljax.kernels.sharp_rewards`):
 ``r_k = w_g * R + w_s * phi_k + w_p * process_k``, R = v(all) the team's
-outcome. Process reward (ours; the paper's is tool-call success): the planner
+outcome. Process reward (ours; the paper's is tool-call success, which `sharp_tools` has): the planner
 gets 1 when its plan lists exactly sub-tasks 1..W; a worker gets 1 when its
 code parses and defines what its part needs: the last worker the entry point
 (`Problem.entry_point`; any code for a stdin program), the others at
@@ -99,6 +103,8 @@ def shapley_credit(
     tables = jnp.asarray(tables, jnp.float32)
     if method == "exact":
         return np.asarray(kernels.shapley_values(tables))
+    if method == "counterfactual":
+        return np.asarray(kernels.leave_one_out_credit(tables))
     num_players = int(tables.shape[-1]).bit_length() - 1
 
     def one(table, key):
@@ -148,7 +154,10 @@ class SharpConfig(BaseWorkflowConfig):
         min_length=1, description="agents writing the sub-tasks; the last the entry point"
     )
     group_size: int = Field(4, ge=2, description="episodes per problem")
-    shapley: Literal["exact", "sampled"] = "exact"
+    shapley: Literal["exact", "sampled", "counterfactual"] = Field(
+        "exact",
+        description="exact / sampled Shapley values, or counterfactual: v(all) - v(all without the agent)",
+    )
     num_permutations: int = Field(8, ge=1, description="sampled: random orders (each with its reverse)")
     global_weight: float = Field(1.0, description="w_g: weight of the team's outcome")
     shapley_weight: float = Field(1.0, description="w_s: weight of the agent's Shapley credit")
@@ -256,6 +265,8 @@ class SharpWorkflow(Workflow[SharpConfig]):
         full, keys = (1 << W) - 1, None
         if c.shapley == "exact":
             needed = [list(range(1 << W))] * len(trajs)
+        elif c.shapley == "counterfactual":  # the whole team, and the team without each worker
+            needed = [sorted({0, full} | {full ^ (1 << i) for i in range(W)})] * len(trajs)
         else:  # the worker coalitions the permutations visit with the planner in, plus the empty and full teams
             keys = jax.vmap(lambda n: jax.random.fold_in(jax.random.PRNGKey(seed % 2**31), n))(
                 jnp.arange(len(trajs))

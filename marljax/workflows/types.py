@@ -25,26 +25,67 @@ ID_FIELDS = ("problem", "episode", "node", "parent", "depth", "turn")
 
 class Prompt(str):
     """An agent's prompt: its raw text (the string itself, tokenized as is when chat is off) and the
-    same request as chat `messages` (`(role, content)` pairs ending with a user turn), which the
-    generator renders with the tokenizer's chat template when chat is on. Workflows may use it as
-    a string; string operations give a plain `str`, which the generator sends as one user turn."""
+    same request as chat `messages` (`(role, content)` pairs ending with a user turn, or a tool turn
+    holding tool results), which the generator renders with the tokenizer's chat template when
+    chat is on. `tools`: the function schemas the agent may call (`marljax.envs.tool_calls.
+    tool_schema`), given to the template's `tools=` argument (the raw text must describe them
+    itself). Workflows may use it as a string; string operations give a plain `str`, which the
+    generator sends as one user turn."""
 
     messages: tuple[tuple[str, str], ...]
+    tools: tuple[dict[str, Any], ...]
+    continues: Continuation | None
 
-    def __new__(cls, text: str, messages: Sequence[tuple[str, str]]):
+    def __new__(
+        cls,
+        text: str,
+        messages: Sequence[tuple[str, str]],
+        tools: Sequence[Mapping[str, Any]] = (),
+        continues: Continuation | None = None,
+    ):
         self = super().__new__(cls, text)
         self.messages = tuple((str(role), str(content)) for role, content in messages)
-        if not self.messages or self.messages[-1][0] != "user":
-            raise ValueError(f"a prompt's messages must end with a user turn, got {self.messages}")
+        self.tools = tuple(dict(t) for t in tools)
+        self.continues = continues
+        if not self.messages or self.messages[-1][0] not in ("user", "tool"):
+            raise ValueError(f"a prompt's messages must end with a user or tool turn, got {self.messages}")
         return self
 
     def __getnewargs__(self):
-        return str(self), self.messages
+        return str(self), self.messages, self.tools, self.continues
 
-    def continued(self, answer: str, follow_up: str, text: str) -> Prompt:
-        """This conversation after the agent answered `answer`, then the user's `follow_up`; `text` is
-        the same request as raw text (which carries the earlier turns inside it)."""
-        return Prompt(text, (*self.messages, ("assistant", answer), ("user", follow_up)))
+    def continued(self, answer: str | Generation, follow_up: str, text: str, role: str = "user") -> Prompt:
+        """This conversation after the agent answered `answer`, then `follow_up` (the user's, or
+        tool results with `role="tool"`); `text` is the same request as raw text (which carries the
+        earlier turns inside it). The tools stay.
+
+        Given the answer's `Generation`, the new prompt also records its tokens (`continues`): the
+        generator of that policy then encodes the new prompt as those exact tokens followed by the
+        new turn's, so that a multi-turn episode can be trained as one sequence (`merge_turns`)."""
+        if not isinstance(answer, Generation):
+            return Prompt(text, (*self.messages, ("assistant", answer), (role, follow_up)), self.tools)
+        raw = str(self) + answer.text
+        tail = text[len(raw) :] if text.startswith(raw) else None
+        after = Continuation(
+            answer.policy,
+            tuple(int(i) for i in (*answer.prompt_ids, *answer.completion_ids)),
+            answer.finish_reason == "eos",
+            tail,
+        )
+        messages = (*self.messages, ("assistant", answer.text), (role, follow_up))
+        return Prompt(text, messages, self.tools, after)
+
+
+@dataclasses.dataclass(frozen=True)
+class Continuation:
+    """The tokens a continued prompt starts with: the earlier prompt and the completion that answered
+    it (`policy`'s token ids, ending with an end-of-turn token when `ended`), and the raw text that
+    follows them (`raw_tail`, None when the raw text does not extend the earlier one)."""
+
+    policy: str
+    ids: tuple[int, ...]
+    ended: bool
+    raw_tail: str | None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,6 +103,42 @@ class Generation:
     policy: str = ""
     version: int = 0
     temperature: float = 1.0
+    completion_mask: np.ndarray | None = None  # [C] 1: sampled (trained), 0: observation; None: all 1
+
+
+def merge_turns(turns: Sequence[Generation]) -> Generation | None:
+    """One agent's turns of an episode as one sequence (verl's multi-turn convention): the first
+    prompt, then each completion followed by the tokens the next prompt added (tool results, the
+    template's turn markup), which `completion_mask` leaves out of the loss (log-prob 0). Each
+    prompt must start with the previous prompt and completion (`Prompt.continued` with the
+    `Generation` makes the trainer's generator encode it so); None when one does not, or when the
+    turns come from different policies or temperatures."""
+    if not turns:
+        raise ValueError("merge_turns needs at least one turn")
+    first = turns[0]
+    ids, logps, mask = [first.completion_ids], [first.logprobs], [np.ones(len(first.completion_ids), bool)]
+    for prev, nxt in zip(turns, turns[1:]):
+        head = np.concatenate([prev.prompt_ids, prev.completion_ids])
+        same = (nxt.policy, nxt.temperature, nxt.version) == (prev.policy, prev.temperature, prev.version)
+        if (
+            not same
+            or len(nxt.prompt_ids) < len(head)
+            or not np.array_equal(nxt.prompt_ids[: len(head)], head)
+        ):
+            return None
+        observed = np.asarray(nxt.prompt_ids[len(head) :])
+        ids += [observed, nxt.completion_ids]
+        logps += [np.zeros(len(observed), np.float32), nxt.logprobs]
+        mask += [np.zeros(len(observed), bool), np.ones(len(nxt.completion_ids), bool)]
+    last = turns[-1]
+    return dataclasses.replace(
+        last,
+        text="".join(t.text for t in turns),
+        prompt_ids=first.prompt_ids,
+        completion_ids=np.concatenate(ids).astype(np.int32),
+        logprobs=np.concatenate(logps).astype(np.float32),
+        completion_mask=np.concatenate(mask),
+    )
 
 
 @dataclasses.dataclass
@@ -70,7 +147,10 @@ class Sample:
 
     prompt_ids `[P]`, completion_ids `[C]`, sampling_logprobs `[C]` (the
     sampler's log-probs of the completion tokens under `softmax(logits /
-    temperature)`, for truncated importance sampling); `temperature` is the one
+    temperature)`, for truncated importance sampling); `completion_mask` `[C]`
+    (None: every token) marks the completion tokens the loss covers: a
+    multi-turn sequence (`merge_turns`) leaves out the tool results and turn
+    markup between the agent's turns; `temperature` is the one
     it was sampled at, which the trainer's log-probs, entropy and KL use too
     (top-k / top-p truncation is not part of either side's log-probs, so equal
     parameters give an importance ratio of exactly 1). `version` is the policy
@@ -92,6 +172,7 @@ class Sample:
     ids: dict[str, Any] = dataclasses.field(default_factory=dict)
     passed: float = 0.0
     temperature: float = 1.0
+    completion_mask: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         self.prompt_ids = np.asarray(self.prompt_ids, np.int32).reshape(-1)
@@ -102,6 +183,13 @@ class Sample:
                 f"sampling_logprobs has shape {self.sampling_logprobs.shape}, "
                 f"completion_ids {self.completion_ids.shape}: one log-prob per completion token"
             )
+        if self.completion_mask is not None:
+            self.completion_mask = np.asarray(self.completion_mask, bool).reshape(-1)
+            if self.completion_mask.shape != self.completion_ids.shape:
+                raise ValueError(
+                    f"completion_mask has shape {self.completion_mask.shape}, "
+                    f"completion_ids {self.completion_ids.shape}: one flag per completion token"
+                )
         if not self.temperature > 0:
             raise ValueError(
                 f"temperature must be > 0 (greedy samples are not trained), got {self.temperature}"
@@ -125,6 +213,11 @@ class Sample:
             "ids": dict(self.ids),
             "passed": float(self.passed),
             "temperature": float(self.temperature),
+            **(
+                {}
+                if self.completion_mask is None
+                else {"completion_mask": [int(x) for x in self.completion_mask]}
+            ),
         }
 
     @classmethod
@@ -212,6 +305,7 @@ class Rollout:
                 ids=dict(self.ids[i]),
                 passed=float(self.passed[i]),
                 temperature=g.temperature,
+                completion_mask=g.completion_mask,
             )
             for i, g in enumerate(self.generations)
         ]

@@ -44,7 +44,7 @@ def test_a_prompt_is_its_raw_text_and_its_chat_messages():
         ("assistant", "return a - b"),
         ("user", "It fails add(1, 2)."),
     )
-    with pytest.raises(ValueError, match="user turn"):
+    with pytest.raises(ValueError, match="user or tool turn"):
         Prompt("x", [("user", "x"), ("assistant", "y")])
 
 

@@ -212,6 +212,22 @@ def test_sampled_mode_is_efficient_per_trajectory(pool):
     assert out.metrics["team/programs_run"] <= 2 * 7
 
 
+def test_counterfactual_credit_masks_one_agent_at_a_time(pool):
+    wf = SharpWorkflow(
+        "planner", ["w1", "w2"], group_size=2, shapley="counterfactual", global_weight=0.0, process_weight=0.0
+    )
+    out = wf.rollout([PROBLEM], AGENTS, ScriptedGenerator(script), pool, seed=0)
+    credit = np.array([s.reward for s in out.samples]).reshape(2, 3)  # reward = credit with these weights
+    # trajectory 0 (values {} 0, {w1} 0, {w2} 2/3, {w1, w2} 1): v(all) - v(all without k), without
+    # the planner as without any worker: (1 - 0, 1 - 2/3, 1 - 0); trajectory 1 (v(all) = 0, {w2} 2/3)
+    np.testing.assert_allclose(credit, [[1, 1 / 3, 1], [0, -2 / 3, 0]], atol=1e-6)
+    three = SharpWorkflow("planner", ["w1", "w2", "w3"], group_size=2, shapley="counterfactual")
+    rec = RecordingPool(pool.pool)
+    three.rollout([PROBLEM], AGENTS, ScriptedGenerator(script), SandboxVerifier(rec), seed=0)
+    # per trajectory the full team and the three teams of two, not all 7 non-empty coalitions
+    assert len(rec.codes) <= 2 * 4
+
+
 def test_evaluate(pool):
     gen = ScriptedGenerator(script)
     m = SharpWorkflow("planner", ["w1", "w2"]).evaluate([PROBLEM], AGENTS, gen, pool)

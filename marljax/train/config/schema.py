@@ -307,6 +307,24 @@ class GridData(FrozenModel):
     seed: int = 0
 
 
+class ToolTaskData(FrozenModel):
+    """Generated tasks that need tools (marljax.envs.tasks): multi-hop questions over made-up passages
+    (each problem carries its passages) or arithmetic word problems."""
+
+    task: Literal["multihop", "arithmetic"] = "multihop"
+    n_train: int = Field(64, ge=1)
+    n_eval: int = Field(32, ge=0)
+    hops: list[int] = Field(default_factory=lambda: [2, 3], min_length=1, description="multihop: 2 and/or 3")
+    seed: int = 0
+
+    @field_validator("hops")
+    @classmethod
+    def _hops(cls, v):
+        if not set(v) <= {2, 3}:
+            raise ValueError(f"hops must be 2 or 3, got {v}")
+        return v
+
+
 # `schema` shadows a deprecated BaseModel method; the key name is part of the YAML format, so keep it.
 with warnings.catch_warnings():
     warnings.filterwarnings("ignore", message=".*shadows an attribute in parent.*")
@@ -314,9 +332,14 @@ with warnings.catch_warnings():
     class DataConfig(FrozenModel):
         train: str | None = Field(None, description="training problems (JSONL)")
         eval: str | None = Field(None, description="evaluation problems (JSONL)")
-        schema: Literal["auto", "humaneval", "mbpp", "stdio", "math"] = "auto"
+        schema: Literal["auto", "humaneval", "mbpp", "stdio", "math", "qa"] = Field(
+            "auto",
+            description="qa: HotpotQA / MuSiQue / {question, answer} rows for the tool workflows "
+            "(marljax.envs.tasks.load_qa_jsonl), never detected by auto",
+        )
         synthetic: SyntheticData | None = Field(None, description="generated tasks instead of a file")
         grid: GridData | None = Field(None, description="generated planning grids instead of a file")
+        tools: ToolTaskData | None = Field(None, description="generated tool tasks instead of a file")
         batch_size: int = Field(4, ge=1, description="problems per step")
         shuffle: bool = True
         seed: int = 0
@@ -328,9 +351,10 @@ with warnings.catch_warnings():
                 "train": self.train,
                 "synthetic": self.synthetic and self.synthetic.model_dump(),
                 "grid": self.grid and self.grid.model_dump(),
+                "tools": self.tools and self.tools.model_dump(),
             }
             if sum(v is not None for v in sources.values()) != 1:
-                _problems([((), "set exactly one of train, synthetic, grid", sources)])
+                _problems([((), "set exactly one of train, synthetic, grid, tools", sources)])
             return self
 
 

@@ -1,0 +1,149 @@
+"""AT-GRPO with a tool agent and a plan agent: tool-process rewards, the checker's findings reach
+the plan agent, best branches continue, groups keyed by (problem, turn, agent); grid and math."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+
+from marljax.envs.grid import make_grid_problems
+from marljax.envs.tasks import make_arithmetic
+from marljax.envs.tool_calls import format_tool_call
+from marljax.rewards import SandboxVerifier
+from marljax.workflows import REGISTRY
+from marljax.workflows.at_grpo_tools import AtGrpoToolsConfig, AtGrpoToolsWorkflow
+from marljax.workflows.base import Agent, ScriptedGenerator
+
+GRID = make_grid_problems(1, seed=3)[0]
+AGENTS = {"tool_agent": Agent("tool_agent", "p", "T: "), "plan_agent": Agent("plan_agent", "p", "P: ")}
+
+
+def grid_script(agent, prompt, k, seed):
+    """Tool agent: k0 checks the shortest plan, k1 calls nothing, k2 writes a broken call, k3 calls an
+    unknown tool. Plan agent: k0 commits the full plan when the notes say it reaches the goal, k1 its
+    first move, k2 nothing, k3 the full plan only once it has been checked (like k0)."""
+    solution = GRID.fields["solution"]
+    if agent.name == "tool_agent":
+        return [
+            format_tool_call("check_plan", {"moves": solution}),
+            "no idea",
+            "<tool_call>{oops</tool_call>",
+            format_tool_call("solve", {}),
+        ][k]
+    checked = "reaches the goal" in prompt
+    return [
+        f"Moves: {solution}" if checked else "Moves: U",
+        f"Moves: {solution[0]}",
+        "",
+        "Moves: " + solution,
+    ][k]
+
+
+def hand_advantages(rewards):
+    r = np.asarray(rewards, float)
+    return (r - r.mean()) / (r.std(ddof=1) + 1e-6)
+
+
+def test_registered():
+    assert REGISTRY["at_grpo_tools"] == (AtGrpoToolsConfig, AtGrpoToolsWorkflow)
+
+
+def test_grid_turn_by_hand():
+    prompts = []
+
+    def spy(agent, prompt, k, seed):
+        prompts.append((agent.name, prompt))
+        return grid_script(agent, prompt, k, seed)
+
+    out = AtGrpoToolsWorkflow(num_turns=2).rollout(
+        [GRID], AGENTS, ScriptedGenerator(spy), SandboxVerifier(), seed=0
+    )
+    d = GRID.fields["distance"]
+    tool = [s for s in out.samples if s.agent == "tool_agent"]
+    plan = [s for s in out.samples if s.agent == "plan_agent"]
+    # solved at turn 0: no second turn
+    assert len(tool) == 4 and len(plan) == 4 and {s.ids["turn"] for s in out.samples} == {0}
+    assert [s.reward for s in tool] == [1.0, 0.0, 0.0, 0.0]
+    np.testing.assert_allclose([s.reward for s in plan], [1.0, 0.5 / d, 0.0, 1.0])
+    for group in (tool, plan):
+        np.testing.assert_allclose(
+            [s.advantage for s in group], hand_advantages([s.reward for s in group]), atol=1e-5
+        )
+    # the plan agent saw the best tool candidate's finding, with the call that produced it
+    plan_prompt = next(p for a, p in prompts if a == "plan_agent")
+    assert (
+        f"[check_plan] {{'moves': '{GRID.fields['solution']}'}} -> reaches the goal after {d} moves"
+        in plan_prompt
+    )
+    # the tool agent's prompt describes the tool (raw text: the plain description)
+    tool_prompt = next(p for a, p in prompts if a == "tool_agent")
+    assert '"name": "check_plan"' in tool_prompt
+    assert [s.ids["node"] for s in tool] == [0, 1, 2, 3] and [s.ids["node"] for s in plan] == [4, 5, 6, 7]
+    assert {s.ids["parent"] for s in plan} == {0}  # the best tool candidate
+    m = out.metrics
+    assert m["team/reward"] == 1.0 and m["team/pass_rate"] == 1.0 and m["tools/call_frac"] == 0.75
+
+
+def test_a_second_turn_starts_where_the_best_plan_ended():
+    """Turn 0: the plan agent's best candidate takes the first move of the shortest path. Turn 1: the
+    checker runs from the new cell, and the rest of the path solves the grid."""
+    solution, d = GRID.fields["solution"], GRID.fields["distance"]
+    rest = solution[1:]
+
+    def two_turns(agent, prompt, k, seed):
+        second = "Turn 1, plan agent moved" in prompt
+        if agent.name == "tool_agent":
+            return format_tool_call("check_plan", {"moves": rest}) if second and k == 0 else "nothing"
+        if second:
+            return f"Moves: {rest}" if k == 0 else ""
+        return f"Moves: {solution[0]}" if k == 0 else ""
+
+    prompts = []
+
+    def spy(agent, prompt, k, seed):
+        prompts.append((agent.name, prompt))
+        return two_turns(agent, prompt, k, seed)
+
+    out = AtGrpoToolsWorkflow(num_turns=2, num_candidates=2).rollout(
+        [GRID], AGENTS, ScriptedGenerator(spy), SandboxVerifier(), seed=0
+    )
+    plan = {(s.ids["turn"], s.ids["node"]): s.reward for s in out.samples if s.agent == "plan_agent"}
+    assert plan == pytest.approx({(0, 2): 0.5 / d, (0, 3): 0.0, (1, 6): 1.0, (1, 7): 0.0})
+    assert f"reaches the goal after {d - 1} moves" in [p for a, p in prompts if a == "plan_agent"][-1]
+    assert out.metrics["team/pass_rate"] == 1.0 and out.metrics["team/reward"] == 1.0
+    turn1_tool = [s for s in out.samples if s.agent == "tool_agent" and s.ids["turn"] == 1]
+    assert {s.ids["parent"] for s in turn1_tool} == {2}  # the best plan of turn 0
+
+
+def test_math_with_the_python_tool():
+    problems = make_arithmetic(1, seed=2)
+    a, b, c = (int(x) for x in re.findall(r"\d+", problems[0].prompt))
+
+    def script(agent, prompt, k, seed):
+        if agent.name == "tool_agent":
+            return format_tool_call("python", {"code": f"print({a} * {b} - {c})"}) if k == 0 else "hmm"
+        found = re.search(r"output:\n(-?\d+)", prompt)
+        return f"<answer>{found[1]}</answer>" if found and k == 0 else "<answer>0</answer>"
+
+    wf = AtGrpoToolsWorkflow(num_candidates=2, tools={"task": "math", "multi_turn": "per_turn"})
+    out = wf.rollout(problems, AGENTS, ScriptedGenerator(script), SandboxVerifier(), seed=0)
+    assert [s.reward for s in out.samples] == [1.0, 0.0, 1.0, 0.0]
+    assert problems[0].fields["answer"] == a * b - c
+
+
+def test_evaluate():
+    m = AtGrpoToolsWorkflow().evaluate([GRID], AGENTS, ScriptedGenerator(grid_script), SandboxVerifier())
+    assert m == {"eval/team/pass_at_1": 1.0, "eval/team/reward": 1.0}
+
+
+def test_config_errors():
+    with pytest.raises(ValueError, match="different agents"):
+        AtGrpoToolsConfig(tool_agent="a", plan_agent="a")
+    with pytest.raises(ValueError, match="plan or math"):
+        AtGrpoToolsConfig(tools={"task": "qa", "multi_turn": "per_turn"})
+    with pytest.raises(ValueError, match="per_turn"):
+        AtGrpoToolsConfig(tools={"task": "plan"})
+    with pytest.raises(ValueError, match="grid problems"):
+        AtGrpoToolsWorkflow().rollout(make_arithmetic(1), AGENTS, ScriptedGenerator(grid_script), None, 0)
