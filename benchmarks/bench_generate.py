@@ -383,7 +383,7 @@ def run(
 LONGTAIL_MODES = {  # requests, largest budget, prompt length, slots, repeats, transformers batch
     "smoke": (16, 32, 8, 4, 1, 8),
     "quick": (64, 256, 32, 16, 1, 16),
-    "full": (256, 1024, 32, 64, 2, 64),
+    "full": (256, 1024, 32, 64, 1, 64),
 }
 
 

@@ -112,7 +112,7 @@ class Schedule:
     chunk: int = 32
     refill_fraction: float = 0.125
     shrink: bool = True
-    min_slots: int = 8
+    min_slots: int = 4
     share_prefixes: bool = True
 
     def __post_init__(self):
