@@ -123,8 +123,5 @@ def extend_step(
         values = kv[2 * i + 1].at[rows, :, slots, :].set(v.astype(kv[2 * i + 1].dtype), mode="drop")
         x = out_and_mlp(p, x, _attend_cached(q, keys, values, mask), config=c)
         new += [keys, values]
-    if T == 1:
-        last = x[:, 0]
-    else:
-        last = jnp.take_along_axis(x, jnp.maximum(lengths - 1, 0)[:, None, None], axis=1)[:, 0]
+    last = x[jnp.arange(B), jnp.maximum(lengths - 1, 0)] if T > 1 else x[:, 0]
     return unembed(weights, rms_norm(last, weights["final_norm"], c.rms_norm_eps)), tuple(new)

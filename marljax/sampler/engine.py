@@ -202,38 +202,6 @@ def _unwindow(full: DecodeCache, part: DecodeCache) -> DecodeCache:
     )
 
 
-def _choose(engine: Engine, logits, state: SlotState, tables: Tables, busy, *, greedy: bool):
-    """Token `state.step` of every slot from its `logits` `[B, V]`: the token, its log-prob
-    under softmax(logits / T) (what the trainer recomputes; T = 1 for greedy rows), its
-    log-prob under the sampled distribution, the new recent window, and whether and why the
-    row ends (`busy` rows only)."""
-    keys = state.key  # unused when greedy
-    if not greedy:
-        keys = jax.vmap(jax.random.fold_in)(
-            jax.random.wrap_key_data(state.key), state.step.astype(jnp.uint32)
-        )
-    tok, slp = sample_tokens(
-        logits,
-        keys,
-        temperature=state.temperature,
-        top_k=state.top_k,
-        top_p=state.top_p,
-        greedy=greedy,
-        bound=engine.topk_bound,
-    )
-    scale = jnp.where(state.temperature > 0, state.temperature, 1.0)
-    if greedy:
-        scale = jnp.ones_like(scale)
-    lp = logprobs_from_logits(logits / scale[:, None], tok)
-    recent = jnp.concatenate([state.recent[:, 1:], tok[:, None]], axis=1)
-    is_eos = jnp.any(tok[:, None] == tables.eos[None, :], axis=1)
-    match = jnp.all((recent[:, None, :] == tables.stop_seqs[None]) | ~tables.stop_valid[None], axis=2)
-    is_stop = jnp.any(match & tables.stop_active[None], axis=1)
-    ends = busy & (is_eos | is_stop | (state.step + 1 >= state.max_new))
-    why = jnp.where(is_eos, EOS, jnp.where(is_stop, STOP, LENGTH))
-    return tok, lp, slp, recent, ends, why
-
-
 class Engine:
     """Compiled insert / decode / compact for one `ModelConfig` (and optionally one mesh).
 
@@ -348,6 +316,37 @@ class Engine:
         return NamedSharding(self.mesh, logical_to_spec(names, x.shape, self.mesh))
 
     # --------------------------------------------------------------- compiled
+    def _choose(self, logits, state: SlotState, tables: Tables, busy, *, greedy: bool):
+        """Token `state.step` of every slot from its `logits` `[B, V]`: the token, its log-prob
+        under softmax(logits / T) (what the trainer recomputes; T = 1 for greedy rows), its
+        log-prob under the sampled distribution, the new recent window, and whether and why the
+        row ends (`busy` rows only)."""
+        keys = state.key  # unused when greedy
+        if not greedy:
+            keys = jax.vmap(jax.random.fold_in)(
+                jax.random.wrap_key_data(state.key), state.step.astype(jnp.uint32)
+            )
+        tok, slp = sample_tokens(
+            logits,
+            keys,
+            temperature=state.temperature,
+            top_k=state.top_k,
+            top_p=state.top_p,
+            greedy=greedy,
+            bound=self.topk_bound,
+        )
+        scale = jnp.where(state.temperature > 0, state.temperature, 1.0)
+        if greedy:
+            scale = jnp.ones_like(scale)
+        lp = logprobs_from_logits(logits / scale[:, None], tok)
+        recent = jnp.concatenate([state.recent[:, 1:], tok[:, None]], axis=1)
+        is_eos = jnp.any(tok[:, None] == tables.eos[None, :], axis=1)
+        match = jnp.all((recent[:, None, :] == tables.stop_seqs[None]) | ~tables.stop_valid[None], axis=2)
+        is_stop = jnp.any(match & tables.stop_active[None], axis=1)
+        ends = busy & (is_eos | is_stop | (state.step + 1 >= state.max_new))
+        why = jnp.where(is_eos, EOS, jnp.where(is_stop, STOP, LENGTH))
+        return tok, lp, slp, recent, ends, why
+
     def _fuse(self, params):
         return decode_weights(params, self.config, fuse=True)
 
@@ -417,7 +416,7 @@ class Engine:
             recent=jnp.full((Bn, state.recent.shape[1]), -1, jnp.int32),
         )
         busy = jnp.ones((Bn,), bool)
-        tok, lp, slp, recent, ends, why = _choose(self, logits, new, tables, busy, greedy=greedy)
+        tok, lp, slp, recent, ends, why = self._choose(logits, new, tables, busy, greedy=greedy)
         new = new._replace(last_token=tok, step=jnp.ones((Bn,), jnp.int32), done=ends, recent=recent)
         kv = tuple(
             x.at[slots, :, :, :window].set(r, mode="drop")
@@ -474,7 +473,7 @@ class Engine:
                 config=self.config,
             )
             state = state._replace(kv=kv)
-            tok, lp, slp, recent, ends, why = _choose(self, logits, state, tables, busy, greedy=greedy)
+            tok, lp, slp, recent, ends, why = self._choose(logits, state, tables, busy, greedy=greedy)
 
             def put(buf, x):
                 return lax.dynamic_update_slice(buf, x[:, None], (0, i))
@@ -547,8 +546,6 @@ class _Run:
         E = next_bucket(max(len(eos), 1), b.min_eos)
         eos_arr = np.full((E,), -1, np.int32)
         eos_arr[: len(eos)] = eos
-        if any(len(s) == 0 for s in stop):
-            raise ValueError("stop sequences must be non-empty")
         NS = next_bucket(max(len(stop), 1), b.min_stop)
         Ls = next_bucket(max([len(s) for s in stop] + [1]), b.min_stop_len)
         seqs = np.full((NS, Ls), -2, np.int32)
@@ -602,14 +599,9 @@ class _Run:
         for r in take:
             prompt = self.requests[r].prompt
             limit = len(prompt) - 1  # at least one token runs, for the first token's logits
-            n, src = self._longest_prefix(prompt, cached) if share else (0, -1)
-            m, lead = (
-                self._longest_prefix(
-                    prompt, [(j, self.requests[q].prompt) for j, (q, *_) in enumerate(first)]
-                )
-                if share
-                else (0, -1)
-            )
+            n, src = self._longest_prefix(prompt, cached)
+            leaders = [(j, self.requests[q].prompt) for j, (q, *_) in enumerate(first)] if share else []
+            m, lead = self._longest_prefix(prompt, leaders)
             slot = free.pop(0)
             if min(m, limit) > min(n, limit):
                 second.append((r, slot, first[lead][1], min(m, limit)))
