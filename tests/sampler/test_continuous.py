@@ -28,11 +28,12 @@ def test_tokens_do_not_depend_on_slots_queueing_or_chunks(qwen3, temperature):
     ref = generate(model, prompts, **kw, schedule=Schedule(slots=32))
     assert (ref.lengths <= np.repeat(budgets, 2)).all() and len(set(ref.lengths.tolist())) > 5
     engine = get_engine(config)
-    for schedule in [
+    schedules = [
         Schedule(slots=2, chunk=5),
         Schedule(slots=4, chunk=1, share_prefixes=False),
         Schedule(slots=4, chunk=32, refill_fraction=1.0, shrink=False),
-    ]:
+    ]
+    for schedule in schedules if temperature else schedules[:1]:  # greedy: the key-free path once
         out = generate(model, prompts, **kw, schedule=schedule)
         np.testing.assert_array_equal(out.tokens, ref.tokens, err_msg=str(schedule))
         np.testing.assert_array_equal(out.lengths, ref.lengths)
