@@ -411,8 +411,8 @@ def run_longtail(mode: str = "full", checkpoint: str = DEFAULT_CKPT, with_transf
     here. Sampling at temperature 1, top-p 0.9.
     """
     import numpy as np
-    from bench_common import interleaved
 
+    from bench_common import interleaved
     from marljax.models import from_pretrained
     from marljax.sampler import Schedule, generate, get_engine
 

@@ -43,7 +43,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
-from jax.sharding import Mesh, NamedSharding
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from marljax.kernels.losses_terms import logprobs_from_logits
 from marljax.models import ModelConfig
