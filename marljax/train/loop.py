@@ -36,7 +36,7 @@ from marljax.train.checkpoint import RunCheckpointer
 from marljax.train.config import DataConfig, RunConfig, dump_config
 from marljax.train.generation import PolicyGenerator
 from marljax.train.metrics import MetricsWriter, Progress
-from marljax.train.policy import Policy
+from marljax.train.policy import BaseStore, Policy
 from marljax.train.sft import run_sft
 from marljax.workflows import build_workflow
 from marljax.workflows.base import Agent
@@ -76,6 +76,7 @@ class Trainer:
         self.cfg = cfg
         distributed.initialize(cfg.distributed)  # multi-process runs: before any JAX computation
         self.run_dir = Path(cfg.resolved_run_dir())
+        self.bases = BaseStore()  # frozen bases of adapter policies, one copy per model
         self.policies = {name: self._build_policy(name) for name in sorted(cfg.policies)}
         memory.log_estimates(self.policies, cfg.sampler.max_prompt_len + cfg.sampler.max_new_tokens, log)
         self.agents = {
@@ -104,7 +105,14 @@ class Trainer:
 
     def _build_policy(self, name: str) -> Policy:
         norm = float(self.cfg.sampler.max_new_tokens)  # Dr.GRPO's constant: the generation budget
-        return Policy(name, self.cfg.policies[name], norm_constant=norm, seed=self.cfg.seed)
+        return Policy(
+            name,
+            self.cfg.policies[name],
+            norm_constant=norm,
+            seed=self.cfg.seed,
+            model=self.cfg.policy_model(name),
+            bases=self.bases,
+        )
 
     # ------------------------------------------------------------ plumbing
     @property
