@@ -93,9 +93,14 @@ class Trainer:
             self.train_problems, batch_size=d.batch_size, seed=d.seed, shuffle=d.shuffle, epochs=d.epochs
         )
         self.workflow = build_workflow(cfg.workflow)
-        self.generator = PolicyGenerator(self.policies, cfg.sampler, cfg.sampler.max_prompt_len)
-        greedy = cfg.sampler.model_copy(update={"temperature": 0.0})
-        self.eval_generator = PolicyGenerator(self.policies, greedy, cfg.sampler.max_prompt_len)
+        # each agent's sampling: the sampler block with its `sampling` over it (evaluation: greedy
+        # unless `eval_sampling` says otherwise)
+        sampling = {name: cfg.agent_sampling(name) for name in cfg.agents}
+        eval_sampling = {name: cfg.agent_sampling(name, evaluation=True) for name in cfg.agents}
+        self.generator = PolicyGenerator(self.policies, cfg.sampler, cfg.sampler.max_prompt_len, sampling)
+        self.eval_generator = PolicyGenerator(
+            self.policies, cfg.sampler, cfg.sampler.max_prompt_len, eval_sampling
+        )
         t = cfg.train
         self.checkpointer = RunCheckpointer(
             self.run_dir, list(self.policies), keep=t.keep_checkpoints, async_save=t.async_checkpoint
@@ -104,7 +109,11 @@ class Trainer:
         self._pool: SandboxPool | None = None
 
     def _build_policy(self, name: str) -> Policy:
-        norm = float(self.cfg.sampler.max_new_tokens)  # Dr.GRPO's constant: the generation budget
+        # Dr.GRPO's constant: the generation budget (the largest of the policy's agents)
+        budgets = [
+            self.cfg.agent_sampling(a).max_new_tokens for a, c in self.cfg.agents.items() if c.policy == name
+        ]
+        norm = float(max(budgets, default=self.cfg.sampler.max_new_tokens))
         return Policy(
             name,
             self.cfg.policies[name],

@@ -320,23 +320,56 @@ class Policy:
             self._sampler_cache = (self.params, self._to_sampler(self.params))
         return self._sampler_cache[1]
 
-    def generate(self, prompt_ids: Sequence[Sequence[int]], *, n: int, seed: int, sampler: Any):
-        """`SamplerOutput` for `n` samples of each prompt (log-probs at the sampler's temperature)."""
+    def generate(
+        self,
+        prompt_ids: Sequence[Sequence[int]],
+        *,
+        n: int,
+        seed: int,
+        sampler: Any,
+        settings: Sequence[Any] | None = None,
+        team: Sequence[Policy] | None = None,
+        adapter: int | Sequence[int] = 0,
+    ):
+        """`SamplerOutput` for `n` samples of each prompt (log-probs at the sampler's temperature).
+
+        `sampler`: the run's `SamplerConfig` (slots, buckets, and the sampling settings unless
+        `settings` gives each prompt its own: temperature, top_p, top_k, max_new_tokens; the stop
+        strings are the first prompt's, one set per call). `team`: adapter policies on this
+        policy's base (itself included) sampled in one call, prompt `i` with adapter
+        `team[adapter[i]]`.
+        """
+        per = list(settings) if settings is not None else [sampler]
+        if len(per) not in (1, len(prompt_ids)):
+            raise ValueError(f"settings: one per prompt ({len(prompt_ids)}), got {len(per)}")
+        params = self.sampler_params()
+        if team is not None:
+            if self.lora is None or any(p.base_key != self.base_key for p in team):
+                raise ValueError("a team samples together only as adapter policies on one base")
+            params = {**self.base_params, "lora": stack_adapters([(p.lora, p.params) for p in team])}
+
+        def each(key):
+            values = [getattr(s, key) for s in per]
+            return values[0] if len(values) == 1 else values
+
+        stop = [self.tokenizer.encode(text, add_special_tokens=False) for text in per[0].stop]
         return generate(
             self.config,
             prompt_ids,
-            params=self.sampler_params(),
+            params=params,
             n=n,
             seed=seed,
-            max_new_tokens=sampler.max_new_tokens,
-            temperature=sampler.temperature,
-            top_p=sampler.top_p,
-            top_k=sampler.top_k,
+            max_new_tokens=each("max_new_tokens"),
+            temperature=each("temperature"),
+            top_p=each("top_p"),
+            top_k=each("top_k"),
+            stop=[s for s in stop if s],
             eos_ids=self.eos_ids,
             pad_id=self.pad_id,
             mesh=self.sampler_mesh,
             buckets=Buckets(min_prompt=sampler.min_prompt_bucket, min_batch=sampler.min_batch_bucket),
             schedule=Schedule(slots=sampler.slots, share_prefixes=sampler.share_prefixes),
+            adapter=adapter,
         )
 
     # ------------------------------------------------------------- updates
