@@ -38,8 +38,8 @@ from jax.sharding import NamedSharding, PartitionSpec
 from marljax.models.chat import encode_prompt, generation_eos_ids, use_chat
 from marljax.models.config import ModelConfig
 from marljax.models.decoder import abstract_model, get_params, init_model, param_dict_shardings, set_params
-from marljax.models.hf_io import from_pretrained, load_tokenizer, save_pretrained
-from marljax.models.lora import LoraSpec, init_adapter, stack_adapters
+from marljax.models.hf_io import from_pretrained, load_tokenizer, save_peft_adapter, save_pretrained
+from marljax.models.lora import LoraSpec, init_adapter, merge, stack_adapters
 from marljax.models.sharding import make_mesh, process_local_mesh, reshard, to_local
 from marljax.sampler import generate
 from marljax.sampler.engine import Buckets, Schedule
@@ -502,8 +502,19 @@ class Policy:
 
         return jax.tree.map(abstract, self.state())
 
-    def export(self, path, *, tokenizer: bool = True):
-        """Write the current parameters as a Hugging Face directory (+ tokenizer)."""
+    def export(self, path, *, tokenizer: bool = True, merged: bool = False):
+        """Write the current parameters as a Hugging Face directory (+ tokenizer). An adapter policy
+        writes a PEFT adapter (for `peft` on the HF base), or with `merged` the base with the
+        adapter folded in, as a full checkpoint."""
+        tok = self.tokenizer if tokenizer else None
+        if self.lora is not None and not merged:
+            out = save_peft_adapter(
+                self.config, self.lora, self.params, path, base_model=self.model_spec.path
+            )
+            if tok is not None and jax.process_index() == 0:
+                tok.save_pretrained(str(out))
+            return out
+        params = self.params if self.lora is None else merge(self.base_params, self.lora, self.params)
         model = abstract_model(self.config)
-        set_params(model, self.params)
-        return save_pretrained(model, path, tokenizer=self.tokenizer if tokenizer else None)
+        set_params(model, params)
+        return save_pretrained(model, path, tokenizer=tok)

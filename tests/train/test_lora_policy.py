@@ -151,3 +151,27 @@ def test_config_errors_name_the_key():
         PolicyConfig.model_validate({"model": MODEL, "lora": {"ranks": 4}})
     cfg = RunConfig.model_validate(_run({"m": {"model": MODEL}, "a": {"base": "m", "lora": lora}}))
     assert cfg.policy_model("a") == cfg.policies["m"].model
+
+
+def test_memory_estimate_counts_the_adapter_and_each_base_once():
+    from marljax.models import ModelConfig
+    from marljax.models.lora import LoraSpec
+    from marljax.train import memory
+
+    c = ModelConfig.preset("qwen2.5-0.5b")
+    spec = LoraSpec(rank=16, alpha=32)
+    D, F, L = c.hidden_size, c.intermediate_size, c.num_layers
+    q, kv = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
+    # per layer, rank x (in + out) for q, k, v, o, gate, up, down; float32
+    adapter = 4 * L * 16 * ((D + q) + 2 * (D + kv) + (q + D) + 2 * (D + F) + (F + D))
+    full = memory.estimate(c, micro_batch_size=2, seq_len=64)
+    est = [memory.estimate(c, micro_batch_size=2, seq_len=64, lora=spec, base_key="b") for _ in range(4)]
+    e = est[0]
+    assert (e.params, e.optimizer, e.gradients, e.base) == (adapter, 2 * adapter, 2 * adapter, full.params)
+    transient = e.activations + e.compute_copy
+    assert memory.team_bytes(est) == 4 * 5 * adapter + full.params + transient
+    # level 2 at rank 16: the resident state of a team grows by well under 10% of the base per agent
+    assert (memory.team_bytes(est) - memory.team_bytes(est[:1])) / 3 < 0.10 * full.params
+    # two bases (other keys) are two copies
+    other = memory.estimate(c, micro_batch_size=2, seq_len=64, lora=spec, base_key="c")
+    assert memory.team_bytes([e, other]) == 2 * 5 * adapter + 2 * full.params + transient
