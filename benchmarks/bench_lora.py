@@ -186,7 +186,7 @@ def child_sampling(p: dict) -> dict:
         adapters.append((spec, ad))
     A, rows = p["adapters"], p["rows"] * 2
     rng = np.random.default_rng(0)
-    prompts = [rng.integers(3, 1000, p["prompt"]).tolist() for _ in range(A * rows)]
+    prompts = [rng.integers(3, min(1000, config.vocab_size), p["prompt"]).tolist() for _ in range(A * rows)]
     together = {**base, "lora": stack_adapters(adapters)}
     alone = [{**base, "lora": stack_adapters([ad])} for ad in adapters]
     kw = dict(max_new_tokens=p["new"], temperature=1.0, seed=1, schedule=Schedule(slots=A * rows))
@@ -248,7 +248,26 @@ def run(mode: str = "full", timeout: float = 1800) -> dict:
             rows.append({**res, "level": level, "team": team, "estimate": est, "fits": True})
     sampling = _child({"kind": "sampling", "mode": mode}, timeout)
     out = {"mode": mode, "shape": p["shape"], "rank": p["rank"], "rows": rows, "sampling": sampling}
+    out.update(per_agent_cost(rows, p))
     out["markdown"] = markdown(out)
+    return out
+
+
+def per_agent_cost(rows: list[dict], p: dict) -> dict:
+    """Level 2's memory per added agent as a share of the base's weights: between the smallest and
+    the largest team measured (peak RSS), and by the estimate."""
+    from marljax.models import ModelConfig
+    from marljax.train.memory import param_bytes
+
+    base = param_bytes(ModelConfig.preset(p["shape"]))[0]
+    level2 = sorted((r for r in rows if r["level"] == 2), key=lambda r: r["team"])
+    out = {"base_bytes": base, "per_agent_measured": None, "per_agent_estimated": None}
+    if len(level2) >= 2:
+        lo, hi = level2[0], level2[-1]
+        n = hi["team"] - lo["team"]
+        out["per_agent_estimated"] = (hi["estimate"] - lo["estimate"]) / n / base
+        if "peak_rss" in lo and "peak_rss" in hi:
+            out["per_agent_measured"] = (hi["peak_rss"] - lo["peak_rss"]) / n / base
     return out
 
 
@@ -274,6 +293,9 @@ def markdown(out: dict) -> str:
                 f"| {r['team']} | {name} | {gib(r['peak_rss'])} | {gib(r['estimate'])} | {r['step_s']:.2f} | "
                 f"{r['sample_s']:.2f} | {r['update_s']:.2f} | {r['model_buffers']} buffers |"
             )
+    for key, what in (("per_agent_measured", "measured (peak RSS)"), ("per_agent_estimated", "estimated")):
+        if out.get(key) is not None:
+            lines += ["", f"Level 2, memory per added agent, {what}: {out[key]:.1%} of the base's weights."]
     s = out["sampling"]
     if "error" in s:
         lines += ["", "Sampling comparison failed."]
