@@ -342,10 +342,11 @@ class Policy:
         per = list(settings) if settings is not None else [sampler]
         if len(per) not in (1, len(prompt_ids)):
             raise ValueError(f"settings: one per prompt ({len(prompt_ids)}), got {len(per)}")
-        params = self.sampler_params()
-        if team is not None:
-            if self.lora is None or any(p.base_key != self.base_key for p in team):
-                raise ValueError("a team samples together only as adapter policies on one base")
+        if team is None:
+            params = self.sampler_params()
+        elif self.lora is None or any(p.base_key != self.base_key for p in team):
+            raise ValueError("a team samples together only as adapter policies on one base")
+        else:
             params = {**self.base_params, "lora": stack_adapters([(p.lora, p.params) for p in team])}
 
         def each(key):
