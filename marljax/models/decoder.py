@@ -478,7 +478,7 @@ def hidden_states(
         if weights is None:
             return None
         dropout = None
-        if lora_dropout is not None and lora_dropout[0] > 0:
+        if lora_dropout is not None:
             dropout = (lora_dropout[0], jax.random.fold_in(lora_dropout[1], i))
         return LayerLora(weights, adapter_ids, dropout)
 

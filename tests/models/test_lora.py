@@ -106,3 +106,23 @@ def test_bad_spec_names_the_problem():
         LoraSpec(rank=4, alpha=8, targets=("q", "mlp"))
     with pytest.raises(ValueError, match="rank"):
         LoraSpec(rank=0, alpha=8)
+
+
+def test_dropout_acts_on_the_adapter_path_only(base):
+    from marljax.models.decoder import hidden_states
+
+    cfg, params, ids = base
+    spec = LoraSpec(rank=3, alpha=6.0)
+    hs = jax.jit(hidden_states, static_argnames="config")
+    key = jax.random.key(7)
+    fresh = {**params, "lora": stack_adapters([(spec, init_adapter(cfg, spec, jax.random.key(1)))])}
+    plain, _ = hs(params, ids, config=cfg)
+    dropped, _ = hs(fresh, ids, config=cfg, lora_dropout=(0.5, key))
+    np.testing.assert_array_equal(np.asarray(dropped), np.asarray(plain))  # b = 0: nothing to drop
+    trained = {**params, "lora": stack_adapters([(spec, _trained(cfg, spec, 3))])}
+    full, _ = hs(trained, ids, config=cfg)
+    one, _ = hs(trained, ids, config=cfg, lora_dropout=(0.5, key))
+    again, _ = hs(trained, ids, config=cfg, lora_dropout=(0.5, key))
+    other, _ = hs(trained, ids, config=cfg, lora_dropout=(0.5, jax.random.key(8)))
+    np.testing.assert_array_equal(np.asarray(one), np.asarray(again))  # the key decides the mask
+    assert float(jnp.abs(one - full).max()) > 1e-3 and float(jnp.abs(one - other).max()) > 1e-3

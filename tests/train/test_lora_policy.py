@@ -175,3 +175,17 @@ def test_memory_estimate_counts_the_adapter_and_each_base_once():
     # two bases (other keys) are two copies
     other = memory.estimate(c, micro_batch_size=2, seq_len=64, lora=spec, base_key="c")
     assert memory.team_bytes([e, other]) == 2 * 5 * adapter + 2 * full.params + transient
+
+
+def test_adapter_dropout_trains_reproducibly():
+    bases = BaseStore()
+    cfg = config(lora={"rank": 4, "alpha": 8, "dropout": 0.5})
+    a, b = Policy("a", cfg, bases=bases), Policy("b", cfg, bases=bases)
+    for p in (a, b):
+        p.update(samples())
+    for x, y in zip(jax.tree.leaves(a.params), jax.tree.leaves(b.params)):  # the masks come from the seeds
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+    no_dropout = Policy("c", config(lora={"rank": 4, "alpha": 8}), bases=bases)
+    no_dropout.update(samples())
+    diff = np.abs(np.asarray(a.params["wv"]["b"]) - np.asarray(no_dropout.params["wv"]["b"])).max()
+    assert diff > 0  # dropout changed the gradient
