@@ -159,6 +159,9 @@ def child_team(level: int, team: int, p: dict) -> dict:
         "update_s": steps[1]["update_s"],
         "step_s": steps[1]["sample_s"] + steps[1]["update_s"],
         "peak_rss": vm_hwm(),
+        # what the arrays hold after the step (parameters, optimiser states, caches): the resident
+        # state, without the transients and the allocator's retained memory in the peak
+        "live_bytes": sum(x.nbytes for x in jax.live_arrays()),
         "model_buffers": base_buffers,
     }
 
@@ -233,11 +236,12 @@ def _child(what: dict, timeout: float) -> dict:
     return json.loads(lines[-1][5:])
 
 
-def run(mode: str = "full", timeout: float = 1800) -> dict:
+def run(mode: str = "full", timeout: float = 1800, teams=None, levels=None) -> dict:
+    """The table for `mode` (`teams`, `levels`: a subset of the mode's)."""
     p = MODES[mode]
     rows, skipped = [], []
-    for team in p["teams"]:
-        for level in LEVELS:
+    for team in teams or p["teams"]:
+        for level in levels or LEVELS:
             est = team_estimate(level, team, p)
             avail = available_bytes()
             if avail is not None and est > 0.8 * avail:
@@ -261,13 +265,19 @@ def per_agent_cost(rows: list[dict], p: dict) -> dict:
 
     base = param_bytes(ModelConfig.preset(p["shape"]))[0]
     level2 = sorted((r for r in rows if r["level"] == 2), key=lambda r: r["team"])
-    out = {"base_bytes": base, "per_agent_measured": None, "per_agent_estimated": None}
+    out = {
+        "base_bytes": base,
+        "per_agent_measured": None,
+        "per_agent_live": None,
+        "per_agent_estimated": None,
+    }
     if len(level2) >= 2:
         lo, hi = level2[0], level2[-1]
         n = hi["team"] - lo["team"]
         out["per_agent_estimated"] = (hi["estimate"] - lo["estimate"]) / n / base
         if "peak_rss" in lo and "peak_rss" in hi:
             out["per_agent_measured"] = (hi["peak_rss"] - lo["peak_rss"]) / n / base
+            out["per_agent_live"] = (hi["live_bytes"] - lo["live_bytes"]) / n / base
     return out
 
 
@@ -279,21 +289,29 @@ def markdown(out: dict) -> str:
         f"Shape {out['shape']} (random weights, float32), LoRA rank {out['rank']} on q/k/v/o/gate/up/down; "
         "step = sample every agent's prompts + one update of every policy (second step; the first compiles).",
         "",
-        "| team | level | peak RSS GiB | estimate GiB | step s | sampling s | updates s | model copies |",
-        "|---|---|---|---|---|---|---|---|",
+        "| team | level | peak RSS GiB | live arrays GiB | estimate GiB | step s | sampling s | updates s "
+        "| model copies |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in out["rows"]:
         name = f"{r['level']} ({LEVELS[r['level']]})"
         if not r.get("fits"):
-            lines.append(f"| {r['team']} | {name} | does not fit | {gib(r['estimate'])} | - | - | - | - |")
+            lines.append(
+                f"| {r['team']} | {name} | does not fit | - | {gib(r['estimate'])} | - | - | - | - |"
+            )
         elif "error" in r:
-            lines.append(f"| {r['team']} | {name} | failed | {gib(r['estimate'])} | - | - | - | - |")
+            lines.append(f"| {r['team']} | {name} | failed | - | {gib(r['estimate'])} | - | - | - | - |")
         else:
             lines.append(
-                f"| {r['team']} | {name} | {gib(r['peak_rss'])} | {gib(r['estimate'])} | {r['step_s']:.2f} | "
+                f"| {r['team']} | {name} | {gib(r['peak_rss'])} | {gib(r['live_bytes'])} | {gib(r['estimate'])} | "
+                f"{r['step_s']:.2f} | "
                 f"{r['sample_s']:.2f} | {r['update_s']:.2f} | {r['model_buffers']} buffers |"
             )
-    for key, what in (("per_agent_measured", "measured (peak RSS)"), ("per_agent_estimated", "estimated")):
+    for key, what in (
+        ("per_agent_measured", "measured (peak RSS)"),
+        ("per_agent_live", "measured (live arrays)"),
+        ("per_agent_estimated", "estimated"),
+    ):
         if out.get(key) is not None:
             lines += ["", f"Level 2, memory per added agent, {what}: {out[key]:.1%} of the base's weights."]
     s = out["sampling"]
@@ -314,6 +332,8 @@ def main(argv=None) -> dict | None:
     g.add_argument("--smoke", action="store_true")
     g.add_argument("--quick", action="store_true")
     ap.add_argument("--out", type=Path)
+    ap.add_argument("--teams", type=int, nargs="+", help="team sizes (default: the mode's)")
+    ap.add_argument("--levels", type=int, nargs="+", choices=sorted(LEVELS), help="levels (default: all)")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child:
@@ -323,7 +343,7 @@ def main(argv=None) -> dict | None:
         print("JSON:" + json.dumps(res), flush=True)
         return None
     mode = "smoke" if args.smoke else "quick" if args.quick else "full"
-    out = run(mode)
+    out = run(mode, teams=args.teams, levels=args.levels)
     print(out["markdown"])
     if args.out:
         args.out.write_text(json.dumps(out, indent=2))
