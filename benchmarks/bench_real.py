@@ -201,11 +201,11 @@ def child_train(work: Path, args) -> dict:
     sampling, updates, captured, prompts = [], {}, {}, {}
     for name, pol in tr.policies.items():
 
-        def generate(prompt_ids, *, n, seed, sampler, _orig=pol.generate, _name=name):
+        def generate(prompt_ids, *, n, seed, sampler, _orig=pol.generate, _name=name, **settings):
             note(f"sampling {_name}: {len(prompt_ids) * n} rows")
             prompts.setdefault(_name, list(prompt_ids[0]))  # what the sampler was given, markup included
             t = time.perf_counter()
-            res = _orig(prompt_ids, n=n, seed=seed, sampler=sampler)
+            res = _orig(prompt_ids, n=n, seed=seed, sampler=sampler, **settings)
             sampling.append(
                 {
                     "policy": _name,

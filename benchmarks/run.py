@@ -42,8 +42,8 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 
-SECTIONS = ("peak", "train", "generate", "kernels", "rl", "sandbox", "gpu", "real")
-OPT_IN = ("gpu", "real")  # left out unless asked for (--gpu, --only): hardware or minutes
+SECTIONS = ("peak", "train", "generate", "kernels", "rl", "sandbox", "gpu", "real", "lora")
+OPT_IN = ("gpu", "real", "lora")  # left out unless asked for (--gpu, --only): hardware or minutes
 TITLES = {
     "peak": "1. Machine peak",
     "train": "2. Train step",
@@ -53,6 +53,7 @@ TITLES = {
     "sandbox": "6. Sandbox",
     "gpu": "7. GPU",
     "real": "8. Rehearsal at real shapes",
+    "lora": "9. Agent sharing: shared policy, LoRA adapters, independent copies",
 }
 NOISY_CORES = 0.5
 
@@ -182,6 +183,10 @@ def run_section(name: str, mode: str, args, results: dict):
         return bench_real.run(
             dtype="float32", llama_dtype="bfloat16", llama_update=False, remat=True, compare_apart=True
         )
+    if name == "lora":
+        import bench_lora
+
+        return bench_lora.run(mode)
     raise ValueError(name)
 
 
@@ -287,6 +292,19 @@ def targets(results: dict) -> list[dict]:
         3.0,
         best=k.get("speedup_best_vs_verl_vectorized"),
     )
+    lora = results.get("lora", {})
+    if lora:
+        share = lora.get("per_agent_measured")
+        out.append(
+            {
+                "target": "LoRA adapters (level 2): memory <= base + 10% per agent (rank 16, measured)",
+                "value": share,
+                "goal": 0.10,
+                "shown": "-" if share is None else f"{share:.1%} per agent",
+                "status": "not measured" if share is None else ("met" if share <= 0.10 else "NOT met"),
+            }
+        )
+        add("sampling 4 adapters in one call vs 4 calls >= 3x", lora.get("sampling", {}).get("speedup"), 3.0)
     for name, r in results.get("rl", {}).get("breakdown", {}).items():
         share = r.get("outside_sampling_and_update")
         out.append(

@@ -2,7 +2,7 @@
 
 marljax train CONFIG [key=value ...]         train (resumes RUN_DIR's newest checkpoint)
 marljax eval CONFIG [--search] [key=value ...]  held-out evaluation of the newest checkpoint
-marljax export RUN_DIR --policy NAME OUT_DIR a policy's trained weights as an HF directory
+marljax export RUN_DIR --policy NAME OUT_DIR a policy's trained weights as an HF directory (adapters: PEFT)
 marljax plot RUN_DIR                         metric curves to RUN_DIR/plots/*.png
 marljax rollouts RUN_DIR [--step N] [--agent A] [--limit K]  a logged step's samples (train.log_rollouts)
 marljax demo [...]                           the embedded demonstration
@@ -63,7 +63,7 @@ def cmd_export(args) -> int:
     try:
         if not trainer.restore():
             raise SystemExit(f"{run_dir}: no complete checkpoint to export")
-        out = trainer.policies[args.policy].export(args.out_dir)
+        out = trainer.policies[args.policy].export(args.out_dir, merged=args.merged)
     finally:
         trainer.close()
     print(f"exported policy {args.policy!r} at step {trainer.step} to {out}")
@@ -129,6 +129,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("run_dir")
     p.add_argument("--policy", required=True)
     p.add_argument("out_dir")
+    p.add_argument(
+        "--merged",
+        action="store_true",
+        help="adapter (lora) policies: the base with the adapter folded in, as a full checkpoint "
+        "(default: a PEFT adapter directory)",
+    )
     p.set_defaults(fn=cmd_export)
     p = commands.add_parser("plot", help="draw a run's curves to PNG")
     p.add_argument("run_dir")

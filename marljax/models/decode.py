@@ -19,6 +19,10 @@ speed when generating a token per row:
 
 `extend_step` runs any number of tokens per row from any position: a prompt (or
 its part after a prefix copied from another row's cache) or one decode token.
+
+LoRA: parameters with adapters (`params["lora"]`, see `marljax.models.lora`) get them sliced
+per layer too, and `extend_step`'s `adapter` `[B]` picks each row's adapter: rows of different
+adapters of one base decode in one batch, sharing the base matmuls.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ import jax.numpy as jnp
 
 from marljax.models.config import ModelConfig
 from marljax.models.decoder import (
+    LayerLora,
     Params,
     fuse_projections,
     out_and_mlp,
@@ -64,6 +69,10 @@ def decode_weights(params: Params, config: ModelConfig, fuse: bool) -> Params:
         p["wo"] = p["wo"].reshape(-1, p["wo"].shape[-1])  # [N*H, D]: no per-step relayout copy
         layers.append(fuse_projections(p) if fuse else p)
     out = {**params, "layers": layers}
+    if "lora" in params:  # per-layer adapter weights, like the base's
+        out["lora"] = [
+            jax.tree.map(lambda w, i=layer: w[i], params["lora"]) for layer in range(config.num_layers)
+        ]
     if fuse and "lm_head" not in params:
         out["lm_head"] = params["embed"].T
     return out
@@ -94,6 +103,7 @@ def extend_step(
     kv: DecodeCache,
     *,
     config: ModelConfig,
+    adapter: jax.Array | None = None,
 ):
     """Run `tokens` `[B, T]` through the decoder against each row's own cache: row b's token t
     sits in slot `starts[b] + t` (also its rotary position) and attends to the row's slots up to
@@ -104,7 +114,8 @@ def extend_step(
     caches. One call prefills prompts (or their suffixes after a cached prefix) into decode
     slots; with T = 1 it is the one-token decode step. weights: from `decode_weights`; kv: from
     `init_decode_cache` (each row's slots hold its tokens from slot 0 on, so a row's rotary
-    position equals its slot).
+    position equals its slot). adapter: `[B]` int, each row's LoRA adapter where `weights` has
+    adapters (default: adapter 0 for every row).
     """
     c = config
     B, T = tokens.shape
@@ -118,10 +129,11 @@ def extend_step(
     inv_freq = inverse_frequencies(c)
     new = []
     for i, p in enumerate(weights["layers"]):
-        q, k, v = project_qkv(p, x, positions, config=c, inv_freq=inv_freq)  # k, v [B, T, K, H]
+        lora = LayerLora(weights["lora"][i], adapter) if "lora" in weights else None
+        q, k, v = project_qkv(p, x, positions, config=c, inv_freq=inv_freq, lora=lora)  # k, v [B, T, K, H]
         keys = kv[2 * i].at[rows, :, :, slots].set(k.astype(kv[2 * i].dtype), mode="drop")
         values = kv[2 * i + 1].at[rows, :, slots, :].set(v.astype(kv[2 * i + 1].dtype), mode="drop")
-        x = out_and_mlp(p, x, _attend_cached(q, keys, values, mask), config=c)
+        x = out_and_mlp(p, x, _attend_cached(q, keys, values, mask), config=c, lora=lora)
         new += [keys, values]
     last = x[jnp.arange(B), jnp.maximum(lengths - 1, 0)] if T > 1 else x[:, 0]
     return unembed(weights, rms_norm(last, weights["final_norm"], c.rms_norm_eps)), tuple(new)

@@ -56,6 +56,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from marljax.kernels.losses_terms import entropy_from_logits, logprobs_from_logits
 from marljax.models.config import ModelConfig
+from marljax.models.lora import LayerLora, lora_delta
 from marljax.models.rope import apply_rope, inverse_frequencies
 from marljax.models.sharding import LogicalRules, batch_sharding, logical_to_spec, param_shardings
 
@@ -307,12 +308,26 @@ def fuse_projections(layer: Params) -> Params:
     return p
 
 
-def project_qkv(p: Params, x: jax.Array, positions: jax.Array, *, config: ModelConfig, inv_freq):
+def _plus_lora(y: jax.Array, lora: LayerLora | None, name: str, h: jax.Array) -> jax.Array:
+    """`y` (the base projection of `h`) plus its LoRA update, if weight `name` has one."""
+    delta = lora_delta(lora, name, h)
+    return y if delta is None else y + delta.reshape(y.shape).astype(y.dtype)
+
+
+def project_qkv(
+    p: Params,
+    x: jax.Array,
+    positions: jax.Array,
+    *,
+    config: ModelConfig,
+    inv_freq,
+    lora: LayerLora | None = None,
+):
     """A layer's attention inputs from its residual stream `x` `[..., D]` at rotary `positions`
     `[...]`: queries `[..., N, H]`, keys and values `[..., K, H]`, in `x.dtype`.
 
-    RMSNorm, the q/k/v projections (+ biases), Qwen3's q/k RMSNorm, then RoPE on q and k.
-    `p`: one layer's weights, separate or fused (`fuse_projections`).
+    RMSNorm, the q/k/v projections (+ biases, + the rows' LoRA updates), Qwen3's q/k RMSNorm,
+    then RoPE on q and k. `p`: one layer's weights, separate or fused (`fuse_projections`).
     """
     c = config
     N, K, H = c.num_heads, c.num_kv_heads, c.head_dim
@@ -333,6 +348,7 @@ def project_qkv(p: Params, x: jax.Array, positions: jax.Array, *, config: ModelC
         q, k, v = _matmul(h, w("wq")), _matmul(h, w("wk")), _matmul(h, w("wv"))
         if c.qkv_bias:
             q, k, v = q + w("bq"), k + w("bk"), v + w("bv")
+    q, k, v = (_plus_lora(y, lora, name, h) for y, name in ((q, "wq"), (k, "wk"), (v, "wv")))
     if c.qk_norm:
         q = rms_norm(q, p["q_norm"], c.rms_norm_eps)
         k = rms_norm(k, p["k_norm"], c.rms_norm_eps)
@@ -347,15 +363,19 @@ def attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, *, config:
     )
 
 
-def out_and_mlp(p: Params, x: jax.Array, attn: jax.Array, *, config: ModelConfig) -> jax.Array:
+def out_and_mlp(
+    p: Params, x: jax.Array, attn: jax.Array, *, config: ModelConfig, lora: LayerLora | None = None
+) -> jax.Array:
     """The rest of the layer: `x` `[..., D]` plus the output projection of `attn` `[..., N, H]`
-    (+ bias), then plus the SwiGLU MLP of its RMSNorm. `p` as in `project_qkv`."""
+    (+ bias), then plus the SwiGLU MLP of its RMSNorm; each projection plus the rows' LoRA
+    updates. `p` as in `project_qkv`."""
     c = config
 
     def w(name):
         return p[name].astype(x.dtype)
 
-    out = _matmul(attn.reshape(*attn.shape[:-2], -1), w("wo").reshape(-1, c.hidden_size))
+    flat = attn.reshape(*attn.shape[:-2], -1)
+    out = _plus_lora(_matmul(flat, w("wo").reshape(-1, c.hidden_size)), lora, "wo", flat)
     if c.o_bias:
         out = out + w("bo")
     x = x + out
@@ -365,11 +385,13 @@ def out_and_mlp(p: Params, x: jax.Array, attn: jax.Array, *, config: ModelConfig
         gate, up = jnp.split(_matmul(h, w("w_gate_up")), 2, axis=-1)
     else:
         gate, up = _matmul(h, w("w_gate")), _matmul(h, w("w_up"))
-    return x + _matmul(jax.nn.silu(gate) * up, w("w_down"))
+    gate, up = _plus_lora(gate, lora, "w_gate", h), _plus_lora(up, lora, "w_up", h)
+    act = jax.nn.silu(gate) * up
+    return x + _plus_lora(_matmul(act, w("w_down")), lora, "w_down", act)
 
 
-def _layer(p: Params, x: jax.Array, kv, *, config: ModelConfig, positions, mask, inv_freq):
-    q, k, v = project_qkv(p, x, positions, config=config, inv_freq=inv_freq)
+def _layer(p: Params, x: jax.Array, kv, lora, *, config: ModelConfig, positions, mask, inv_freq):
+    q, k, v = project_qkv(p, x, positions, config=config, inv_freq=inv_freq, lora=lora)
     new_kv = None
     if kv is not None:
         k_cache, v_cache, index = kv
@@ -378,7 +400,7 @@ def _layer(p: Params, x: jax.Array, kv, *, config: ModelConfig, positions, mask,
         new_kv = (k_cache, v_cache)
         k, v = k_cache.astype(x.dtype), v_cache.astype(x.dtype)
     attn = attend(q, k, v, mask, config=config)
-    return out_and_mlp(p, x, attn, config=config), new_kv
+    return out_and_mlp(p, x, attn, config=config, lora=lora), new_kv
 
 
 _REMAT_POLICY = {
@@ -396,6 +418,8 @@ def hidden_states(
     attention_mask: jax.Array | None = None,
     segment_ids: jax.Array | None = None,
     cache: KVCache | None = None,
+    adapter_ids: jax.Array | None = None,
+    lora_dropout: tuple[float, jax.Array] | None = None,
 ):
     """Final (normed) hidden states `[B, T, D]` in the compute dtype, and the new cache.
 
@@ -404,6 +428,11 @@ def hidden_states(
     left-padded batches). attention_mask: `[B, T]` (1/True = real token).
     segment_ids: `[B, T]` int, tokens attend only within their segment (packing;
     not with a cache). cache: a `KVCache` to read and extend, or None.
+
+    LoRA: with `params["lora"]` (adapters of this base in the layout of
+    `marljax.models.lora.stack_adapters`), row b adds adapter `adapter_ids[b]`'s update to every
+    targeted projection (default: adapter 0 for all rows); `lora_dropout` `(rate, key)` drops
+    adapter inputs (training).
     """
     if input_ids.ndim != 2:
         raise ValueError(f"input_ids must be [B, T], got shape {input_ids.shape}")
@@ -445,21 +474,33 @@ def hidden_states(
     if config.remat != "none":
         layer = jax.checkpoint(layer, policy=_REMAT_POLICY[config.remat])
 
+    def layer_lora(weights, i):
+        if weights is None:
+            return None
+        dropout = None
+        if lora_dropout is not None:
+            dropout = (lora_dropout[0], jax.random.fold_in(lora_dropout[1], i))
+        return LayerLora(weights, adapter_ids, dropout)
+
+    layer_ids = jnp.arange(config.num_layers)
     if cache is None:
 
-        def body(x, p):
-            return layer(p, x, None)[0], None
+        def body(x, xs):
+            p, lw, i = xs
+            return layer(p, x, None, layer_lora(lw, i))[0], None
 
-        x, _ = _run_layers(body, x, params["layers"], config.scan_layers)
+        x, _ = _run_layers(body, x, (params["layers"], params.get("lora"), layer_ids), config.scan_layers)
         new_cache = None
     else:
 
         def body(x, xs):
-            p, k, v = xs
-            x, kv = layer(p, x, (k, v, cache.index))
+            p, lw, i, k, v = xs
+            x, kv = layer(p, x, (k, v, cache.index), layer_lora(lw, i))
             return x, kv
 
-        x, (ks, vs) = _run_layers(body, x, (params["layers"], cache.k, cache.v), config.scan_layers)
+        x, (ks, vs) = _run_layers(
+            body, x, (params["layers"], params.get("lora"), layer_ids, cache.k, cache.v), config.scan_layers
+        )
         new_cache = KVCache(k=ks, v=vs, mask=new_mask, index=cache.index + T)
     return rms_norm(x, params["final_norm"], config.rms_norm_eps), new_cache
 
@@ -491,6 +532,7 @@ def forward(
     attention_mask: jax.Array | None = None,
     segment_ids: jax.Array | None = None,
     cache: KVCache | None = None,
+    adapter_ids: jax.Array | None = None,
 ):
     """Logits `[B, T, V]` (float32) and the new cache (None when `cache` is None).
 
@@ -505,6 +547,7 @@ def forward(
         attention_mask=attention_mask,
         segment_ids=segment_ids,
         cache=cache,
+        adapter_ids=adapter_ids,
     )
     return unembed(params, h), new_cache
 
@@ -564,6 +607,7 @@ def token_logprobs(
     segment_ids: jax.Array | None = None,
     temperature: float | jax.Array = 1.0,
     chunk_size: int = 256,
+    adapter_ids: jax.Array | None = None,
 ) -> jax.Array:
     """Log-prob `[B, T]` (float32) of `labels[b, t]` under the model's next-token
     distribution at position t, at `temperature`, without building `[B, T, V]`.
@@ -578,6 +622,7 @@ def token_logprobs(
         positions=positions,
         attention_mask=attention_mask,
         segment_ids=segment_ids,
+        adapter_ids=adapter_ids,
     )
     return logprobs_from_hidden(
         params, h, labels, config=config, temperature=temperature, chunk_size=chunk_size

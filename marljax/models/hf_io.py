@@ -405,3 +405,57 @@ def load_tokenizer(path: str | os.PathLike):
         return transformers.AutoTokenizer.from_pretrained(str(path))
     except Exception as e:
         raise CheckpointError(f"{path}: cannot load a tokenizer ({e})") from e
+
+
+PEFT_CONFIG = "adapter_config.json"
+PEFT_WEIGHTS = "adapter_model.safetensors"
+
+
+def save_peft_adapter(
+    config: ModelConfig,
+    spec: Any,
+    adapter: dict,
+    path: str | os.PathLike,
+    *,
+    base_model: str | None = None,
+) -> Path:
+    """Write a LoRA adapter (`marljax.models.lora`) as a PEFT adapter directory: `adapter_config.json`
+    and `adapter_model.safetensors`, loadable with `peft.PeftModel.from_pretrained(hf_base, path)`.
+
+    PEFT's `lora_A` of a module is `[r, in]` and its `lora_B` `[out, r]`, with the update
+    `(lora_alpha / r) B A x`: marljax's `a` `[in, r]` and `b` `[r, out]` transposed (the flattened
+    head axes are the HF projections' row order). `base_model`: the base's path or hub name,
+    recorded for `peft` (None leaves it unset). On multi-host runs process 0 writes.
+    """
+    from safetensors.numpy import save_file
+
+    from marljax.models.lora import HF_MODULES
+
+    path = Path(path)
+    tensors = {}
+    for name, ab in adapter.items():
+        a, b = _to_host(ab["a"]), _to_host(ab["b"])
+        for layer in range(config.num_layers):
+            prefix = f"base_model.model.model.layers.{layer}.{HF_MODULES[name]}"
+            tensors[f"{prefix}.lora_A.weight"] = np.ascontiguousarray(a[layer].T)
+            tensors[f"{prefix}.lora_B.weight"] = np.ascontiguousarray(b[layer].T)
+    peft_config = {
+        "peft_type": "LORA",
+        "task_type": "CAUSAL_LM",
+        "base_model_name_or_path": base_model,
+        "r": int(spec.rank),
+        "lora_alpha": float(spec.alpha),
+        "lora_dropout": float(spec.dropout),
+        "target_modules": sorted(HF_MODULES[n].split(".")[-1] for n in spec.weights),
+        "bias": "none",
+        "fan_in_fan_out": False,
+        "use_rslora": False,
+        "init_lora_weights": True,
+        "inference_mode": True,
+        "modules_to_save": None,
+    }
+    if jax.process_index() == 0:
+        path.mkdir(parents=True, exist_ok=True)
+        (path / PEFT_CONFIG).write_text(json.dumps(peft_config, indent=2))
+        save_file(tensors, str(path / PEFT_WEIGHTS), metadata={"format": "pt"})
+    return path

@@ -93,8 +93,17 @@ def _as_prompts(prompt_ids) -> list[list[int]]:
     return prompts
 
 
+def _per_prompt(value, name: str, count: int, valid, what: str) -> list:
+    """`value` as one entry per prompt: a scalar is repeated, a sequence must have `count`
+    entries; each entry must pass `valid` (else a ValueError naming `name` and `what`)."""
+    values = list(value) if isinstance(value, (list, tuple, np.ndarray)) else [value] * count
+    if len(values) != count or not all(valid(v) for v in values):
+        raise ValueError(f"{name} must be {what}, one value or one per prompt; got {value!r}")
+    return values
+
+
 def _requests(
-    config: ModelConfig, prompt_ids, max_new_tokens, temperature, top_p, top_k, n, seed
+    config: ModelConfig, prompt_ids, max_new_tokens, temperature, top_p, top_k, n, seed, adapter=0
 ) -> list[Request]:
     """Checked arguments as requests: sample `j` of prompt `i` is request `i * n + j`."""
     prompts = _as_prompts(prompt_ids)
@@ -115,17 +124,17 @@ def _requests(
         raise ValueError(f"max_new_tokens must be a positive int or one per prompt, got {max_new_tokens!r}")
     if not isinstance(n, (int, np.integer)) or n < 1:
         raise ValueError(f"n must be a positive int, got {n!r}")
-    if not temperature >= 0:
-        raise ValueError(f"temperature must be >= 0, got {temperature!r}")
-    if not 0 < top_p <= 1:
-        raise ValueError(f"top_p must be in (0, 1], got {top_p!r}")
-    if not isinstance(top_k, (int, np.integer)) or top_k < 0:
-        raise ValueError(f"top_k must be an int >= 0, got {top_k!r}")
+    B = len(prompts)
+    temps = _per_prompt(temperature, "temperature", B, lambda t: t >= 0, ">= 0")
+    top_ps = _per_prompt(top_p, "top_p", B, lambda p: 0 < p <= 1, "in (0, 1]")
+    is_int = (int, np.integer)
+    top_ks = _per_prompt(top_k, "top_k", B, lambda k: isinstance(k, is_int) and k >= 0, "an int >= 0")
+    adapters = _per_prompt(adapter, "adapter", B, lambda a: isinstance(a, is_int) and a >= 0, "an int >= 0")
     if not isinstance(seed, (int, np.integer)) or not 0 <= seed < 2**32:
         raise ValueError(f"seed must be an int in [0, 2**32), got {seed!r}")
     return [
-        Request(np.asarray(p, np.int32), int(m), float(temperature), int(top_k), float(top_p))
-        for p, m in zip(prompts, budgets)
+        Request(np.asarray(p, np.int32), int(m), float(t), int(k), float(tp), adapter=int(a))
+        for p, m, t, k, tp, a in zip(prompts, budgets, temps, top_ks, top_ps, adapters)
         for _ in range(n)
     ]
 
@@ -150,11 +159,16 @@ def generate_stream(
     schedule: Schedule | None = None,
     topk_bound: int = DEFAULT_BOUND,
     fuse_projections: bool | None = None,
+    adapter: int | Sequence[int] = 0,
 ) -> Iterator[Completion]:
     """`generate`'s completions one by one, in the order they finish (`Completion.index` is
     the row of `generate`'s output: sample `j` of prompt `i` is `i * n + j`)."""
     config, params = _resolve(model, params)
-    requests = _requests(config, prompt_ids, max_new_tokens, temperature, top_p, top_k, n, seed)
+    requests = _requests(config, prompt_ids, max_new_tokens, temperature, top_p, top_k, n, seed, adapter)
+    if any(r.adapter for r in requests):
+        count = jax.tree.leaves(params.get("lora", {}))[0].shape[1] if "lora" in params else 1
+        if max(r.adapter for r in requests) >= count:
+            raise ValueError(f"adapter index out of range: params hold {count} adapter(s)")
     stop = [list(map(int, s)) for s in (stop or [])]
     if any(len(s) == 0 for s in stop):
         raise ValueError("stop sequences must be non-empty")
@@ -180,9 +194,9 @@ def generate(
     prompt_ids: Any,
     *,
     max_new_tokens: int | Sequence[int],
-    temperature: float = 1.0,
-    top_p: float = 1.0,
-    top_k: int = 0,
+    temperature: float | Sequence[float] = 1.0,
+    top_p: float | Sequence[float] = 1.0,
+    top_k: int | Sequence[int] = 0,
     stop: Sequence[Sequence[int]] | None = None,
     eos_ids: int | Sequence[int] | None = None,
     n: int = 1,
@@ -195,6 +209,7 @@ def generate(
     schedule: Schedule | None = None,
     topk_bound: int = DEFAULT_BOUND,
     fuse_projections: bool | None = None,
+    adapter: int | Sequence[int] = 0,
 ) -> SamplerOutput:
     """Sample `n` completions for each prompt from one set of parameters.
 
@@ -209,6 +224,7 @@ def generate(
       temperature: 0 means greedy (argmax); else logits are divided by it.
       top_p: nucleus mass in (0, 1]; 1 disables. top_k: 0 disables.
         Order and semantics as transformers (see `marljax.sampler.sampling`).
+        Each of temperature, top_p and top_k: one value, or one per prompt.
       stop: token-id sequences; a row stops when its completion ends with one
         (matched inside the completion only; the sequence is kept in the output).
       eos_ids: ids that end a row (kept in the output); default the config's
@@ -225,6 +241,9 @@ def generate(
       buckets, schedule: shape buckets and how requests share the slots (`Schedule`).
       topk_bound, fuse_projections: the top-k fast-path size and whether decode uses fused
         q/k/v and gate/up weights (None: automatic); see `Engine`.
+      adapter: with LoRA adapters in `params["lora"]` (`marljax.models.lora.stack_adapters`),
+        the adapter of each prompt's rows (one int, or one per prompt): rows of different
+        adapters of one base decode in one batch.
 
     Returns:
       a `SamplerOutput` with host (numpy) arrays.
@@ -249,6 +268,7 @@ def generate(
         schedule=schedule,
         topk_bound=topk_bound,
         fuse_projections=fuse_projections,
+        adapter=adapter,
     )
     done = sorted(stream, key=lambda c: c.index)
     budgets = max_new_tokens if isinstance(max_new_tokens, (int, np.integer)) else max(max_new_tokens)

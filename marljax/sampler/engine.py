@@ -156,6 +156,7 @@ class SlotState(NamedTuple):
     top_k: jax.Array  # [B] int32
     top_p: jax.Array  # [B] float32
     recent: jax.Array  # [B, Ls] int32: the last Ls tokens, matched against stop sequences
+    adapter: jax.Array  # [B] int32: the request's LoRA adapter in params["lora"] (0 without adapters)
 
 
 class Tables(NamedTuple):
@@ -177,6 +178,7 @@ class Request:
     temperature: float = 1.0
     top_k: int = 0
     top_p: float = 1.0
+    adapter: int = 0  # which LoRA adapter of the parameters (`marljax.models.lora`) samples it
 
 
 @dataclasses.dataclass
@@ -306,6 +308,7 @@ class Engine:
                 top_k=zeros,
                 top_p=jnp.ones((slots,), jnp.float32),
                 recent=jnp.full((slots, stop_len), -1, jnp.int32),
+                adapter=zeros,
             )
         )
 
@@ -387,6 +390,7 @@ class Engine:
         temperature,
         top_k,
         top_p,
+        adapter,
         *,
         window: int,
         greedy: bool,
@@ -398,7 +402,9 @@ class Engine:
         self.stats.insert_compiles += 1  # runs at trace time only
         rows_kv = _window(tuple(x[source] for x in state.kv), window)
         weights = self._layer_weights(weights)
-        logits, rows_kv = extend_step(weights, tokens, starts, lengths, rows_kv, config=self.config)
+        logits, rows_kv = extend_step(
+            weights, tokens, starts, lengths, rows_kv, config=self.config, adapter=adapter
+        )
         Bn = slots.shape[0]
         new = SlotState(
             kv=rows_kv,
@@ -414,6 +420,7 @@ class Engine:
             top_k=top_k,
             top_p=top_p,
             recent=jnp.full((Bn, state.recent.shape[1]), -1, jnp.int32),
+            adapter=adapter,
         )
         busy = jnp.ones((Bn,), bool)
         tok, lp, slp, recent, ends, why = self._choose(logits, new, tables, busy, greedy=greedy)
@@ -471,6 +478,7 @@ class Engine:
                 busy.astype(jnp.int32),
                 state.kv,
                 config=self.config,
+                adapter=state.adapter,
             )
             state = state._replace(kv=kv)
             tok, lp, slp, recent, ends, why = self._choose(logits, state, tables, busy, greedy=greedy)
@@ -568,6 +576,8 @@ class _Run:
         self.slot_request = [-1] * self.slots  # the request a slot serves, -1 when free
         self.slot_pos = [0] * self.slots  # host copy of each slot's write position
         self.contents: list[np.ndarray] = [np.zeros((0,), np.int32)] * self.slots  # tokens in each cache
+        # the LoRA adapter that computed each cache: a prefix is shared between rows of one adapter only
+        self.slot_adapter = [0] * self.slots
         self.out: dict[int, list] = {}  # request -> [tokens, logprobs, sampling logprobs] chunks
         self.finished: list[tuple[int, int]] = []  # (slot, finish reason) ended since the last yield
 
@@ -597,10 +607,16 @@ class _Run:
         cached = [(s, self.contents[s]) for s in range(self.slots) if len(self.contents[s])] if share else []
         first, second = [], []  # (request, slot, copy source, copied length)
         for r in take:
-            prompt = self.requests[r].prompt
+            prompt, adapter = self.requests[r].prompt, self.requests[r].adapter
             limit = len(prompt) - 1  # at least one token runs, for the first token's logits
-            n, src = self._longest_prefix(prompt, cached)
-            leaders = [(j, self.requests[q].prompt) for j, (q, *_) in enumerate(first)] if share else []
+            n, src = self._longest_prefix(
+                prompt, [(s, toks) for s, toks in cached if self.slot_adapter[s] == adapter]
+            )
+            leaders = [
+                (j, self.requests[q].prompt)
+                for j, (q, *_) in enumerate(first)
+                if share and self.requests[q].adapter == adapter
+            ]
             m, lead = self._longest_prefix(prompt, leaders)
             slot = free.pop(0)
             if min(m, limit) > min(n, limit):
@@ -628,6 +644,7 @@ class _Run:
         temperature = np.ones((Bn,), np.float32)
         top_k = np.zeros((Bn,), np.int32)
         top_p = np.ones((Bn,), np.float32)
+        adapter = np.zeros((Bn,), np.int32)
         for j, (r, slot, src, n) in enumerate(group):
             req = self.requests[r]
             rest = req.prompt[n:]
@@ -635,6 +652,7 @@ class _Run:
             tokens[j, : len(rest)], lengths[j] = rest, len(rest)
             request[j], max_new[j] = r, req.max_new
             temperature[j], top_k[j], top_p[j] = req.temperature, req.top_k, req.top_p
+            adapter[j] = req.adapter
             e.stats.prefill_tokens += len(rest)
             e.stats.shared_tokens += n
         e.stats.insert_calls += 1
@@ -644,7 +662,19 @@ class _Run:
             self.tables,
             *(
                 e._put(x)
-                for x in (slots, source, starts, tokens, lengths, request, max_new, temperature, top_k, top_p)
+                for x in (
+                    slots,
+                    source,
+                    starts,
+                    tokens,
+                    lengths,
+                    request,
+                    max_new,
+                    temperature,
+                    top_k,
+                    top_p,
+                    adapter,
+                )
             ),
             window=window,
             greedy=self.greedy,
@@ -655,6 +685,7 @@ class _Run:
             self.slot_request[slot] = r
             self.slot_pos[slot] = len(prompt)
             self.contents[slot] = prompt
+            self.slot_adapter[slot] = self.requests[r].adapter
             self.out[r] = [[tok[j : j + 1]], [lp[j : j + 1]], [slp[j : j + 1]]]
             if reason[j] != UNFINISHED:
                 self.finished.append((slot, int(reason[j])))
@@ -723,6 +754,7 @@ class _Run:
         self.slot_request = [self.slot_request[s] for s in keep]
         self.slot_pos = [self.slot_pos[s] for s in keep]
         self.contents = [self.contents[s] for s in keep]
+        self.slot_adapter = [self.slot_adapter[s] for s in keep]
         self.slots = B2
 
     def loop(self) -> Iterator[Completion]:

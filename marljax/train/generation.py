@@ -1,9 +1,13 @@
 """The trainer's `Generator`: workflows' requests sampled with the real policies.
 
 All requests of one policy go to the sampler as one batch (across problems,
-trees and agents sharing the policy); policies on disjoint devices sample at
-the same time. Each generation is stamped with its agent, policy and the
-policy's version, which the buffers use for staleness.
+trees and agents sharing the policy), and so do all requests of the adapter
+policies on one base (each row with its own adapter); policies on disjoint
+devices sample at the same time. Each agent samples with its own settings
+(`RunConfig.agent_sampling`: temperature, top-p, top-k, budget, stop strings);
+requests of agents with other stop strings go to separate calls. Each generation
+is stamped with its agent, policy, the policy's version (the buffers use it for
+staleness) and the temperature it was sampled at (the trainer's log-probs use it).
 """
 
 from __future__ import annotations
@@ -24,13 +28,25 @@ logger = logging.getLogger(__name__)
 
 
 class PolicyGenerator:
-    """Generates with real policies: one sampler call per policy per `generate`."""
+    """Generates with real policies: one sampler call per policy (or base of adapter policies)
+    and stop-string set per `generate`.
+
+    `sampler`: the run's sampler block; `agent_sampling`: each agent's resolved settings (an
+    agent without an entry uses `sampler`)."""
 
     def __init__(
-        self, policies: Mapping[str, Policy], sampler: SamplerConfig, max_prompt_len: int | None = None
+        self,
+        policies: Mapping[str, Policy],
+        sampler: SamplerConfig,
+        max_prompt_len: int | None = None,
+        agent_sampling: Mapping[str, SamplerConfig] | None = None,
     ):
         self.policies, self.sampler, self.max_prompt_len = policies, sampler, max_prompt_len
+        self.agent_sampling = dict(agent_sampling or {})
         self._warned: set[str] = set()
+
+    def settings(self, agent: str) -> SamplerConfig:
+        return self.agent_sampling.get(agent, self.sampler)
 
     def _fit(self, agent: str, ids: list[int]) -> list[int]:
         """`ids` cut to `max_prompt_len` by dropping the middle: the start (system turn, the problem's
@@ -50,31 +66,56 @@ class PolicyGenerator:
         head = limit // 4
         return ids[:head] + ids[len(ids) - (limit - head) :]
 
+    def _call_key(self, agent: Agent) -> tuple:
+        """Requests with equal keys share a sampler call: one policy, or adapter policies of one base;
+        one set of stop strings."""
+        policy = self.policies[agent.policy]
+        return (agent.policy if policy.base_key is None else policy.base_key, self.settings(agent.name).stop)
+
     def generate(self, requests: Sequence[tuple[Agent, str]], n: int, seed: int) -> list[list[Generation]]:
         out: list[list[Generation] | None] = [None] * len(requests)
-        by_policy: dict[str, list[int]] = {}
+        calls: dict[tuple, list[int]] = {}
         for i, (agent, _) in enumerate(requests):
-            by_policy.setdefault(agent.policy, []).append(i)
-        jobs = [(k, name, idx) for k, (name, idx) in enumerate(sorted(by_policy.items()))]
-        if len(jobs) > 1 and disjoint_devices([self.policies[name] for _, name, _ in jobs]):
+            calls.setdefault(self._call_key(agent), []).append(i)
+
+        def order(idx):  # by policy name first: a run of plain policies keeps one call (and seed) per policy
+            return (min(requests[i][0].policy for i in idx), self.settings(requests[idx[0]][0].name).stop)
+
+        jobs = list(enumerate(sorted(calls.values(), key=order)))
+        leads = [self.policies[min(requests[i][0].policy for i in idx)] for _, idx in jobs]
+        if len(jobs) > 1 and disjoint_devices(leads):
             # policies on separate devices sample at the same time (JAX releases the GIL while they run)
             with ThreadPoolExecutor(len(jobs)) as pool:
                 results = list(pool.map(lambda job: self._generate_one(requests, n, seed, *job), jobs))
         else:
             results = [self._generate_one(requests, n, seed, *job) for job in jobs]
-        for (_, _, idx), gens in zip(jobs, results):
+        for (_, idx), gens in zip(jobs, results):
             for i, g in zip(idx, gens):
                 out[i] = g
         return out
 
     def _generate_one(
-        self, requests: Sequence[tuple[Agent, str]], n: int, seed: int, k: int, name: str, idx: list[int]
+        self, requests: Sequence[tuple[Agent, str]], n: int, seed: int, k: int, idx: list[int]
     ) -> list[list[Generation]]:
-        policy = self.policies[name]
-        tok = policy.tokenizer
-        prompts = [self._fit(requests[i][0].name, policy.encode_prompt(requests[i][1])) for i in idx]
-        version = policy.version
-        res = policy.generate(prompts, n=n, seed=derive_seed(seed, k, "policy"), sampler=self.sampler)
+        names = sorted({requests[i][0].policy for i in idx})
+        lead = self.policies[names[0]]
+        tok = lead.tokenizer  # adapter policies on one base share its tokenizer
+        prompts = [
+            self._fit(agent.name, self.policies[agent.policy].encode_prompt(text))
+            for agent, text in (requests[i] for i in idx)
+        ]
+        settings = [self.settings(requests[i][0].name) for i in idx]
+        versions = {name: self.policies[name].version for name in names}
+        team = [self.policies[name] for name in names] if lead.lora is not None else None
+        res = lead.generate(
+            prompts,
+            n=n,
+            seed=derive_seed(seed, k, "policy"),
+            sampler=self.sampler,
+            settings=settings,
+            team=team,
+            adapter=[names.index(requests[i][0].policy) for i in idx],
+        )
         out = []
         for j, i in enumerate(idx):
             agent = requests[i][0]
@@ -90,9 +131,9 @@ class PolicyGenerator:
                         res.logprobs[r, :L],
                         str(res.finish_reason[r]),
                         agent=agent.name,
-                        policy=name,
-                        version=version,
-                        temperature=self.sampler.temperature or 1.0,  # greedy: the model's own
+                        policy=agent.policy,
+                        version=versions[agent.policy],
+                        temperature=settings[j].temperature or 1.0,  # greedy: the model's own
                     )
                 )
             out.append(gens)

@@ -37,7 +37,7 @@ from marljax.train.checkpoint import RunCheckpointer
 from marljax.train.config import DataConfig, RunConfig, dump_config
 from marljax.train.generation import PolicyGenerator
 from marljax.train.metrics import MetricsWriter, Progress
-from marljax.train.policy import Policy
+from marljax.train.policy import BaseStore, Policy
 from marljax.train.sft import run_sft
 from marljax.workflows import build_workflow
 from marljax.workflows.base import Agent
@@ -86,6 +86,7 @@ class Trainer:
         self.cfg = cfg
         distributed.initialize(cfg.distributed)  # multi-process runs: before any JAX computation
         self.run_dir = Path(cfg.resolved_run_dir())
+        self.bases = BaseStore()  # frozen bases of adapter policies, one copy per model
         self.policies = {name: self._build_policy(name) for name in sorted(cfg.policies)}
         seq_len = cfg.sampler.max_prompt_len + cfg.sampler.max_new_tokens
         memory.log_estimates(self.policies, seq_len, log, cfg.sampler.slots)
@@ -103,9 +104,14 @@ class Trainer:
             self.train_problems, batch_size=d.batch_size, seed=d.seed, shuffle=d.shuffle, epochs=d.epochs
         )
         self.workflow = build_workflow(cfg.workflow)
-        self.generator = PolicyGenerator(self.policies, cfg.sampler, cfg.sampler.max_prompt_len)
-        greedy = cfg.sampler.model_copy(update={"temperature": 0.0})
-        self.eval_generator = PolicyGenerator(self.policies, greedy, cfg.sampler.max_prompt_len)
+        # each agent's sampling: the sampler block with its `sampling` over it (evaluation: greedy
+        # unless `eval_sampling` says otherwise)
+        sampling = {name: cfg.agent_sampling(name) for name in cfg.agents}
+        eval_sampling = {name: cfg.agent_sampling(name, evaluation=True) for name in cfg.agents}
+        self.generator = PolicyGenerator(self.policies, cfg.sampler, cfg.sampler.max_prompt_len, sampling)
+        self.eval_generator = PolicyGenerator(
+            self.policies, cfg.sampler, cfg.sampler.max_prompt_len, eval_sampling
+        )
         t = cfg.train
         self.checkpointer = RunCheckpointer(
             self.run_dir, list(self.policies), keep=t.keep_checkpoints, async_save=t.async_checkpoint
@@ -114,8 +120,19 @@ class Trainer:
         self._pool: SandboxPool | None = None
 
     def _build_policy(self, name: str) -> Policy:
-        norm = float(self.cfg.sampler.max_new_tokens)  # Dr.GRPO's constant: the generation budget
-        return Policy(name, self.cfg.policies[name], norm_constant=norm, seed=self.cfg.seed)
+        # Dr.GRPO's constant: the generation budget (the largest of the policy's agents)
+        budgets = [
+            self.cfg.agent_sampling(a).max_new_tokens for a, c in self.cfg.agents.items() if c.policy == name
+        ]
+        norm = float(max(budgets, default=self.cfg.sampler.max_new_tokens))
+        return Policy(
+            name,
+            self.cfg.policies[name],
+            norm_constant=norm,
+            seed=self.cfg.seed,
+            model=self.cfg.policy_model(name),
+            bases=self.bases,
+        )
 
     # ------------------------------------------------------------ plumbing
     @property

@@ -19,6 +19,11 @@ estimate of what one micro-batch keeps for the backward pass:
   operands to float32 and hoists the conversion of the weights out of the decode loop and the
   backward pass, so a float32 copy of the weights exists while sampling and updating.
 
+Adapter policies (`lora:`): the trainable parameters, optimiser moments, gradients and reference
+are the adapter's (`L x rank x (in + out)` per targeted projection, replicated on every device);
+the frozen base is counted as `base`, once per base for a team (`team_bytes`: adapter policies on
+one base share it), and its compute-dtype copy where that is wider.
+
 Knobs to fit: `model.remat`, `micro_batch_size` (rows per forward/backward),
 `mesh.fsdp` / `mesh.tensor` (split parameters, moments and gradients),
 `model.param_dtype` / `dtype` (bfloat16 halves them; on CPU sampling and updates still make
@@ -29,7 +34,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from types import SimpleNamespace
 from typing import Any
 
@@ -38,6 +43,7 @@ from flax import nnx
 
 from marljax.models.config import ModelConfig
 from marljax.models.decoder import abstract_model
+from marljax.models.lora import LoraSpec, adapter_shapes
 from marljax.models.sharding import MESH_AXES, logical_to_spec
 
 MOMENTS = {"adamw": 2, "adam": 2, "sgd": 0}  # optimiser state per parameter, in the parameter dtype
@@ -93,6 +99,8 @@ class MemoryEstimate:
     seq_len: int
     kv_per_sequence: int  # sampler KV cache of one sequence of seq_len tokens
     slots: int = 1  # sampler slots on this device (sequences decoding at once)
+    base: int = 0  # adapter policies: the frozen base (shared by the adapters on it)
+    base_key: Any = None  # adapter policies with equal keys share one base
 
     @property
     def kv_cache(self) -> int:
@@ -101,7 +109,7 @@ class MemoryEstimate:
 
     @property
     def state(self) -> int:
-        return self.params + self.optimizer + self.gradients + self.reference + self.sampler_copy
+        return self.params + self.optimizer + self.gradients + self.reference + self.sampler_copy + self.base
 
     @property
     def peak(self) -> int:
@@ -112,7 +120,13 @@ class MemoryEstimate:
         mesh = " ".join(f"{a}={self.mesh_shape.get(a, 1)}" for a in MESH_AXES)
         lines = [
             f"memory estimate, policy {n!r} ({_bytes(self.total_params)} of parameters; mesh {mesh}; per device):",
-            f"  parameters {_bytes(self.params)} + optimizer ({optimizer}, {MOMENTS.get(optimizer, 2)} moments) "
+            *(
+                [f"  frozen base {_bytes(self.base)} (shared by the adapter policies on it)"]
+                if self.base
+                else []
+            ),
+            f"  {'adapter' if self.base else 'parameters'} {_bytes(self.params)} + optimizer "
+            f"({optimizer}, {MOMENTS.get(optimizer, 2)} moments) "
             f"{_bytes(self.optimizer)} + gradients {_bytes(self.gradients)} + reference {_bytes(self.reference)}"
             f" + sampler copy {_bytes(self.sampler_copy)} = {_bytes(self.state)}",
             f"  activations per micro-batch ({self.rows} rows x {self.seq_len} tokens): ~{_bytes(self.activations)} "
@@ -162,12 +176,15 @@ def estimate(
     sampler_mesh_shape: Mapping[str, int] | None = None,
     platform: str | None = None,
     sampler_slots: int = 64,
+    lora: LoraSpec | None = None,
+    base_key: Any = None,
 ) -> MemoryEstimate:
     """Per-device estimate for a model, mesh and update settings (no devices needed: plan ahead).
 
     `sampler_mesh_shape`: the sampler's layout when it differs (a second copy of the parameters).
     `sampler_slots`: sequences the sampler decodes at once (`sampler.slots`), over its data axes.
     `platform`: the JAX backend ("cpu" computes bfloat16 in float32; see the module doc).
+    `lora`: an adapter policy's adapter on this (frozen) model; `base_key` names its base.
     """
     shape = {a: int((mesh_shape or {}).get(a, 1)) for a in MESH_AXES}
     total, params = param_bytes(config, shape)
@@ -186,6 +203,17 @@ def estimate(
         * config.head_dim
         * np.dtype(config.dtype).itemsize
     )
+    base = 0
+    activations = _activations(config, rows, seq_len, shape["tensor"], remat)
+    activations_alt = _activations(config, rows, seq_len, shape["tensor"], not remat)
+    compute_copy = int(2 * params * widen) if widen > 1 else 0
+    if lora is not None:
+        base = params
+        params = adapter_bytes(config, lora)
+        # each targeted projection keeps its rank-r input product for the backward pass
+        extra = config.num_layers * rows * seq_len * lora.rank * len(lora.weights) * compute
+        activations, activations_alt = activations + extra, activations_alt + extra
+        compute_copy = int((base + 2 * params) * widen) if widen > 1 else 0
     return MemoryEstimate(
         policy=name,
         mesh_shape=shape,
@@ -195,9 +223,9 @@ def estimate(
         gradients=2 * params,
         reference=params if reference else 0,
         sampler_copy=copy,
-        activations=_activations(config, rows, seq_len, shape["tensor"], remat),
-        activations_alt=_activations(config, rows, seq_len, shape["tensor"], not remat),
-        compute_copy=int(2 * params * widen) if widen > 1 else 0,
+        activations=activations,
+        compute_copy=compute_copy,
+        activations_alt=activations_alt,
         remat=remat,
         rows=rows,
         seq_len=seq_len,
@@ -205,7 +233,24 @@ def estimate(
         slots=-(
             -sampler_slots // math.prod((sampler_mesh_shape or shape).get(a, 1) for a in ("data", "fsdp"))
         ),
+        base=base,
+        base_key=base_key,
     )
+
+
+def adapter_bytes(config: ModelConfig, lora: LoraSpec) -> int:
+    """Bytes of one adapter (`marljax.models.lora.init_adapter`, in the parameter dtype)."""
+    size = sum(math.prod(s) for ab in adapter_shapes(config, lora).values() for s in ab.values())
+    return size * np.dtype(config.param_dtype).itemsize
+
+
+def team_bytes(estimates: Sequence[MemoryEstimate]) -> int:
+    """Peak bytes of several policies on one device: every policy's own state, each shared base
+    once, and the largest update's transient memory (updates on one device run one at a time)."""
+    own = sum(e.state - e.base for e in estimates)
+    bases = {e.base_key: e.base for e in estimates if e.base}
+    transient = max((e.activations + e.compute_copy for e in estimates), default=0)
+    return own + sum(bases.values()) + transient
 
 
 def policy_estimate(policy: Any, seq_len: int, sampler_slots: int = 64) -> MemoryEstimate:
@@ -227,6 +272,8 @@ def policy_estimate(policy: Any, seq_len: int, sampler_slots: int = 64) -> Memor
         sampler_mesh_shape=sampler_shape,
         platform=jax.default_backend(),
         sampler_slots=sampler_slots,
+        lora=getattr(policy, "lora", None),
+        base_key=getattr(policy, "base_key", None),
     )
 
 
@@ -248,5 +295,13 @@ def log_estimates(policies: Mapping[str, Any], seq_len: int, log: Any, sampler_s
     if jax.process_index() != 0:
         return
     limit = device_limit()
+    estimates = []
     for policy in policies.values():
-        log.info(policy_estimate(policy, seq_len, sampler_slots).report(policy.cfg.optimizer.name, limit))
+        estimates.append(policy_estimate(policy, seq_len, sampler_slots))
+        log.info(estimates[-1].report(policy.cfg.optimizer.name, limit))
+    if any(e.base for e in estimates):
+        log.info(
+            "memory estimate, all %d policies on one device with each frozen base once: ~%s",
+            len(estimates),
+            _bytes(team_bytes(estimates)),
+        )

@@ -14,6 +14,14 @@ per optimiser step. On a multi-process run every process samples its own prompts
 own devices from a per-process copy of the parameters (all-gathered on
 device), and the update takes each process's samples as its share of the
 rows of every micro-batch (`jax.make_array_from_process_local_data`).
+
+Adapter policies (`lora:`) train a LoRA adapter on a frozen base (`marljax.models.lora`):
+`params` is the adapter alone, `base_params` the base, loaded once per model and mesh into a
+`BaseStore` that every adapter policy on that base shares (one copy of the base weights in
+memory). Each adapter has its own optimiser state (over the adapter only), learning rate, loss
+settings and checkpoints (the adapter and its optimiser state; the base is not saved). Its KL
+reference is the base with the adapter as it started (`b` = 0: exactly the base), so no second
+copy of the base exists.
 """
 
 from __future__ import annotations
@@ -30,7 +38,8 @@ from jax.sharding import NamedSharding, PartitionSpec
 from marljax.models.chat import encode_continuation, encode_prompt, generation_eos_ids, use_chat
 from marljax.models.config import ModelConfig
 from marljax.models.decoder import abstract_model, get_params, init_model, param_dict_shardings, set_params
-from marljax.models.hf_io import from_pretrained, load_tokenizer, save_pretrained
+from marljax.models.hf_io import from_pretrained, load_tokenizer, save_peft_adapter, save_pretrained
+from marljax.models.lora import LoraSpec, init_adapter, merge, stack_adapters
 from marljax.models.sharding import make_mesh, process_local_mesh, reshard, to_local
 from marljax.sampler import generate
 from marljax.sampler.engine import Buckets, Schedule
@@ -136,30 +145,85 @@ def _to_float(metrics: dict) -> dict[str, float]:
     return {k: float(v) for k, v in jax.device_get(metrics).items()}
 
 
+def with_adapter(adapter: dict, base: dict, *, spec: LoraSpec) -> dict:
+    """The model parameters of an adapter policy: the frozen `base` with its one `adapter`."""
+    return {**base, "lora": stack_adapters([(spec, adapter)])}
+
+
+class BaseStore:
+    """Frozen base models of adapter policies, loaded once per (model, mesh) and shared."""
+
+    def __init__(self):
+        self._bases: dict = {}
+
+    def get(self, spec: Any, mesh, where: str) -> tuple[ModelConfig, dict, Any]:
+        """(config, params, tokenizer) of the model `spec` on `mesh`, loaded on first use."""
+        key = (spec, mesh)
+        if key not in self._bases:
+            config, params, tokenizer = load_model(spec, mesh, where)
+            if mesh is None:
+                params = jax.device_put(params, jax.devices()[0])
+            self._bases[key] = (config, params, tokenizer)
+        return self._bases[key]
+
+    def __len__(self) -> int:
+        return len(self._bases)
+
+
 @functools.lru_cache(maxsize=32)
 def _step_functions(
-    config: ModelConfig, optimizer_cfg: OptimizerConfig, loss: LossConfig, use_old_logp: bool
+    config: ModelConfig,
+    optimizer_cfg: OptimizerConfig,
+    loss: LossConfig,
+    use_old_logp: bool,
+    lora: LoraSpec | None = None,
 ):
     """(optimizer, rl update, sft update, log-probs), the updates jitted; shared by policies with equal
     settings (the frozen configs are the cache key), so a team of agents of one architecture compiles
     each shape once, not once per agent. optax optimisers keep no state of their own, so sharing one
-    is safe."""
+    is safe. With `lora`, the updates train the adapter on a frozen base (`update(adapter, opt_state,
+    batch, base)`)."""
     optimizer, schedule = make_optimizer(optimizer_cfg), make_schedule(optimizer_cfg)
+    combine = None if lora is None else functools.partial(with_adapter, spec=lora)
+    dropout = 0.0 if lora is None else lora.dropout
     rl = make_update_fn(
-        functools.partial(rl_loss, config=config, loss=loss, use_old_logp=use_old_logp),
+        functools.partial(rl_loss, config=config, loss=loss, use_old_logp=use_old_logp, lora_dropout=dropout),
         optimizer,
         loss.agg_mode,
         schedule,
+        combine,
     )
-    sft = make_update_fn(functools.partial(sft_loss, config=config), optimizer, "token-mean", schedule)
+    sft = make_update_fn(
+        functools.partial(sft_loss, config=config, lora_dropout=dropout),
+        optimizer,
+        "token-mean",
+        schedule,
+        combine,
+    )
     return optimizer, rl, sft, make_logprob_fn(config)
 
 
 class Policy:
     """One set of trainable weights with its optimiser; see the module doc."""
 
-    def __init__(self, name: str, cfg: Any, *, norm_constant: float | None = None, seed: int = 0):
+    def __init__(
+        self,
+        name: str,
+        cfg: Any,
+        *,
+        norm_constant: float | None = None,
+        seed: int = 0,
+        model: Any = None,
+        bases: BaseStore | None = None,
+    ):
+        """`model`: the model spec when `cfg` names a `base` policy instead of its own
+        (`RunConfig.policy_model`); `bases`: the run's shared frozen bases (adapter policies)."""
         self.name, self.cfg = name, cfg
+        model = cfg.model if model is None else model
+        if model is None:
+            raise ValueError(
+                f"policies.{name}: no model (it names base {cfg.base!r}; pass that policy's model)"
+            )
         self.mesh = policy_mesh(cfg.mesh)
         rows = cfg.mesh.data * cfg.mesh.fsdp
         if cfg.micro_batch_size % rows:
@@ -175,13 +239,25 @@ class Policy:
                 f"policies.{name}.mesh must use devices of all {procs} processes on a multi-process "
                 f"run ({jax.device_count()} devices, {jax.local_device_count()} per process)"
             )
-        self.config, self.params, self.tokenizer = load_model(cfg.model, self.mesh, f"policies.{name}.model")
+        self.model_spec = model
+        self.lora: LoraSpec | None = None if cfg.lora is None else cfg.lora.spec()
+        where = f"policies.{name}.model"
+        if self.lora is None:
+            self.base_params = None
+            self.config, self.params, self.tokenizer = load_model(model, self.mesh, where)
+        else:
+            bases = BaseStore() if bases is None else bases
+            self.config, self.base_params, self.tokenizer = bases.get(model, self.mesh, where)
+            self.params = init_adapter(self.config, self.lora, jax.random.key(cfg.lora.seed))
+            if self.mesh is not None:  # adapters are small: a replicated copy on every device
+                self.params = jax.device_put(self.params, NamedSharding(self.mesh, PartitionSpec()))
         self.chat = use_chat(cfg.chat, self.tokenizer, f"policies.{name}")
-        self.eos_ids = _eos_ids(self.config, self.tokenizer, cfg.model.path)
+        self.eos_ids = _eos_ids(self.config, self.tokenizer, model.path)
         if self.mesh is None:  # committed, as loaded checkpoints and the update's outputs are
             self.params = jax.device_put(self.params, jax.devices()[0])
         self._sampler_setup(getattr(cfg, "sampler_mesh", None))
-        # a copy, because the update donates (frees) the buffers of `params`
+        # a copy, because the update donates (frees) the buffers of `params`; for an adapter policy
+        # a copy of the new adapter (b = 0), so the reference is the base itself
         self.ref_params = jax.tree.map(jnp.copy, self.params) if cfg.reference else None
         self.loss = cfg.loss
         if self.loss.norm_constant is None:  # Dr.GRPO's constant defaults to the given generation budget
@@ -189,7 +265,7 @@ class Policy:
         self.seed = seed
         self.version = 0  # completed RL updates
         self.optimizer, self._rl_update, self._sft_update, self._logprobs = _step_functions(
-            self.config, cfg.optimizer, self.loss, cfg.mini_batches > 1
+            self.config, cfg.optimizer, self.loss, cfg.mini_batches > 1, self.lora
         )
         self.reset_optimizer()
 
@@ -213,6 +289,11 @@ class Policy:
     def _sampler_setup(self, sampler_mesh_cfg: Any) -> None:
         """The sampler's layout: the trainer's, another mesh, or per-process copies (multi-process)."""
         self.sampler_mesh, self._to_sampler, self._sampler_cache = self.mesh, None, None
+        if self.lora is not None and (sampler_mesh_cfg is not None or jax.process_count() > 1):
+            raise ValueError(
+                f"policies.{self.name}: adapter policies sample in the trainer's layout on one process "
+                "(sampler_mesh and multi-process runs are not supported with lora)"
+            )
         mesh = self.mesh if sampler_mesh_cfg is None else policy_mesh(sampler_mesh_cfg)
         if jax.process_count() > 1:
             staging, self.sampler_mesh = process_local_mesh(mesh)
@@ -225,31 +306,78 @@ class Policy:
             shardings = jax.devices()[0] if mesh is None else param_dict_shardings(self.config, mesh)
             self._to_sampler = functools.partial(reshard, shardings=shardings)
 
+    def model_params(self, params: dict | None = None) -> dict:
+        """The parameters the model maths takes: `params` (default the current ones) for a full
+        policy; the shared base with the adapter `params` for an adapter policy."""
+        params = self.params if params is None else params
+        return params if self.lora is None else with_adapter(params, self.base_params, spec=self.lora)
+
+    @property
+    def base_key(self) -> int | None:
+        """Adapter policies with equal keys share one base (and can sample in one call)."""
+        return None if self.lora is None else id(self.base_params)
+
     def sampler_params(self) -> dict:
         """The parameters in the sampler's layout, resharded on device once per parameter change."""
+        if self.lora is not None:
+            return self.model_params()
         if self._to_sampler is None:
             return self.params
         if self._sampler_cache is None or self._sampler_cache[0] is not self.params:
             self._sampler_cache = (self.params, self._to_sampler(self.params))
         return self._sampler_cache[1]
 
-    def generate(self, prompt_ids: Sequence[Sequence[int]], *, n: int, seed: int, sampler: Any):
-        """`SamplerOutput` for `n` samples of each prompt (log-probs at the sampler's temperature)."""
+    def generate(
+        self,
+        prompt_ids: Sequence[Sequence[int]],
+        *,
+        n: int,
+        seed: int,
+        sampler: Any,
+        settings: Sequence[Any] | None = None,
+        team: Sequence[Policy] | None = None,
+        adapter: int | Sequence[int] = 0,
+    ):
+        """`SamplerOutput` for `n` samples of each prompt (log-probs at the sampler's temperature).
+
+        `sampler`: the run's `SamplerConfig` (slots, buckets, and the sampling settings unless
+        `settings` gives each prompt its own: temperature, top_p, top_k, max_new_tokens; the stop
+        strings are the first prompt's, one set per call). `team`: adapter policies on this
+        policy's base (itself included) sampled in one call, prompt `i` with adapter
+        `team[adapter[i]]`.
+        """
+        per = list(settings) if settings is not None else [sampler]
+        if len(per) not in (1, len(prompt_ids)):
+            raise ValueError(f"settings: one per prompt ({len(prompt_ids)}), got {len(per)}")
+        if team is None:
+            params = self.sampler_params()
+        elif self.lora is None or any(p.base_key != self.base_key for p in team):
+            raise ValueError("a team samples together only as adapter policies on one base")
+        else:
+            params = {**self.base_params, "lora": stack_adapters([(p.lora, p.params) for p in team])}
+
+        def each(key):
+            values = [getattr(s, key) for s in per]
+            return values[0] if len(values) == 1 else values
+
+        stop = [self.tokenizer.encode(text, add_special_tokens=False) for text in per[0].stop]
         return generate(
             self.config,
             prompt_ids,
-            params=self.sampler_params(),
+            params=params,
             n=n,
             seed=seed,
-            max_new_tokens=sampler.max_new_tokens,
-            temperature=sampler.temperature,
-            top_p=sampler.top_p,
-            top_k=sampler.top_k,
+            max_new_tokens=each("max_new_tokens"),
+            temperature=each("temperature"),
+            top_p=each("top_p"),
+            top_k=each("top_k"),
+            stop=[s for s in stop if s],
             eos_ids=self.eos_ids,
             pad_id=self.pad_id,
             mesh=self.sampler_mesh,
             buckets=Buckets(min_prompt=sampler.min_prompt_bucket, min_batch=sampler.min_batch_bucket),
             schedule=Schedule(slots=sampler.slots, share_prefixes=sampler.share_prefixes),
+            adapter=adapter,
         )
 
     # ------------------------------------------------------------- updates
@@ -291,17 +419,32 @@ class Policy:
         order = np.random.default_rng([self.seed, self.version]).permutation(len(samples))
         chunks = [c for c in np.array_split(order, self.cfg.mini_batches) if len(c)]
         batches = [self._collate([samples[i] for i in c]) for c in chunks]
-        for b in batches:  # log-probs before any step of this update: the PPO "old" policy
+        for k, b in enumerate(batches):  # log-probs before any step of this update: the PPO "old" policy
             if self.cfg.mini_batches > 1:
-                b["old_logp"] = self._logprobs(self.params, b)
+                b["old_logp"] = self._logprobs(self.model_params(), b)
             if self.loss.kl_coef:
-                b["ref_logp"] = self._logprobs(self.ref_params, b)
+                b["ref_logp"] = self._logprobs(self.model_params(self.ref_params), b)
+            self._add_dropout_seeds(b, k)
         history = []
         for b in batches:  # metrics are read after the last step, so steps queue up on the devices
-            self.params, self.opt_state, metrics = self._rl_update(self.params, self.opt_state, b)
+            self.params, self.opt_state, metrics = self._rl_update(
+                self.params, self.opt_state, b, *self._frozen()
+            )
             history.append(metrics)
         self.version += 1
         return history
+
+    def _frozen(self) -> tuple:
+        """The update's extra argument: the frozen base of an adapter policy."""
+        return () if self.lora is None else (self.base_params,)
+
+    def _add_dropout_seeds(self, batch: dict, k: int) -> None:
+        """Per micro-batch seeds of the adapter dropout masks (adapter policies with dropout)."""
+        if self.lora is None or not self.lora.dropout:
+            return
+        M = batch["tokens"].shape[0]
+        seeds = np.random.default_rng([self.seed, self.step, k]).integers(0, 2**32, M, dtype=np.uint32)
+        batch["lora_seed"] = jnp.asarray(seeds)
 
     @staticmethod
     def finish_update(pending: list) -> dict[str, float]:
@@ -312,8 +455,10 @@ class Policy:
 
     def sft_update(self, samples: Sequence[Sample]) -> dict[str, float]:
         """One supervised step: maximise the likelihood of the completions."""
+        batch = self._collate(samples)
+        self._add_dropout_seeds(batch, 0)
         self.params, self.opt_state, metrics = self._sft_update(
-            self.params, self.opt_state, self._collate(samples)
+            self.params, self.opt_state, batch, *self._frozen()
         )
         return _to_float(metrics)
 
@@ -365,8 +510,19 @@ class Policy:
 
         return jax.tree.map(abstract, self.state())
 
-    def export(self, path, *, tokenizer: bool = True):
-        """Write the current parameters as a Hugging Face directory (+ tokenizer)."""
+    def export(self, path, *, tokenizer: bool = True, merged: bool = False):
+        """Write the current parameters as a Hugging Face directory (+ tokenizer). An adapter policy
+        writes a PEFT adapter (for `peft` on the HF base), or with `merged` the base with the
+        adapter folded in, as a full checkpoint."""
+        tok = self.tokenizer if tokenizer else None
+        if self.lora is not None and not merged:
+            out = save_peft_adapter(
+                self.config, self.lora, self.params, path, base_model=self.model_spec.path
+            )
+            if tok is not None and jax.process_index() == 0:
+                tok.save_pretrained(str(out))
+            return out
+        params = self.params if self.lora is None else merge(self.base_params, self.lora, self.params)
         model = abstract_model(self.config)
-        set_params(model, self.params)
-        return save_pretrained(model, path, tokenizer=self.tokenizer if tokenizer else None)
+        set_params(model, params)
+        return save_pretrained(model, path, tokenizer=tok)

@@ -25,12 +25,21 @@ from marljax.train.config import LossConfig
 from marljax.train.optim import step_metrics
 
 
-def _logp_entropy(params, mb, config: ModelConfig, with_entropy: bool, temperature: bool = True):
+def _logp_entropy(
+    params, mb, config: ModelConfig, with_entropy: bool, temperature: bool = True, lora_dropout: float = 0.0
+):
     """Log-probs (and entropy) of the labels under `softmax(logits / T)`, T the temperature each
     row was sampled at (the sampler's convention: no top-k/top-p truncation on either side);
-    `temperature=False` for the plain likelihood (SFT)."""
+    `temperature=False` for the plain likelihood (SFT). `lora_dropout`: the adapter dropout rate
+    (updates of adapter policies), keyed by the micro-batch's `lora_seed`."""
+    dropout = (lora_dropout, jax.random.key(mb["lora_seed"])) if lora_dropout else None
     h, _ = hidden_states(
-        params, mb["tokens"], config=config, positions=mb["positions"], attention_mask=mb["attention_mask"]
+        params,
+        mb["tokens"],
+        config=config,
+        positions=mb["positions"],
+        attention_mask=mb["attention_mask"],
+        lora_dropout=dropout,
     )
     scale = mb["temperature"][:, None, None] if temperature else 1.0  # over [rows, chunk, V] logits
     return logprobs_from_hidden(
@@ -38,9 +47,11 @@ def _logp_entropy(params, mb, config: ModelConfig, with_entropy: bool, temperatu
     )
 
 
-def rl_loss(params, mb, *, config: ModelConfig, loss: LossConfig, use_old_logp: bool):
+def rl_loss(
+    params, mb, *, config: ModelConfig, loss: LossConfig, use_old_logp: bool, lora_dropout: float = 0.0
+):
     """Policy-gradient loss of one micro-batch `[mb, T]` and its metrics."""
-    logp, entropy = _logp_entropy(params, mb, config, True)
+    logp, entropy = _logp_entropy(params, mb, config, True, lora_dropout=lora_dropout)
     mask = mb["loss_mask"]
     old = mb["old_logp"] if use_old_logp else jax.lax.stop_gradient(logp)
     metrics = {}
@@ -78,9 +89,9 @@ def rl_loss(params, mb, *, config: ModelConfig, loss: LossConfig, use_old_logp: 
     return total, metrics
 
 
-def sft_loss(params, mb, *, config: ModelConfig):
+def sft_loss(params, mb, *, config: ModelConfig, lora_dropout: float = 0.0):
     """Token-mean negative log-likelihood of the completion tokens."""
-    logp = _logp_entropy(params, mb, config, False, temperature=False)
+    logp = _logp_entropy(params, mb, config, False, temperature=False, lora_dropout=lora_dropout)
     nll = kernels.aggregate_loss(-logp, mb["loss_mask"], "token-mean")
     return nll, {"nll": nll}
 
@@ -157,13 +168,20 @@ def make_update_fn(
     optimizer: optax.GradientTransformation,
     agg_mode: str,
     schedule: optax.Schedule | None = None,
+    combine: Callable | None = None,
 ):
-    """Jitted `update(params, opt_state, batch) -> (params, opt_state, metrics)`; params and
-    optimiser state buffers are donated. The metrics include `skipped`, and `lr` given the
-    optimiser's `schedule` (`marljax.train.optim.step_metrics`)."""
+    """Jitted `update(params, opt_state, batch, frozen=None) -> (params, opt_state, metrics)`;
+    params and optimiser state buffers are donated. The metrics include `skipped`, and `lr`
+    given the optimiser's `schedule` (`marljax.train.optim.step_metrics`).
 
-    def update(params, opt_state, batch):
-        loss, grads, metrics = accumulate(loss_fn, params, batch, agg_mode)
+    With `combine`, `params` are only the trainable part and the loss sees
+    `combine(params, frozen)` (adapter policies: the frozen base with the adapter): gradients,
+    optimiser state and the step cover `params` alone, and `frozen` is neither donated nor
+    changed."""
+
+    def update(params, opt_state, batch, frozen=None):
+        fn = loss_fn if combine is None else (lambda p, mb: loss_fn(combine(p, frozen), mb))
+        loss, grads, metrics = accumulate(fn, params, batch, agg_mode)
         params, opt_state, grad_norm, skipped = guarded_step(optimizer, params, opt_state, grads, loss)
         return (
             params,

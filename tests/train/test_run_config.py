@@ -224,7 +224,13 @@ def test_missing_required(tmp_path, drop, key):
 
 def test_missing_required_nested(tmp_path):
     msg = only_problem(tmp_path, with_(**{"policies.main": {}}))
-    assert msg == f"{tmp_path / 'run.yaml'}: policies.main.model: missing required key"
+    # a policy has a model of its own or (an adapter policy) the base of another policy
+    assert msg == (
+        f"{tmp_path / 'run.yaml'}: policies.main.model: set exactly one of model, base "
+        "(got {'model': None, 'base': None})"
+    )
+    msg = only_problem(tmp_path, with_(**{"policies.main": {"micro_batch_size": 8}}))
+    assert msg.startswith(f"{tmp_path / 'run.yaml'}: policies.main.model: set exactly one of model, base")
 
 
 def test_model_needs_exactly_one_source(tmp_path):

@@ -24,6 +24,7 @@ from marljax.kernels.losses import AGG_MODES, LOSS_TYPES
 from marljax.kernels.losses_terms import KL_KINDS
 from marljax.kernels.losses_tis import TIS_LEVELS, TIS_MODES
 from marljax.models.config import PRESETS
+from marljax.models.lora import TARGETS, LoraSpec
 from marljax.settings import StrictModel
 from marljax.train.distributed import DistributedConfig
 from marljax.workflows import REGISTRY
@@ -36,6 +37,7 @@ __all__ = [
     "FrozenModel",
     "GridData",
     "GrpoConfig",
+    "LoraConfig",
     "LossConfig",
     "MeshConfig",
     "PolicyModelConfig",
@@ -43,6 +45,7 @@ __all__ = [
     "PolicyConfig",
     "RunConfig",
     "SamplerConfig",
+    "SamplingConfig",
     "SandboxPoolConfig",
     "SyntheticData",
     "TrainConfig",
@@ -234,11 +237,40 @@ class MeshConfig(FrozenModel):
         return self
 
 
+class LoraConfig(FrozenModel):
+    """A LoRA adapter on a frozen base (`marljax.models.lora`): only the adapter trains."""
+
+    rank: int = Field(16, ge=1)
+    alpha: float = Field(32.0, gt=0, description="the update is scaled by alpha / rank")
+    dropout: float = Field(0.0, ge=0, lt=1, description="dropout on the adapter's inputs (updates only)")
+    targets: tuple[Literal[tuple(TARGETS)], ...] = Field(
+        tuple(TARGETS), min_length=1, description="projections with an adapter: " + ", ".join(TARGETS)
+    )
+    seed: int = Field(0, description="init seed of the adapter's A matrices")
+
+    def spec(self) -> LoraSpec:
+        return LoraSpec(rank=self.rank, alpha=self.alpha, targets=tuple(self.targets), dropout=self.dropout)
+
+
 class PolicyConfig(FrozenModel):
-    model: PolicyModelConfig
+    model: PolicyModelConfig | None = Field(
+        None, description="the checkpoint or preset (for an adapter policy: its frozen base)"
+    )
+    base: str | None = Field(
+        None,
+        description="adapter policies: the name of another policy whose `model` is the frozen base "
+        "(instead of `model`); all adapter policies on one base share one copy of its weights",
+    )
+    lora: LoraConfig | None = Field(
+        None, description="train a LoRA adapter on the frozen base instead of all weights"
+    )
     optimizer: OptimizerConfig = Field(default_factory=OptimizerConfig)
     loss: LossConfig = Field(default_factory=LossConfig)
-    reference: bool = Field(False, description="keep a frozen copy of the initial model for the KL term")
+    reference: bool = Field(
+        False,
+        description="keep a frozen copy of the initial model for the KL term "
+        "(adapter policies: the base itself, no copy)",
+    )
     buffer: BufferConfig = Field(default_factory=BufferConfig)
     micro_batch_size: int = Field(8, ge=1, description="sequences per forward/backward pass")
     mini_batches: int = Field(1, ge=1, description="optimizer steps per update")
@@ -259,6 +291,18 @@ class PolicyConfig(FrozenModel):
         )  # YAML reads on/off as bools
 
     @model_validator(mode="after")
+    def _one_model(self):
+        if (self.model is None) == (self.base is None):
+            _problems(
+                [(("model",), "set exactly one of model, base", {"model": self.model, "base": self.base})]
+            )
+        if self.base is not None and self.lora is None:
+            _problems(
+                [(("lora",), "base needs lora (a policy on another policy's base is an adapter)", None)]
+            )
+        return self
+
+    @model_validator(mode="after")
     def _kl_needs_reference(self):
         if self.loss.kl_coef > 0 and not self.reference:
             _problems(
@@ -273,10 +317,31 @@ class PolicyConfig(FrozenModel):
         return self
 
 
+class SamplingConfig(FrozenModel):
+    """Sampling settings that override the run's `sampler` block; an unset key keeps its value."""
+
+    temperature: float | None = Field(None, ge=0, description="0 = greedy")
+    top_p: float | None = Field(None, gt=0, le=1)
+    top_k: int | None = Field(None, ge=0, description="0 disables")
+    max_new_tokens: int | None = Field(None, ge=1)
+    stop: tuple[str, ...] | None = Field(None, description="stop strings (the completion keeps them)")
+
+    def over(self, sampler: SamplerConfig) -> SamplerConfig:
+        """`sampler` with the keys set here replaced."""
+        return sampler.model_copy(update=self.model_dump(exclude_none=True))
+
+
 class AgentConfig(FrozenModel):
     policy: str = Field(description="name of the policy in `policies` this agent samples from and trains")
     role: str = Field("", description="role text substituted for {role}")
     template: str = Field("{role}{problem}", description="prompt; placeholders " + ", ".join(TEMPLATE_FIELDS))
+    sampling: SamplingConfig | None = Field(
+        None, description="this agent's sampling, over the run's `sampler`"
+    )
+    eval_sampling: SamplingConfig | None = Field(
+        None,
+        description="this agent's sampling for evaluation, over `sampling` and the run's `eval_sampling`",
+    )
 
     @field_validator("template")
     @classmethod
@@ -374,6 +439,7 @@ class SamplerConfig(FrozenModel):
     share_prefixes: bool = Field(
         True, description="requests sharing a prompt prefix (samples, tree nodes) prefill it once"
     )
+    stop: tuple[str, ...] = Field((), description="stop strings (the completion keeps them)")
 
 
 # Workflow option models live beside their workflows (marljax.workflows.REGISTRY); `kind` picks one.
@@ -430,6 +496,10 @@ class RunConfig(FrozenModel):
     agents: dict[str, AgentConfig] = Field(min_length=1)
     data: DataConfig
     sampler: SamplerConfig = Field(default_factory=SamplerConfig)
+    eval_sampling: SamplingConfig = Field(
+        default_factory=lambda: SamplingConfig(temperature=0.0),
+        description="evaluation's sampling over the run's `sampler` and each agent's `sampling` (default greedy)",
+    )
     workflow: WorkflowConfig = Field(default_factory=GrpoConfig)
     sandbox: SandboxPoolConfig = Field(default_factory=SandboxPoolConfig)
     train: TrainConfig = Field(default_factory=TrainConfig)
@@ -459,6 +529,26 @@ class RunConfig(FrozenModel):
     def _references(self):
         found = []
         known = ", ".join(self.policies)
+        for name, policy in self.policies.items():
+            if policy.base is None:
+                continue
+            base = self.policies.get(policy.base)
+            if base is None:
+                found.append(
+                    (
+                        ("policies", name, "base"),
+                        f"unknown policy {policy.base!r}; known: {known}",
+                        policy.base,
+                    )
+                )
+            elif base.model is None:
+                found.append(
+                    (
+                        ("policies", name, "base"),
+                        f"policy {policy.base!r} has no model of its own (it has a base)",
+                        policy.base,
+                    )
+                )
         for name, agent in self.agents.items():
             if agent.policy not in self.policies:
                 found.append(
@@ -473,6 +563,24 @@ class RunConfig(FrozenModel):
         ]
         _problems(found)
         return self
+
+    def policy_model(self, name: str) -> PolicyModelConfig:
+        """The model a policy loads: its own, or (adapter policies) its base policy's."""
+        policy = self.policies[name]
+        return policy.model if policy.model is not None else self.policies[policy.base].model
+
+    def agent_sampling(self, name: str, *, evaluation: bool = False) -> SamplerConfig:
+        """An agent's sampling settings: the run's `sampler` with the agent's `sampling` over it;
+        for evaluation, then the run's `eval_sampling` and the agent's `eval_sampling`."""
+        agent = self.agents[name]
+        layers = [agent.sampling]
+        if evaluation:
+            layers += [self.eval_sampling, agent.eval_sampling]
+        out = self.sampler
+        for layer in layers:
+            if layer is not None:
+                out = layer.over(out)
+        return out
 
     def resolved_run_dir(self) -> Path:
         return Path(self.run_dir.format(name=self.name))

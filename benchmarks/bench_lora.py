@@ -1,0 +1,354 @@
+"""Three levels of agent sharing for a team on one base model: peak memory and step time, side by side.
+
+    python benchmarks/bench_lora.py [--smoke | --quick] [--out results.json]
+
+Level 1: one shared policy (the agents differ by role prompts). Level 2: one LoRA adapter per agent
+on one frozen base (`lora:` policies sharing the base). Level 3: an independent copy of the model
+per agent. For each level and team size, one child process builds the team and runs two steps; a
+step is sampling every agent's prompts through `PolicyGenerator` (level 1: one sampler call;
+level 2: one call, every row with its own adapter; level 3: one call per agent) and one RL update of
+every policy. The second step is timed (the first compiles); the peak is the child's resident
+memory high-water mark (VmHWM: parameters, optimiser states, compiled programs and the
+runtime). Before a child starts, `marljax.train.memory`'s estimate of the team decides whether it
+fits the memory available; one that does not is reported with its estimate only.
+
+A second measurement: sampling with A adapters of one base in one call against A calls of one
+adapter each (the same rows and tokens in total), interleaved, median of the repeats.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+GiB = 2**30
+
+MODES = {
+    # shape (a marljax preset), team sizes, adapter rank, samples per agent, prompt and new tokens
+    "smoke": dict(shape="tiny-qwen3", teams=(2,), rank=4, rows=2, prompt=12, new=4, adapters=4, repeats=1),
+    "quick": dict(shape="qwen2.5-0.5b", teams=(2,), rank=16, rows=2, prompt=32, new=8, adapters=4, repeats=2),
+    "full": dict(
+        shape="qwen2.5-0.5b", teams=(2, 4, 8), rank=16, rows=2, prompt=32, new=8, adapters=4, repeats=3
+    ),
+}
+LEVELS = {1: "shared policy", 2: "LoRA adapters", 3: "independent copies"}
+
+
+def vm_hwm() -> int:
+    """This process's peak resident memory in bytes (Linux), else ru_maxrss."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def available_bytes() -> int | None:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+# ----------------------------------------------------------------------------- the team
+def policy_configs(level: int, team: int, p: dict) -> dict:
+    """name -> PolicyConfig of a level's team."""
+    from marljax.train.config import PolicyConfig
+
+    model = {"preset": p["shape"], "seed": 0}
+    common = {"micro_batch_size": p["rows"], "optimizer": {"lr": 1e-5}}
+    if level == 1:
+        return {"shared": PolicyConfig.model_validate({"model": model, **common})}
+    if level == 2:
+        lora = {"rank": p["rank"], "alpha": 2 * p["rank"]}
+        return {
+            f"a{i}": PolicyConfig.model_validate({"model": model, "lora": {**lora, "seed": i}, **common})
+            for i in range(team)
+        }
+    return {
+        f"a{i}": PolicyConfig.model_validate({"model": {**model, "seed": i}, **common}) for i in range(team)
+    }
+
+
+def team_estimate(level: int, team: int, p: dict) -> int:
+    """`marljax.train.memory`'s estimate of the team on one device (bytes)."""
+    from marljax.models import ModelConfig
+    from marljax.train import memory
+
+    config = ModelConfig.preset(p["shape"])
+    seq = p["prompt"] + p["new"]
+    ests = [
+        memory.estimate(
+            config,
+            name=name,
+            micro_batch_size=p["rows"],
+            seq_len=seq,
+            lora=None if c.lora is None else c.lora.spec(),
+            base_key="base" if c.lora is not None else None,
+            platform="cpu",
+        )
+        for name, c in policy_configs(level, team, p).items()
+    ]
+    return memory.team_bytes(ests)
+
+
+def child_team(level: int, team: int, p: dict) -> dict:
+    import jax
+    import numpy as np
+
+    from marljax.train.config import SamplerConfig
+    from marljax.train.generation import PolicyGenerator
+    from marljax.train.policy import BaseStore, Policy
+    from marljax.workflows.base import Agent
+    from marljax.workflows.types import Sample
+
+    t0 = time.perf_counter()
+    bases = BaseStore()
+    policies = {n: Policy(n, c, bases=bases) for n, c in policy_configs(level, team, p).items()}
+    names = sorted(policies)
+    agents = [Agent(f"agent{i}", names[0] if level == 1 else names[i]) for i in range(team)]
+    sampler = SamplerConfig(max_new_tokens=p["new"], temperature=1.0, slots=team * p["rows"])
+    gen = PolicyGenerator(policies, sampler)
+    rng = np.random.default_rng(0)
+    words = ["def", "solve(xs):", "return", "sorted(xs)", "#", "agent", "role", "problem"]
+    build_s = time.perf_counter() - t0
+    steps = []
+    for step in range(2):
+        prompts = [" ".join(rng.choice(words, p["prompt"] // 2)) for _ in agents]
+        t = time.perf_counter()
+        gens = gen.generate(list(zip(agents, prompts)), n=p["rows"], seed=step)
+        sample_s = time.perf_counter() - t
+        by_policy: dict[str, list] = {}
+        for agent, row in zip(agents, gens):
+            for g in row:
+                by_policy.setdefault(agent.policy, []).append(
+                    Sample(g.prompt_ids, g.completion_ids, g.logprobs, 0.0, float(rng.normal()), agent.policy)
+                )
+        t = time.perf_counter()
+        for name, samples in by_policy.items():
+            policies[name].update(samples)
+        jax.block_until_ready([pol.params for pol in policies.values()])
+        steps.append({"sample_s": sample_s, "update_s": time.perf_counter() - t})
+    base_buffers = len(
+        {
+            x.unsafe_buffer_pointer()
+            for pol in policies.values()
+            for x in jax.tree.leaves(pol.base_params if pol.lora is not None else pol.params)
+        }
+    )
+    return {
+        "level": level,
+        "team": team,
+        "build_s": build_s,
+        "first_step_s": steps[0]["sample_s"] + steps[0]["update_s"],
+        "sample_s": steps[1]["sample_s"],
+        "update_s": steps[1]["update_s"],
+        "step_s": steps[1]["sample_s"] + steps[1]["update_s"],
+        "peak_rss": vm_hwm(),
+        # what the arrays hold after the step (parameters, optimiser states, caches): the resident
+        # state, without the transients and the allocator's retained memory in the peak
+        "live_bytes": sum(x.nbytes for x in jax.live_arrays()),
+        "model_buffers": base_buffers,
+    }
+
+
+def child_sampling(p: dict) -> dict:
+    """A adapters: one call with every adapter's rows against one call per adapter."""
+    import jax
+    import numpy as np
+
+    from marljax.models import ModelConfig, init_model
+    from marljax.models.decoder import get_params
+    from marljax.models.lora import LoraSpec, init_adapter, stack_adapters
+    from marljax.sampler import Schedule, generate
+
+    config = ModelConfig.preset(p["shape"])
+    base = get_params(init_model(config, seed=0))
+    spec = LoraSpec(rank=p["rank"], alpha=2.0 * p["rank"])
+    adapters = []
+    for i in range(p["adapters"]):  # non-zero b, as after training
+        ad = init_adapter(config, spec, jax.random.key(i))
+        ad = {
+            n: {"a": w["a"], "b": 0.01 * jax.random.normal(jax.random.key(100 + i), w["b"].shape)}
+            for n, w in ad.items()
+        }
+        adapters.append((spec, ad))
+    A, rows = p["adapters"], p["rows"] * 2
+    rng = np.random.default_rng(0)
+    prompts = [rng.integers(3, min(1000, config.vocab_size), p["prompt"]).tolist() for _ in range(A * rows)]
+    together = {**base, "lora": stack_adapters(adapters)}
+    alone = [{**base, "lora": stack_adapters([ad])} for ad in adapters]
+    kw = dict(max_new_tokens=p["new"], temperature=1.0, seed=1, schedule=Schedule(slots=A * rows))
+
+    def one_call():
+        generate(config, prompts, params=together, adapter=[i // rows for i in range(A * rows)], **kw)
+
+    def separate_calls():
+        for i in range(A):
+            generate(config, prompts[i * rows : (i + 1) * rows], params=alone[i], **kw)
+
+    one_call()  # compile both
+    separate_calls()
+    times = {"one_call": [], "separate_calls": []}
+    for _ in range(p["repeats"]):
+        for name, fn in (("one_call", one_call), ("separate_calls", separate_calls)):
+            t = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - t)
+    one, sep = statistics.median(times["one_call"]), statistics.median(times["separate_calls"])
+    return {
+        "adapters": A,
+        "rows_per_adapter": rows,
+        "one_call_s": one,
+        "separate_calls_s": sep,
+        "speedup": sep / one,
+    }
+
+
+# ----------------------------------------------------------------------------- parent
+def _child(what: dict, timeout: float) -> dict:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    proc = subprocess.run(
+        [sys.executable, __file__, "--child", json.dumps(what)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=timeout,
+        check=False,
+    )
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("JSON:")]
+    if proc.returncode != 0 or not lines:
+        return {"error": (proc.stderr or proc.stdout)[-2000:], "returncode": proc.returncode}
+    return json.loads(lines[-1][5:])
+
+
+def run(mode: str = "full", timeout: float = 1800, teams=None, levels=None) -> dict:
+    """The table for `mode` (`teams`, `levels`: a subset of the mode's)."""
+    p = MODES[mode]
+    rows, skipped = [], []
+    for team in teams or p["teams"]:
+        for level in levels or LEVELS:
+            est = team_estimate(level, team, p)
+            avail = available_bytes()
+            if avail is not None and est > 0.8 * avail:
+                skipped.append({"level": level, "team": team, "estimate": est, "available": avail})
+                rows.append({"level": level, "team": team, "estimate": est, "fits": False})
+                continue
+            res = _child({"kind": "team", "level": level, "team": team, "mode": mode}, timeout)
+            rows.append({**res, "level": level, "team": team, "estimate": est, "fits": True})
+    sampling = _child({"kind": "sampling", "mode": mode}, timeout)
+    out = {"mode": mode, "shape": p["shape"], "rank": p["rank"], "rows": rows, "sampling": sampling}
+    out.update(per_agent_cost(rows, p))
+    out["markdown"] = markdown(out)
+    return out
+
+
+def per_agent_cost(rows: list[dict], p: dict) -> dict:
+    """Level 2's memory per added agent as a share of the base's weights: between the smallest and
+    the largest team measured (peak RSS), and by the estimate."""
+    from marljax.models import ModelConfig
+    from marljax.train.memory import param_bytes
+
+    base = param_bytes(ModelConfig.preset(p["shape"]))[0]
+    level2 = sorted((r for r in rows if r["level"] == 2), key=lambda r: r["team"])
+    out = {
+        "base_bytes": base,
+        "per_agent_measured": None,
+        "per_agent_live": None,
+        "per_agent_estimated": None,
+    }
+    if len(level2) >= 2:
+        lo, hi = level2[0], level2[-1]
+        n = hi["team"] - lo["team"]
+        out["per_agent_estimated"] = (hi["estimate"] - lo["estimate"]) / n / base
+        if "peak_rss" in lo and "peak_rss" in hi:
+            out["per_agent_measured"] = (hi["peak_rss"] - lo["peak_rss"]) / n / base
+            out["per_agent_live"] = (hi["live_bytes"] - lo["live_bytes"]) / n / base
+    return out
+
+
+def markdown(out: dict) -> str:
+    def gib(x):
+        return f"{x / GiB:.2f}"
+
+    lines = [
+        f"Shape {out['shape']} (random weights, float32), LoRA rank {out['rank']} on q/k/v/o/gate/up/down; "
+        "step = sample every agent's prompts + one update of every policy (second step; the first compiles).",
+        "",
+        "| team | level | peak RSS GiB | live arrays GiB | estimate GiB | step s | sampling s | updates s "
+        "| model copies |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in out["rows"]:
+        name = f"{r['level']} ({LEVELS[r['level']]})"
+        if not r.get("fits"):
+            lines.append(
+                f"| {r['team']} | {name} | does not fit | - | {gib(r['estimate'])} | - | - | - | - |"
+            )
+        elif "error" in r:
+            lines.append(f"| {r['team']} | {name} | failed | - | {gib(r['estimate'])} | - | - | - | - |")
+        else:
+            lines.append(
+                f"| {r['team']} | {name} | {gib(r['peak_rss'])} | {gib(r['live_bytes'])} | {gib(r['estimate'])} | "
+                f"{r['step_s']:.2f} | "
+                f"{r['sample_s']:.2f} | {r['update_s']:.2f} | {r['model_buffers']} buffers |"
+            )
+    for key, what in (
+        ("per_agent_measured", "measured (peak RSS)"),
+        ("per_agent_live", "measured (live arrays)"),
+        ("per_agent_estimated", "estimated"),
+    ):
+        if out.get(key) is not None:
+            lines += ["", f"Level 2, memory per added agent, {what}: {out[key]:.1%} of the base's weights."]
+    s = out["sampling"]
+    if "error" in s:
+        lines += ["", "Sampling comparison failed."]
+    else:
+        lines += [
+            "",
+            f"Sampling {s['adapters']} adapters x {s['rows_per_adapter']} rows: one call {s['one_call_s']:.2f} s, "
+            f"{s['adapters']} separate calls {s['separate_calls_s']:.2f} s: {s['speedup']:.2f}x.",
+        ]
+    return "\n".join(lines)
+
+
+def main(argv=None) -> dict | None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    g = ap.add_mutually_exclusive_group()
+    g.add_argument("--smoke", action="store_true")
+    g.add_argument("--quick", action="store_true")
+    ap.add_argument("--out", type=Path)
+    ap.add_argument("--teams", type=int, nargs="+", help="team sizes (default: the mode's)")
+    ap.add_argument("--levels", type=int, nargs="+", choices=sorted(LEVELS), help="levels (default: all)")
+    ap.add_argument("--child", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.child:
+        what = json.loads(args.child)
+        p = MODES[what["mode"]]
+        res = child_team(what["level"], what["team"], p) if what["kind"] == "team" else child_sampling(p)
+        print("JSON:" + json.dumps(res), flush=True)
+        return None
+    mode = "smoke" if args.smoke else "quick" if args.quick else "full"
+    out = run(mode, teams=args.teams, levels=args.levels)
+    print(out["markdown"])
+    if args.out:
+        args.out.write_text(json.dumps(out, indent=2))
+    return out
+
+
+if __name__ == "__main__":
+    main()
