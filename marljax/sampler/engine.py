@@ -745,7 +745,7 @@ class _Run:
         return self.engine.batch_bucket(max(busy, self.schedule.min_slots))
 
     def _compact(self) -> None:
-        """Keep the busy slots in half as many (the tail of the call)."""
+        """Move the busy rows to fewer slots (the tail of a call, nothing waiting)."""
         e = self.engine
         busy = [s for s in range(self.slots) if self.slot_request[s] >= 0]
         B2 = self._smaller(len(busy))
