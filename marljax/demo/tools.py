@@ -133,20 +133,24 @@ def demonstrations(cfg: Any, script, rounds: int, seed: int = 0) -> dict[str, li
     return pairs
 
 
-def sft_on_pairs(trainer: Any, pairs: dict[str, Sequence[tuple[str, str]]], steps: int, batch: int) -> None:
+def sft_on_pairs(
+    trainer: Any, pairs: dict[str, Sequence[tuple[str, str]]], steps: int, batch: int
+) -> list[float]:
     """`steps` SFT steps per policy on its agents' (prompt, reply) pairs (cycling, agents mixed),
     then a fresh optimiser and KL reference for RL (as `marljax.train.sft.run_sft`)."""
     from marljax.train.sft import pair_samples
 
+    losses: list[float] = []
     for name, policy in trainer.policies.items():
         mine = [(a, p) for a in trainer.agents.values() if a.policy == name for p in pairs.get(a.name, ())]
         random.Random(f"marljax-tool-sft:{name}").shuffle(mine)
         for k in range(steps):
             chosen = [mine[(k * batch + j) % len(mine)] for j in range(batch)]
             samples = [s for a, p in chosen for s in pair_samples([p], a, policy)]
-            policy.sft_update(samples)
+            losses.append(policy.sft_update(samples)["loss"])
         policy.reset_optimizer()
         policy.reset_reference()
+    return losses
 
 
 # a small Qwen3 (the code demo's family, plain rope): the tool prompts are longer than the code ones
@@ -227,7 +231,8 @@ def warm_started_run(
     raw["policies"][policy] = dict(base, optimizer=dict(sft_opt, min_lr_ratio=0.1))
     trainer = Trainer(config_from_dict(raw, source=f"<{kind} sft>"))
     try:
-        sft_on_pairs(trainer, pairs, sft_steps, sft_batch)
+        losses = sft_on_pairs(trainer, pairs, sft_steps, sft_batch)
+        (out / "sft_losses.json").write_text(json.dumps(losses))
         trainer.policies[policy].export(out / "model-sft")
     finally:
         trainer.close()
