@@ -200,6 +200,7 @@ def warm_started_run(
     sft_lr: float = 3e-3,
     rl_steps: int = 12,
     rl_lr: float = 1e-3,
+    max_new_tokens: int = 40,
     changes: dict | None = None,
 ) -> list[dict]:
     """SFT a tiny model on workflow `kind`'s sloppy teacher (shipped tiny config, one shared policy),
@@ -213,6 +214,8 @@ def warm_started_run(
 
     raw = yaml.safe_load((CONFIGS / f"{kind}_tiny.yaml").read_text())
     raw.update(name=f"{kind}_rise", run_dir=str(out / "run"), seed=seed)
+    # a whole tool call in one turn (the shipped tiny configs' 16 tokens cut it)
+    raw["sampler"] = dict(raw["sampler"], max_new_tokens=max_new_tokens)
     raw["train"] = dict(raw["train"], steps=rl_steps, save_every=rl_steps, eval_every=None)
     raw["train"].update(tensorboard=False, progress=False, keep_checkpoints=1)
     for key, value in (changes or {}).items():
