@@ -12,8 +12,11 @@ from marljax.demo.tools import teacher, warm_started_run
 from marljax.train import rollout_log
 from marljax.workflows.base import Agent
 
-# (workflow, RL steps, first/last window, margin: larger than the spread of the rise across seeds)
-RISES = {"dr_mas_search": (16, 4, 0.15)}
+# (workflow, RL steps, first/last window, margin). dr_mas_search measured (benchmarks/RESULTS.md,
+# 2026-11-25): rise +0.41 at seed 0, +0.03 at seed 1 (std 0.19); the margin is above that std, but
+# only seed 0 clears it: this test pins seed 0's run, it does not show a rise in every seed.
+# sharp_tools and at_grpo_tools: no rise shown yet (RESULTS.md), so no test here.
+RISES = {"dr_mas_search": (16, 4, 0.25)}
 # what a tool result looks like in each workflow's logged rollouts
 RESULT = {"dr_mas_search": "[search] [1]", "sharp_tools": "[search] [1]", "at_grpo_tools": "[check_plan]"}
 
