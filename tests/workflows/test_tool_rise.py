@@ -5,6 +5,8 @@ the tool calls and what the tools answered."""
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 
@@ -13,7 +15,7 @@ from marljax.train import rollout_log
 from marljax.workflows.base import Agent
 
 # (workflow, RL steps, first/last window, margin). dr_mas_search measured (benchmarks/RESULTS.md,
-# 2026-11-25): rise +0.41 at seed 0, +0.03 at seed 1 (std 0.19); the margin is above that std, but
+# 2026-11-25): rise +0.41, +0.03, 0.00 at seeds 0, 1, 2 (std 0.18); the margin is above that std, but
 # only seed 0 clears it: this test pins seed 0's run, it does not show a rise in every seed.
 # sharp_tools and at_grpo_tools: no rise shown yet (RESULTS.md), so no test here.
 RISES = {"dr_mas_search": (16, 4, 0.25)}
@@ -35,6 +37,11 @@ def test_teachers_slip_at_their_rate():
 
 
 @pytest.mark.slow
+@pytest.mark.skipif(
+    not os.environ.get("MARLJAX_TOOL_RISE"),
+    reason="5-8 minutes on 2 cores (over CI's budget) and a rise in 1 of 3 seeds only; "
+    "MARLJAX_TOOL_RISE=1 runs it",
+)
 @pytest.mark.parametrize("kind", sorted(RISES))
 def test_warm_started_team_reward_rises(kind, tmp_path):
     steps, window, margin = RISES[kind]
