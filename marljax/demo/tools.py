@@ -1,0 +1,249 @@
+"""A warm start for the tool workflows: sloppy teachers, their demonstrations, SFT, then RL.
+
+Random tiny models never call a tool nor answer, so RL on the tool workflows gets no reward.
+As the code demo does (`marljax.demo.teacher`), a teacher plays every agent's turns on the
+generated tasks, in the exact formats the workflows parse, but slips on purpose at a stated rate
+in ways only the team's reward tells apart:
+
+* ``dr_mas_search``: the router says ``answer`` after the first search (the notes hold the city,
+  not the country); the answer agent copies the city instead of the country.
+* ``sharp_tools``: worker 1 answers without searching; worker 2 answers its city, not its
+  country.
+* ``at_grpo_tools``: the tool agent checks only the first move; the plan agent commits only the
+  first move of a checked plan.
+
+The teacher is a `ScriptedGenerator` script, so its demonstrations are recorded by running the
+workflow itself (`demonstrations`): every prompt is exactly one the workflow builds. The tiny
+models share one BPE tokenizer learnt from those texts (short prompts, as in the code demo).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from marljax.envs.grid import shortest_plan
+from marljax.envs.tool_calls import format_tool_call
+from marljax.workflows.base import Agent, ScriptedGenerator
+
+_BORN = re.compile(r"([A-Z][a-z]+ [A-Z][a-z]+) was born in ([A-Z][a-z]+)")
+_CITY = re.compile(r"([A-Z][a-z]+) is a city in ([A-Z][a-z]+)")
+_PERSON = re.compile(r"In which country was ([A-Z][a-z]+ [A-Z][a-z]+) born\?")
+_CHECKED = re.compile(r"\[check_plan\] \{'moves': '([UDLR]*)'\} -> reaches the goal")
+
+
+def _answer(text: str) -> str:
+    return f"<answer>{text}</answer>"
+
+
+def _facts(prompt: str) -> tuple[str, dict[str, str], dict[str, str]]:
+    """The question's person, and the birth cities and countries the prompt's notes state."""
+    person = _PERSON.search(prompt)[1]
+    return person, dict(_BORN.findall(prompt)), dict(_CITY.findall(prompt))
+
+
+def teacher(kind: str, slips: float, seed: int = 0):
+    """The sloppy teacher of workflow `kind`: a `ScriptedGenerator` script that slips at rate `slips`
+    (module doc); each call draws its own slip, so a prompt's demonstrations hold both habits."""
+    rng = random.Random(f"marljax-tool-teacher:{kind}:{seed}")
+
+    def slip() -> bool:
+        return rng.random() < slips
+
+    def dr_mas(agent: Agent, prompt: str, k: int, s: int) -> str:
+        person, born, country = _facts(prompt)
+        city = born.get(person)
+        if agent.name == "router":
+            if city is None:
+                return "search"
+            return "answer" if city in country or slip() else "search"
+        if agent.name == "searcher":
+            return format_tool_call("search", {"query": city if city else person})
+        if city in country and not slip():
+            return _answer(country[city])
+        return _answer(city or "unknown")
+
+    def sharp(agent: Agent, prompt: str, k: int, s: int) -> str:
+        person, born, country = _facts(prompt)
+        if agent.name == "planner":
+            return "1. Find the city.\n2. Find its country."
+        if "You are worker 1" in prompt:
+            if person in born:
+                return _answer(born[person])
+            return _answer(person) if slip() else format_tool_call("search", {"query": person})
+        told = re.search(r"Worker 1: ([A-Z][a-z]+)\b", prompt)
+        city = told[1] if told else born.get(person)
+        if city is None:
+            return _answer("unknown")
+        if city in country:
+            return _answer(city if slip() else country[city])
+        return format_tool_call("search", {"query": city})
+
+    def grid(agent: Agent, prompt: str, k: int, s: int) -> str:
+        if agent.name == "tool_agent":
+            plan = shortest_plan_in(prompt)
+            return format_tool_call("check_plan", {"moves": plan[:1] if slip() else plan})
+        checked = _CHECKED.findall(prompt)
+        if checked:
+            return f"Moves: {checked[-1][:1] if slip() else checked[-1]}"
+        return f"Moves: {shortest_plan_in(prompt)[:1]}"
+
+    scripts = {"dr_mas_search": dr_mas, "sharp_tools": sharp, "at_grpo_tools": grid}
+    if kind not in scripts:
+        raise ValueError(f"no tool teacher for workflow {kind!r}; known: {', '.join(scripts)}")
+    return scripts[kind]
+
+
+def shortest_plan_in(prompt: str) -> str:
+    """The shortest plan from A to G of the last grid drawn in `prompt` (the teacher reads the
+    grid as the agents see it: '#' walls, 'A' the agent, 'G' the goal)."""
+    rows = re.findall(r"^[#.AG]+$", prompt, re.MULTILINE)
+    size = len(rows[-1])
+    rows = rows[-size:]
+    cells = {(r, c): ch for r, line in enumerate(rows) for c, ch in enumerate(line)}
+    at = next(x for x, ch in cells.items() if ch == "A")
+    goal = next(x for x, ch in cells.items() if ch == "G")
+    fields = {"size": size, "walls": [list(x) for x, ch in cells.items() if ch == "#"], "goal": list(goal)}
+    return shortest_plan(fields, at) or ""
+
+
+def demonstrations(cfg: Any, script, rounds: int, seed: int = 0) -> dict[str, list[tuple[str, str]]]:
+    """(prompt, reply) pairs per agent from `rounds` rollouts of the run config's workflow with the
+    teacher playing every agent, over its train problems batch by batch (no model needed)."""
+    from marljax.train.loop import load_split
+    from marljax.workflows.base import build_workflow
+
+    agents = {n: Agent(n, a.policy, a.role, a.template) for n, a in sorted(cfg.agents.items())}
+    pairs: dict[str, list[tuple[str, str]]] = {a: [] for a in agents}
+
+    def record(agent: Agent, prompt: str, k: int, s: int) -> str:
+        reply = script(agent, prompt, k, s)
+        pairs[agent.name].append((prompt, reply))
+        return reply
+
+    workflow, gen = build_workflow(cfg.workflow), ScriptedGenerator(record)
+    problems, batch = load_split(cfg.data, "train"), cfg.data.batch_size
+    for r in range(rounds):
+        chosen = [problems[(r * batch + j) % len(problems)] for j in range(batch)]
+        workflow.rollout(chosen, agents, gen, None, seed + r)
+    return pairs
+
+
+def sft_on_pairs(
+    trainer: Any, pairs: dict[str, Sequence[tuple[str, str]]], steps: int, batch: int
+) -> list[float]:
+    """`steps` SFT steps per policy on its agents' (prompt, reply) pairs (cycling, agents mixed),
+    then a fresh optimiser and KL reference for RL (as `marljax.train.sft.run_sft`)."""
+    from marljax.train.sft import pair_samples
+
+    losses: list[float] = []
+    for name, policy in trainer.policies.items():
+        mine = [(a, p) for a in trainer.agents.values() if a.policy == name for p in pairs.get(a.name, ())]
+        random.Random(f"marljax-tool-sft:{name}").shuffle(mine)
+        for k in range(steps):
+            chosen = [mine[(k * batch + j) % len(mine)] for j in range(batch)]
+            samples = [s for a, p in chosen for s in pair_samples([p], a, policy)]
+            losses.append(policy.sft_update(samples)["loss"])
+        policy.reset_optimizer()
+        policy.reset_reference()
+    return losses
+
+
+# a small Qwen3 (the code demo's family, plain rope): the tool prompts are longer than the code ones
+MODEL = dict(
+    hidden_size=96,
+    intermediate_size=256,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=24,
+    rope_theta=10000.0,
+)
+
+
+def write_model(path: Path, texts: Sequence[str], seed: int = 0, vocab: int = 512) -> Path:
+    """A random tiny Qwen3 checkpoint at `path` with a BPE tokenizer learnt from `texts`."""
+    from marljax.models.tiny import make_tokenizer, write_random_checkpoint
+
+    tokenizer = make_tokenizer(vocab_size=vocab, corpus=list(texts))
+    write_random_checkpoint(
+        path,
+        "qwen3",
+        seed=seed,
+        std=0.02,
+        tokenizer=False,
+        vocab_size=vocab,
+        max_position_embeddings=1024,
+        **MODEL,
+    )
+    tokenizer.save_pretrained(str(path))
+    (path / "texts.json").write_text(json.dumps(len(texts)))
+    return path
+
+
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+
+
+def warm_started_run(
+    kind: str,
+    out: Path,
+    *,
+    seed: int = 0,
+    slips: float = 0.5,
+    demo_rounds: int = 16,
+    sft_steps: int = 150,
+    sft_batch: int = 16,
+    sft_lr: float = 3e-3,
+    rl_steps: int = 12,
+    rl_lr: float = 1e-3,
+    max_new_tokens: int = 40,
+    changes: dict | None = None,
+) -> list[dict]:
+    """SFT a tiny model on workflow `kind`'s sloppy teacher (shipped tiny config, one shared policy),
+    then `rl_steps` of RL; the run's metrics records (one per RL step). `changes` updates the config
+    dict (dotted keys) before both stages."""
+    import yaml
+
+    from marljax.train.config import config_from_dict
+    from marljax.train.loop import Trainer
+    from marljax.train.metrics import read_metrics
+
+    raw = yaml.safe_load((CONFIGS / f"{kind}_tiny.yaml").read_text())
+    raw.update(name=f"{kind}_rise", run_dir=str(out / "run"), seed=seed)
+    # a whole tool call in one turn (the shipped tiny configs' 16 tokens cut it)
+    raw["sampler"] = dict(raw["sampler"], max_new_tokens=max_new_tokens)
+    raw["train"] = dict(raw["train"], steps=rl_steps, save_every=rl_steps, eval_every=None)
+    raw["train"].update(tensorboard=False, progress=False, keep_checkpoints=1)
+    for key, value in (changes or {}).items():
+        *path, last = key.split(".")
+        d = raw
+        for p in path:
+            d = d.setdefault(p, {})
+        d[last] = value
+    (policy,) = raw["policies"]
+    cfg = config_from_dict(raw, source=f"<{kind} rise>")
+    pairs = demonstrations(cfg, teacher(kind, slips, seed), demo_rounds, seed)
+    texts = [t for ps in pairs.values() for p in ps for t in p]
+    model = write_model(out / "model", texts, seed=seed)
+    base = dict(raw["policies"][policy], model={"path": str(model)}, chat="off")
+    sft_opt = {"lr": sft_lr, "warmup_steps": 10, "schedule": "cosine", "decay_steps": sft_steps}
+    raw["policies"][policy] = dict(base, optimizer=dict(sft_opt, min_lr_ratio=0.1))
+    trainer = Trainer(config_from_dict(raw, source=f"<{kind} sft>"))
+    try:
+        losses = sft_on_pairs(trainer, pairs, sft_steps, sft_batch)
+        (out / "sft_losses.json").write_text(json.dumps(losses))
+        trainer.policies[policy].export(out / "model-sft")
+    finally:
+        trainer.close()
+    base["model"] = {"path": str(out / "model-sft")}
+    raw["policies"][policy] = dict(base, optimizer={"lr": rl_lr})
+    trainer = Trainer(config_from_dict(raw, source=f"<{kind} rl>"))
+    try:
+        trainer.run()
+    finally:
+        trainer.close()
+    return read_metrics(out / "run")
