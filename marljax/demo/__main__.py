@@ -55,15 +55,6 @@ def quiet() -> None:
     transformers.utils.logging.disable_progress_bar()
 
 
-def compilation_cache(path: Path) -> None:
-    """Persist XLA executables: the three RL runs and a rerun share shapes, so compile once."""
-    import jax
-
-    jax.config.update("jax_compilation_cache_dir", str(path))
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
-    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
-
-
 def same_settings(out: Path, settings: DemoConfig) -> bool:
     """Record `settings` in a new output directory; False when `out` was made with other ones."""
     path = out / "settings.json"
@@ -99,7 +90,6 @@ def main(argv=None) -> int:
             "its models and checkpoints, so give another --out or delete that directory"
         )
     quiet()
-    compilation_cache(args.out / "xla_cache")
     start = time.perf_counter()
     print(f"marljax demo -> {args.out}", flush=True)
     with SandboxPool(max_workers=2) as pool:

@@ -119,7 +119,7 @@ def test_masked_tokens_get_zero_gradient(monkeypatch):
     mb = {k: jnp.asarray(v[0]) for k, v in b.items()}
     mb["old_logp"] = jnp.full(mb["labels"].shape, -0.3)
 
-    def fake_logp(params, mb, config, with_entropy, temperature=True):
+    def fake_logp(params, mb, config, with_entropy, temperature=True, lora_dropout=0.0):
         return params["logp"], params["logp"] ** 2  # an entropy that depends on the log-probs too
 
     monkeypatch.setattr(update, "_logp_entropy", fake_logp)
