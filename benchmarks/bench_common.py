@@ -17,23 +17,28 @@ ROOT = Path(__file__).resolve().parents[1]
 def interleaved(calls: dict[str, Callable[[], object]], repeats: int, warmup: int = 1) -> dict[str, dict]:
     """Time each call `repeats` times in rounds (A B A B ...), after `warmup` untimed rounds, so
     every library sees the same machine load. Each call must block until its work is done.
-    Returns {name: {"seconds": median, "best_seconds": min, "all_seconds": [...], "last": last result}}.
-    On a loaded machine the ratio of the best times is the steadier estimate of what each side can do."""
+    Returns {name: {"seconds": median, "best_seconds": min, "all_seconds": [...], "best_cpu_seconds":
+    min of this process's CPU time (all threads), "last": last result}}. On a loaded machine the
+    ratio of the best times is the steadier estimate of what each side can do, and CPU time (work
+    done, not time waited for a core) steadier still, for calls that run in this process."""
     last = {}
     for _ in range(warmup):
         for name, fn in calls.items():
             last[name] = fn()
     times: dict[str, list[float]] = {name: [] for name in calls}
+    cpu: dict[str, list[float]] = {name: [] for name in calls}
     for _ in range(repeats):
         for name, fn in calls.items():
-            t = time.perf_counter()
+            t, c = time.perf_counter(), time.process_time()
             last[name] = fn()
             times[name].append(time.perf_counter() - t)
+            cpu[name].append(time.process_time() - c)
     return {
         name: {
             "seconds": statistics.median(ts),
             "best_seconds": min(ts),
             "all_seconds": ts,
+            "best_cpu_seconds": min(cpu[name]),
             "last": last[name],
         }
         for name, ts in times.items()

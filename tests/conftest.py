@@ -12,14 +12,15 @@ import pytest
 MAX_MAPPINGS = 20_000
 
 
-@pytest.fixture(autouse=True, scope="module")
+@pytest.fixture(autouse=True)
 def _release_compiled_programs():
-    """Drop JAX's compiled programs after a test module once the process maps many of them.
+    """Drop JAX's compiled programs after a test once the process maps many of them.
 
     XLA:CPU maps every executable's code into memory (about 9 mappings each) and JAX's caches keep
     every executable alive, so a worker that runs half the suite approaches the kernel's limit of
     65,530 mappings (vm.max_map_count), past which compiling aborts or segfaults inside XLA.
-    Clearing only above a threshold keeps the programs that neighbouring modules share.
+    Clearing only above a threshold keeps the programs that neighbouring tests share (one module
+    of end-to-end runs can add 40,000 mappings, so the check runs after every test).
     """
     yield
     maps = Path("/proc/self/maps")

@@ -1,6 +1,7 @@
 """Every workflow kind prompts its agents through the tokenizer's chat template (one training step of
-each shipped tiny config, read back from the rollout log: what the sampler was given) and adds DAPO's
-overlong penalty to each completion's reward when `workflow.overlong` is set."""
+each shipped tiny config, read back from the rollout log: what the sampler was given), none with
+`chat: off`, and adds DAPO's overlong penalty to each completion's reward when `workflow.overlong`
+is set."""
 
 from __future__ import annotations
 
@@ -41,11 +42,16 @@ def test_the_tiny_configs_cover_every_workflow_kind():
     assert kinds == set(REGISTRY)
 
 
+OVERLONG = ["workflow.overlong.max_len=2", "workflow.overlong.buffer_len=1", "workflow.overlong.factor=10"]
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("path", TINY, ids=[p.stem for p in TINY])
 def test_every_agent_prompt_is_in_chat_form(path, tmp_path):
+    """The chat markup, and DAPO's overlong penalty (each workflow adds it in its own rewards):
+    -10 for every completion of 2 tokens or more."""
     cfg = load_config(path, [f"run_dir={tmp_path}"])
-    records, _ = logged_step(path, tmp_path / "chat")
+    records, metrics = logged_step(path, tmp_path / "chat", OVERLONG)
     assert records
     for r in records:
         prompt, agent = r["prompt"], cfg.agents[r["agent"]]
@@ -53,16 +59,19 @@ def test_every_agent_prompt_is_in_chat_form(path, tmp_path):
         assert prompt.count("<|im_start|>system\n") == (1 if agent.role and "{role}" in agent.template else 0)
         if agent.role:
             assert agent.role.strip() in prompt
-    # chat off, and DAPO's overlong penalty: -10 for every completion of 2 tokens or more
-    off = [f"policies.{name}.chat=off" for name in cfg.policies]
-    overlong = [
-        "workflow.overlong.max_len=2",
-        "workflow.overlong.buffer_len=1",
-        "workflow.overlong.factor=10",
-    ]
-    records, metrics = logged_step(path, tmp_path / "raw", off + overlong)
-    for r in records:
-        assert "<|im_start|>" not in r["prompt"] and "<|im_end|>" not in r["prompt"], r["prompt"]
     long = [r for r in records if r["completion_len"] >= 2]
     assert long and all(r["reward"] < -5 for r in long), [(r["agent"], r["reward"]) for r in long]
     assert metrics["overlong/frac_penalized"] == pytest.approx(len(long) / len(records))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["mars2_tiny", "sharp_tools_tiny"])
+def test_chat_off_prompts_carry_no_markup(name, tmp_path):
+    """`chat: off` is a policy setting that every workflow's prompts go through (one plain and one
+    tool workflow here)."""
+    path = CONFIGS / f"{name}.yaml"
+    cfg = load_config(path, [f"run_dir={tmp_path}"])
+    records, _ = logged_step(path, tmp_path / "raw", [f"policies.{p}.chat=off" for p in cfg.policies])
+    assert records
+    for r in records:
+        assert "<|im_start|>" not in r["prompt"] and "<|im_end|>" not in r["prompt"], r["prompt"]
