@@ -139,6 +139,12 @@ def _requests(
     ]
 
 
+def _pad_id(config, pad_id: int | None) -> int:
+    if pad_id is not None:
+        return int(pad_id)
+    return config.pad_token_id if config.pad_token_id is not None else 0
+
+
 def generate_stream(
     model: Any,
     prompt_ids: Any,
@@ -175,8 +181,6 @@ def generate_stream(
     if mesh is None:
         mesh = mesh_of(params)
     engine: Engine = get_engine(config, mesh, buckets, topk_bound, fuse_projections)
-    if pad_id is None:
-        pad_id = config.pad_token_id if config.pad_token_id is not None else 0
     return engine.run(
         params,
         requests,
@@ -185,7 +189,7 @@ def generate_stream(
         stop=stop,
         schedule=schedule or Schedule(),
         want_sampling_lp=return_sampling_logprobs,
-        pad_id=int(pad_id),
+        pad_id=_pad_id(config, pad_id),
     )
 
 
@@ -273,9 +277,7 @@ def generate(
     done = sorted(stream, key=lambda c: c.index)
     budgets = max_new_tokens if isinstance(max_new_tokens, (int, np.integer)) else max(max_new_tokens)
     N, T = len(done), int(budgets)
-    if pad_id is None:
-        pad_id = config.pad_token_id if config.pad_token_id is not None else 0
-    tokens = np.full((N, T), int(pad_id), np.int32)
+    tokens = np.full((N, T), _pad_id(config, pad_id), np.int32)
     logprobs = np.zeros((N, T), np.float32)
     sampling = np.zeros((N, T), np.float32) if return_sampling_logprobs else None
     for c in done:

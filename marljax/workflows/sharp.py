@@ -145,40 +145,53 @@ class Trajectory:
         return [extract_code(g.text).code for g in self.work]
 
 
-class SharpConfig(BaseWorkflowConfig):
-    """SHARP: planner + workers, Shapley credit over counterfactual programs, per-agent advantages."""
+class SharpTeamConfig(BaseWorkflowConfig):
+    """What SHARP's workflows share: a planner and its workers, episodes per problem, and the
+    weights of the three reward terms."""
 
-    kind: Literal["sharp"] = "sharp"
     planner: str = Field("planner", description="agent that splits the task into one sub-task per worker")
     workers: list[str] = Field(
-        min_length=1, description="agents writing the sub-tasks; the last the entry point"
+        min_length=1,
+        description="agents working on the sub-tasks, in order; the last one's output is the team's",
     )
     group_size: int = Field(4, ge=2, description="episodes per problem")
-    shapley: Literal["exact", "sampled", "counterfactual"] = Field(
-        "exact",
-        description="exact / sampled Shapley values, or counterfactual: v(all) - v(all without the agent)",
-    )
-    num_permutations: int = Field(8, ge=1, description="sampled: random orders (each with its reverse)")
     global_weight: float = Field(1.0, description="w_g: weight of the team's outcome")
-    shapley_weight: float = Field(1.0, description="w_s: weight of the agent's Shapley credit")
+    shapley_weight: float = Field(
+        1.0, description="w_s: weight of the agent's Shapley (or counterfactual) credit"
+    )
     process_weight: float = Field(0.1, description="w_p: weight of the agent's process reward")
 
     @model_validator(mode="after")
-    def _team(self):
+    def _distinct_agents(self):
         names = [self.planner, *self.workers]
         if len(set(names)) != len(names):
             raise ValueError(f"planner and workers must be different agents, got {names}")
-        if self.shapley == "exact" and len(self.workers) > MAX_EXACT_WORKERS:
-            raise ValueError(
-                f"exact Shapley over {len(self.workers)} workers runs 2^{len(self.workers)} "
-                f"programs per episode; use shapley: sampled beyond {MAX_EXACT_WORKERS}"
-            )
         return self
 
     def check_agents(self, agents):
         bad = [(("planner",), self.planner)] if self.planner not in agents else []
         bad += [(("workers", i), w) for i, w in enumerate(self.workers) if w not in agents]
         return [(key, f"unknown agent; known: {', '.join(agents)}", name) for key, name in bad]
+
+
+class SharpConfig(SharpTeamConfig):
+    """SHARP: planner + workers, Shapley credit over counterfactual programs, per-agent advantages."""
+
+    kind: Literal["sharp"] = "sharp"
+    shapley: Literal["exact", "sampled", "counterfactual"] = Field(
+        "exact",
+        description="exact / sampled Shapley values, or counterfactual: v(all) - v(all without the agent)",
+    )
+    num_permutations: int = Field(8, ge=1, description="sampled: random orders (each with its reverse)")
+
+    @model_validator(mode="after")
+    def _exact_limit(self):
+        if self.shapley == "exact" and len(self.workers) > MAX_EXACT_WORKERS:
+            raise ValueError(
+                f"exact Shapley over {len(self.workers)} workers runs 2^{len(self.workers)} "
+                f"programs per episode; use shapley: sampled beyond {MAX_EXACT_WORKERS}"
+            )
+        return self
 
 
 @register_workflow("sharp")

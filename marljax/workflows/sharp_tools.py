@@ -37,8 +37,8 @@ from pydantic import Field, model_validator
 from marljax import kernels
 from marljax.rewards import Problem, Verifier
 from marljax.seeds import derive_seed
-from marljax.workflows.base import Agent, BaseWorkflowConfig, Generator, Workflow, register_workflow
-from marljax.workflows.sharp import parse_subtasks
+from marljax.workflows.base import Agent, Generator, Workflow, register_workflow
+from marljax.workflows.sharp import SharpTeamConfig, parse_subtasks
 from marljax.workflows.tool_use import (
     AgentEpisode,
     TaskTools,
@@ -52,34 +52,22 @@ from marljax.workflows.types import Generation, Rollout
 NO_PLAN = "(no plan)"
 
 
-class SharpToolsConfig(BaseWorkflowConfig):
+class SharpToolsConfig(SharpTeamConfig):
     """SHARP with tools: planner + tool-using workers, counterfactual or Shapley credit."""
 
     kind: Literal["sharp_tools"] = "sharp_tools"
-    planner: str = Field("planner", description="agent that splits the question, one sub-task per worker")
     workers: list[str] = Field(min_length=1, max_length=4, description="tool-using agents, in order")
-    group_size: int = Field(4, ge=2, description="episodes per problem")
     tools: ToolsConfig = Field(default_factory=ToolsConfig)
     credit: Literal["counterfactual", "shapley"] = Field(
         "counterfactual", description="mask one agent at a time, or evaluate every coalition"
     )
-    global_weight: float = Field(1.0, description="w_g: weight of the team's outcome")
-    shapley_weight: float = Field(1.0, description="w_s: weight of the agent's credit")
-    process_weight: float = Field(0.2, description="w_p: weight of the agent's process reward")
+    process_weight: float = Field(0.2, description="w_p: weight of the agent's tool-process reward")
 
     @model_validator(mode="after")
-    def _team(self):
-        names = [self.planner, *self.workers]
-        if len(set(names)) != len(names):
-            raise ValueError(f"planner and workers must be different agents, got {names}")
+    def _tasks(self):
         if self.tools.task == "plan":
             raise ValueError("sharp_tools runs tools.task qa or math (plan is at_grpo_tools's)")
         return self
-
-    def check_agents(self, agents):
-        bad = [(("planner",), self.planner)] if self.planner not in agents else []
-        bad += [(("workers", i), w) for i, w in enumerate(self.workers) if w not in agents]
-        return [(key, f"unknown agent; known: {', '.join(agents)}", name) for key, name in bad]
 
 
 @dataclasses.dataclass
