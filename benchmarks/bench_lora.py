@@ -9,7 +9,8 @@ step is sampling every agent's prompts through `PolicyGenerator` (level 1: one s
 level 2: one call, every row with its own adapter; level 3: one call per agent) and one RL update of
 every policy. The second step is timed (the first compiles); the peak is the child's resident
 memory high-water mark (VmHWM: parameters, optimiser states, compiled programs and the
-runtime). Before a child starts, `marljax.train.memory`'s estimate of the team decides whether it
+runtime), overall and, where Linux lets it be reset, of building the team, of sampling and of the
+updates alone. Before a child starts, `marljax.train.memory`'s estimate of the team decides whether it
 fits the memory available; one that does not is reported with its estimate only.
 
 A second measurement: sampling with A adapters of one base in one call against A calls of one

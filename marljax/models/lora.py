@@ -17,7 +17,7 @@ axis, the scale folded into `b`,
 
 together with a per-row adapter index `adapter_ids` `[B]` (`hidden_states`, `forward`,
 `token_logprobs`, the sampler's `extend_step`). The base matmul is shared by every row; each
-row adds its own adapter's low-rank update, gathered by its index. Adapters of different ranks
+row adds its own adapter's low-rank update (`lora_delta`). Adapters of different ranks
 or targets stack by zero padding (zero rows and columns add nothing). Nothing is ever merged
 into a copy of the base, in training or sampling; `merge` exists for export only.
 
@@ -188,9 +188,11 @@ def lora_delta(lora: LayerLora | None, name: str, h: jax.Array) -> jax.Array | N
         y = (flat @ a[:, 0]) @ b[0]
         return y.reshape(*x.shape[:-1], b.shape[-1])
     # rows of different adapters: every token runs through all adapters' `a` at once (one
-    # [in, A r] matmul, A r small), the ranks of the other adapters are zeroed, and one
-    # [A r, out] matmul applies the row's own `b`. It reads each adapter once per step, where a
-    # per-row gather would copy a row's matrices for every row, and keeps plain 2-D matmuls.
+    # [in, A r] matmul; `a`'s layout makes that a free reshape), the other adapters' ranks are
+    # zeroed, and one [A r, out] matmul applies the row's own `b`. A step reads each adapter once
+    # and costs tokens x A r x (in + out), small beside the base's tokens x in x out while A r is
+    # small next to in and out; gathering every row's own matrices instead would copy rows x
+    # r x (in + out) per layer and step and run as batched matrix-vector products.
     ids = jnp.broadcast_to(lora.ids.reshape(-1, *([1] * (x.ndim - 2))), x.shape[:-1]).reshape(-1)
     own = (ids[:, None] == jnp.arange(A)[None, :]).astype(h.dtype)  # [tokens, A]
     xa = (flat @ a.reshape(n_in, A * r)).reshape(-1, A, r) * own[:, :, None]
