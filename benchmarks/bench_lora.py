@@ -9,11 +9,14 @@ step is sampling every agent's prompts through `PolicyGenerator` (level 1: one s
 level 2: one call, every row with its own adapter; level 3: one call per agent) and one RL update of
 every policy. The second step is timed (the first compiles); the peak is the child's resident
 memory high-water mark (VmHWM: parameters, optimiser states, compiled programs and the
-runtime). Before a child starts, `marljax.train.memory`'s estimate of the team decides whether it
+runtime), overall and, where Linux lets it be reset, of building the team, of sampling and of the
+updates alone. Before a child starts, `marljax.train.memory`'s estimate of the team decides whether it
 fits the memory available; one that does not is reported with its estimate only.
 
 A second measurement: sampling with A adapters of one base in one call against A calls of one
-adapter each (the same rows and tokens in total), interleaved, median of the repeats.
+adapter each (the same rows and tokens in total), and the base model without adapters the same two
+ways, for one or more new-token counts (one token: the prefill; the decode phase is a longer call
+minus that), all interleaved after every shape has compiled, median of the repeats.
 """
 
 from __future__ import annotations
@@ -21,7 +24,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import time
@@ -31,11 +33,44 @@ ROOT = Path(__file__).resolve().parents[1]
 GiB = 2**30
 
 MODES = {
-    # shape (a marljax preset), team sizes, adapter rank, samples per agent, prompt and new tokens
-    "smoke": dict(shape="tiny-qwen3", teams=(2,), rank=4, rows=2, prompt=12, new=4, adapters=4, repeats=1),
-    "quick": dict(shape="qwen2.5-0.5b", teams=(2,), rank=16, rows=2, prompt=32, new=8, adapters=4, repeats=2),
+    # shape (a marljax preset), team sizes, adapter rank, samples per agent, prompt and new tokens;
+    # sampling comparison: `adapters` x `sample_rows` rows, each `sample_new` token count
+    "smoke": dict(
+        shape="tiny-qwen3",
+        teams=(2,),
+        rank=4,
+        rows=2,
+        prompt=12,
+        new=4,
+        adapters=4,
+        sample_rows=2,
+        sample_new=(1, 4),
+        base_reference=False,  # compiles as many programs again
+        repeats=1,
+    ),
+    "quick": dict(
+        shape="qwen2.5-0.5b",
+        teams=(2,),
+        rank=16,
+        rows=2,
+        prompt=32,
+        new=8,
+        adapters=4,
+        sample_rows=4,
+        sample_new=(1, 8),
+        repeats=2,
+    ),
     "full": dict(
-        shape="qwen2.5-0.5b", teams=(2, 4, 8), rank=16, rows=2, prompt=32, new=8, adapters=4, repeats=3
+        shape="qwen2.5-0.5b",
+        teams=(2, 4, 8),
+        rank=16,
+        rows=2,
+        prompt=32,
+        new=8,
+        adapters=4,
+        sample_rows=4,
+        sample_new=(1, 8, 64),
+        repeats=2,
     ),
 }
 LEVELS = {1: "shared policy", 2: "LoRA adapters", 3: "independent copies"}
@@ -52,6 +87,32 @@ def vm_hwm() -> int:
     import resource
 
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def reset_peak() -> bool:
+    """Start a new resident high-water mark (Linux: `/proc/self/clear_refs`); False where that
+    cannot be done."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+        return True
+    except OSError:
+        return False
+
+
+def live_bytes() -> int:
+    """Bytes of the distinct device buffers behind all live arrays: two `jax.Array` objects can
+    share one buffer (`jax.device_put` onto the device an array is already on returns a new
+    object over the same buffer), and summing every array's `nbytes` would count it twice."""
+    import jax
+
+    buffers = {}
+    for x in jax.live_arrays():
+        try:
+            key = tuple(s.data.unsafe_buffer_pointer() for s in x.addressable_shards)
+        except Exception:  # a deleted or non-addressable array: count it on its own
+            key = id(x)
+        buffers[key] = x.nbytes
+    return sum(buffers.values())
 
 
 def available_bytes() -> int | None:
@@ -124,25 +185,53 @@ def child_team(level: int, team: int, p: dict) -> dict:
     sampler = SamplerConfig(max_new_tokens=p["new"], temperature=1.0, slots=team * p["rows"])
     gen = PolicyGenerator(policies, sampler)
     rng = np.random.default_rng(0)
-    words = ["def", "solve(xs):", "return", "sorted(xs)", "#", "agent", "role", "problem"]
+    # every prompt the same words in another order after a fixed first one, so every prompt has the
+    # same token count (the tokenizer splits at spaces) and every agent's update the same shapes:
+    # random lengths would make a larger team more likely to draw a longer prompt, and its larger
+    # buckets would pass for a cost per agent
+    words = ["def", "solve(xs):", "return", "sorted(xs)", "agent", "role", "problem"]
+    pool = [str(w) for w in rng.choice(words, p["prompt"])]
+
+    def n_tokens(text: str) -> int:
+        return len(policies[names[0]].encode_prompt(text))
+
+    k = 1
+    while k < len(pool) and n_tokens(" ".join(["#", *pool[: k + 1]])) <= p["prompt"]:
+        k += 1
+    bag = pool[:k]
+
+    def prompt() -> str:
+        return " ".join(["#", *rng.permutation(bag)])
+
     build_s = time.perf_counter() - t0
     steps = []
+    build_peak = vm_hwm()
     for step in range(2):
-        prompts = [" ".join(rng.choice(words, p["prompt"] // 2)) for _ in agents]
+        prompts = [prompt() for _ in agents]
+        fresh = reset_peak()
         t = time.perf_counter()
         gens = gen.generate(list(zip(agents, prompts)), n=p["rows"], seed=step)
         sample_s = time.perf_counter() - t
+        sample_peak = vm_hwm() if fresh else None
         by_policy: dict[str, list] = {}
         for agent, row in zip(agents, gens):
             for g in row:
                 by_policy.setdefault(agent.policy, []).append(
                     Sample(g.prompt_ids, g.completion_ids, g.logprobs, 0.0, float(rng.normal()), agent.policy)
                 )
+        fresh = reset_peak()
         t = time.perf_counter()
         for name, samples in by_policy.items():
             policies[name].update(samples)
         jax.block_until_ready([pol.params for pol in policies.values()])
-        steps.append({"sample_s": sample_s, "update_s": time.perf_counter() - t})
+        steps.append(
+            {
+                "sample_s": sample_s,
+                "update_s": time.perf_counter() - t,
+                "sample_peak": sample_peak,
+                "update_peak": vm_hwm() if fresh else None,
+            }
+        )
     base_buffers = len(
         {
             x.unsafe_buffer_pointer()
@@ -158,23 +247,34 @@ def child_team(level: int, team: int, p: dict) -> dict:
         "sample_s": steps[1]["sample_s"],
         "update_s": steps[1]["update_s"],
         "step_s": steps[1]["sample_s"] + steps[1]["update_s"],
-        "peak_rss": vm_hwm(),
+        # the high-water mark of the whole child, and of each phase where it can be reset: building
+        # the team (loading or initialising the base), sampling, updating (each step's highest)
+        "peak_rss": max([build_peak] + [s[k] or 0 for s in steps for k in ("sample_peak", "update_peak")]),
+        "build_peak": build_peak,
+        "sample_peak": max((s["sample_peak"] or 0) for s in steps) or None,
+        "update_peak": max((s["update_peak"] or 0) for s in steps) or None,
         # what the arrays hold after the step (parameters, optimiser states, caches): the resident
         # state, without the transients and the allocator's retained memory in the peak
-        "live_bytes": sum(x.nbytes for x in jax.live_arrays()),
+        "live_bytes": live_bytes(),
+        "prompt_tokens": sorted({n_tokens(prompt()) for _ in range(8)}),
         "model_buffers": base_buffers,
     }
 
 
 def child_sampling(p: dict) -> dict:
-    """A adapters: one call with every adapter's rows against one call per adapter."""
+    """A adapters x R rows: one call with every adapter's rows against A calls of R rows each, and
+    the base model alone the same two ways (what batching the rows can give on this machine,
+    with no adapter at all), for each new-token count of the mode, all interleaved. With one new
+    token a call is the prompts' prefill (and the first token's choice); the decode phase is the
+    difference to a longer call."""
     import jax
     import numpy as np
+    from bench_common import interleaved
 
     from marljax.models import ModelConfig, init_model
     from marljax.models.decoder import get_params
     from marljax.models.lora import LoraSpec, init_adapter, stack_adapters
-    from marljax.sampler import Schedule, generate
+    from marljax.sampler import Schedule, generate, get_engine
 
     config = ModelConfig.preset(p["shape"])
     base = get_params(init_model(config, seed=0))
@@ -187,36 +287,78 @@ def child_sampling(p: dict) -> dict:
             for n, w in ad.items()
         }
         adapters.append((spec, ad))
-    A, rows = p["adapters"], p["rows"] * 2
+    A, rows = p["adapters"], p["sample_rows"]
     rng = np.random.default_rng(0)
     prompts = [rng.integers(3, min(1000, config.vocab_size), p["prompt"]).tolist() for _ in range(A * rows)]
     together = {**base, "lora": stack_adapters(adapters)}
     alone = [{**base, "lora": stack_adapters([ad])} for ad in adapters]
-    kw = dict(max_new_tokens=p["new"], temperature=1.0, seed=1, schedule=Schedule(slots=A * rows))
+    ids = [i // rows for i in range(A * rows)]
+    # no end of sequence: every row generates exactly `new` tokens, whatever the random weights
+    kw = dict(temperature=1.0, seed=1, eos_ids=[], schedule=Schedule(slots=A * rows))
 
-    def one_call():
-        generate(config, prompts, params=together, adapter=[i // rows for i in range(A * rows)], **kw)
+    def calls_for(new: int) -> dict:
+        def one_call():
+            return generate(config, prompts, params=together, adapter=ids, max_new_tokens=new, **kw)
 
-    def separate_calls():
-        for i in range(A):
-            generate(config, prompts[i * rows : (i + 1) * rows], params=alone[i], **kw)
+        def separate_calls():
+            for i in range(A):
+                part = prompts[i * rows : (i + 1) * rows]
+                generate(config, part, params=alone[i], max_new_tokens=new, **kw)
 
-    one_call()  # compile both
-    separate_calls()
-    times = {"one_call": [], "separate_calls": []}
-    for _ in range(p["repeats"]):
-        for name, fn in (("one_call", one_call), ("separate_calls", separate_calls)):
-            t = time.perf_counter()
-            fn()
-            times[name].append(time.perf_counter() - t)
-    one, sep = statistics.median(times["one_call"]), statistics.median(times["separate_calls"])
-    return {
+        def base_one_call():
+            return generate(config, prompts, params=base, max_new_tokens=new, **kw)
+
+        def base_separate_calls():
+            for i in range(A):
+                generate(config, prompts[i * rows : (i + 1) * rows], params=base, max_new_tokens=new, **kw)
+
+        out = {f"one_call/{new}": one_call, f"separate_calls/{new}": separate_calls}
+        if p.get("base_reference", True):
+            out.update(
+                {f"base_one_call/{new}": base_one_call, f"base_separate_calls/{new}": base_separate_calls}
+            )
+        return out
+
+    calls = {k: f for new in p["sample_new"] for k, f in calls_for(new).items()}
+    for fn in calls.values():  # compile every shape first
+        fn()
+    engine = get_engine(config)
+    compiles = engine.stats.compiles
+    t = interleaved(calls, repeats=p["repeats"], warmup=0)
+    out = {
         "adapters": A,
         "rows_per_adapter": rows,
-        "one_call_s": one,
-        "separate_calls_s": sep,
-        "speedup": sep / one,
+        "prompt": p["prompt"],
+        "compiles_while_timed": engine.stats.compiles - compiles,
+        "settings": [],
     }
+    first = min(p["sample_new"])
+    kinds = sorted({k.split("/")[0] for k in calls})
+    for new in p["sample_new"]:
+        row = {"new": new}
+        for k in kinds:
+            row[k + "_s"] = t[f"{k}/{new}"]["seconds"]
+            row[k + "_best_s"] = t[f"{k}/{new}"]["best_seconds"]
+        if new > first:  # the decode phase: this call minus the prefill-only call, per side
+            ref = next(r for r in out["settings"] if r["new"] == first)
+            for k in kinds:
+                row[k + "_decode_s"] = row[k + "_s"] - ref[k + "_s"]
+        for pre in ("", "base_"):
+            if pre + "one_call_s" in row:
+                row[pre + "speedup"] = row[pre + "separate_calls_s"] / row[pre + "one_call_s"]
+                row[pre + "speedup_best"] = row[pre + "separate_calls_best_s"] / row[pre + "one_call_best_s"]
+            if pre + "one_call_decode_s" in row:
+                row[pre + "decode_speedup"] = (
+                    row[pre + "separate_calls_decode_s"] / row[pre + "one_call_decode_s"]
+                )
+        out["settings"].append(row)
+    headline = next((r for r in out["settings"] if r["new"] == p["new"]), out["settings"][-1])
+    out.update(
+        one_call_s=headline["one_call_s"],
+        separate_calls_s=headline["separate_calls_s"],
+        speedup=headline["speedup"],
+    )
+    return out
 
 
 # ----------------------------------------------------------------------------- parent
@@ -259,7 +401,8 @@ def run(mode: str = "full", timeout: float = 1800, teams=None, levels=None) -> d
 
 def per_agent_cost(rows: list[dict], p: dict) -> dict:
     """Level 2's memory per added agent as a share of the base's weights: between the smallest and
-    the largest team measured (peak RSS), and by the estimate."""
+    the largest team measured (peak RSS, and the peaks of sampling and of the updates alone), and
+    by the estimate."""
     from marljax.models import ModelConfig
     from marljax.train.memory import param_bytes
 
@@ -278,6 +421,9 @@ def per_agent_cost(rows: list[dict], p: dict) -> dict:
         if "peak_rss" in lo and "peak_rss" in hi:
             out["per_agent_measured"] = (hi["peak_rss"] - lo["peak_rss"]) / n / base
             out["per_agent_live"] = (hi["live_bytes"] - lo["live_bytes"]) / n / base
+            for phase in ("sample_peak", "update_peak"):
+                if lo.get(phase) and hi.get(phase):
+                    out[f"per_agent_{phase}"] = (hi[phase] - lo[phase]) / n / base
     return out
 
 
@@ -289,27 +435,33 @@ def markdown(out: dict) -> str:
         f"Shape {out['shape']} (random weights, float32), LoRA rank {out['rank']} on q/k/v/o/gate/up/down; "
         "step = sample every agent's prompts + one update of every policy (second step; the first compiles).",
         "",
-        "| team | level | peak RSS GiB | live arrays GiB | estimate GiB | step s | sampling s | updates s "
-        "| model copies |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| team | level | peak RSS GiB | peak: build / sampling / updates GiB | live arrays GiB | estimate GiB "
+        "| step s | sampling s | updates s | model copies |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in out["rows"]:
         name = f"{r['level']} ({LEVELS[r['level']]})"
         if not r.get("fits"):
             lines.append(
-                f"| {r['team']} | {name} | does not fit | - | {gib(r['estimate'])} | - | - | - | - |"
+                f"| {r['team']} | {name} | does not fit | - | - | {gib(r['estimate'])} | - | - | - | - |"
             )
         elif "error" in r:
-            lines.append(f"| {r['team']} | {name} | failed | - | {gib(r['estimate'])} | - | - | - | - |")
+            lines.append(f"| {r['team']} | {name} | failed | - | - | {gib(r['estimate'])} | - | - | - | - |")
         else:
+            phases = " / ".join(
+                "-" if r.get(k) is None else gib(r[k]) for k in ("build_peak", "sample_peak", "update_peak")
+            )
             lines.append(
-                f"| {r['team']} | {name} | {gib(r['peak_rss'])} | {gib(r['live_bytes'])} | {gib(r['estimate'])} | "
+                f"| {r['team']} | {name} | {gib(r['peak_rss'])} | {phases} | {gib(r['live_bytes'])} | "
+                f"{gib(r['estimate'])} | "
                 f"{r['step_s']:.2f} | "
                 f"{r['sample_s']:.2f} | {r['update_s']:.2f} | {r['model_buffers']} buffers |"
             )
     for key, what in (
         ("per_agent_measured", "measured (peak RSS)"),
         ("per_agent_live", "measured (live arrays)"),
+        ("per_agent_sample_peak", "measured (peak RSS while sampling)"),
+        ("per_agent_update_peak", "measured (peak RSS while updating)"),
         ("per_agent_estimated", "estimated"),
     ):
         if out.get(key) is not None:
@@ -320,9 +472,24 @@ def markdown(out: dict) -> str:
     else:
         lines += [
             "",
-            f"Sampling {s['adapters']} adapters x {s['rows_per_adapter']} rows: one call {s['one_call_s']:.2f} s, "
-            f"{s['adapters']} separate calls {s['separate_calls_s']:.2f} s: {s['speedup']:.2f}x.",
+            f"Sampling {s['adapters']} adapters x {s['rows_per_adapter']} rows ({s['prompt']}-token prompts), "
+            "median s; the base model without adapters the same two ways for reference:",
+            "",
+            "| new tokens | one call s | separate calls s | speedup (best) | decode phase speedup "
+            "| base: one call s | base: separate s | base speedup | base decode speedup |",
+            "|---|---|---|---|---|---|---|---|---|",
         ]
+        for r in s["settings"]:
+
+            def num(key, unit="", r=r):
+                return f"{r[key]:.2f}{unit}" if key in r else "-"
+
+            lines.append(
+                f"| {r['new']} | {num('one_call_s')} | {num('separate_calls_s')} | {num('speedup', 'x')} "
+                f"({num('speedup_best', 'x')}) | {num('decode_speedup', 'x')} | {num('base_one_call_s')} | "
+                f"{num('base_separate_calls_s')} | {num('base_speedup', 'x')} | {num('base_decode_speedup', 'x')} |"
+            )
+        lines += ["", f"Compilations while timed: {s['compiles_while_timed']}."]
     return "\n".join(lines)
 
 

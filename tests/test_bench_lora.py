@@ -31,4 +31,30 @@ def test_bench_lora_smoke(monkeypatch):
     s = out["sampling"]
     assert "error" not in s, s.get("error")
     assert s["adapters"] == 4 and s["one_call_s"] > 0 and s["separate_calls_s"] > 0
+    # every new-token count timed; the decode phase (a longer call minus the one-token call) is
+    # reported for the longer ones (its sign is noise at this size); the timed rounds compiled
+    # nothing (the warm-up did)
+    settings = {r["new"]: r for r in s["settings"]}
+    assert sorted(settings) == [1, 4]
+    assert "decode_speedup" not in settings[1] and "decode_speedup" in settings[4]
+    assert s["compiles_while_timed"] == 0
+    # every agent's prompts have one token count, so the team's updates share their shapes
+    assert len(rows[2]["prompt_tokens"]) == 1
     assert "| 2 | 2 (LoRA adapters) |" in out["markdown"]
+
+
+def test_live_bytes_counts_a_shared_buffer_once(monkeypatch):
+    import jax
+    import jax.numpy as jnp
+
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    sys.modules.pop("bench_lora", None)
+    import bench_lora
+
+    x = jnp.ones((1000, 1000), jnp.float32)
+    before = bench_lora.live_bytes()
+    alias = jax.device_put(x, jax.devices()[0])  # a new array object over the same buffer
+    assert alias is not x and alias.unsafe_buffer_pointer() == x.unsafe_buffer_pointer()
+    assert bench_lora.live_bytes() == before
+    other = x + 1  # a buffer of its own
+    assert bench_lora.live_bytes() == before + other.nbytes

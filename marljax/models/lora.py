@@ -13,11 +13,11 @@ The layer maths (`marljax.models.decoder`) reads adapters from `params["lora"]`,
 *batched* layout of `stack_adapters`: one or more adapters of one base stacked on an adapter
 axis, the scale folded into `b`,
 
-    params["lora"] = {"wq": {"a": [L, A, in, r], "b": [L, A, r, out]}, ...}
+    params["lora"] = {"wq": {"a": [L, in, A, r], "b": [L, A, r, out]}, ...}
 
 together with a per-row adapter index `adapter_ids` `[B]` (`hidden_states`, `forward`,
 `token_logprobs`, the sampler's `extend_step`). The base matmul is shared by every row; each
-row adds its own adapter's low-rank update, gathered by its index. Adapters of different ranks
+row adds its own adapter's low-rank update (`lora_delta`). Adapters of different ranks
 or targets stack by zero padding (zero rows and columns add nothing). Nothing is ever merged
 into a copy of the base, in training or sampling; `merge` exists for export only.
 
@@ -152,12 +152,17 @@ def stack_adapters(adapters: Sequence[tuple[LoraSpec, Adapter]]) -> Adapter:
                 b = jnp.zeros((L, rank, n_out), b_like.dtype)
             a_rows.append(a)
             b_rows.append(b)
-        out[name] = {"a": jnp.stack(a_rows, axis=1), "b": jnp.stack(b_rows, axis=1)}
+        out[name] = {"a": jnp.stack(a_rows, axis=2), "b": jnp.stack(b_rows, axis=1)}
     return out
 
 
+def num_adapters(stacked: Adapter) -> int:
+    """How many adapters `stack_adapters` stacked."""
+    return next(iter(stacked.values()))["b"].shape[1]
+
+
 class LayerLora(NamedTuple):
-    """One layer's adapters (batched layout without the layer axis: `a` `[A, in, r]`, `b`
+    """One layer's adapters (batched layout without the layer axis: `a` `[in, A, r]`, `b`
     `[A, r, out]`), each row's adapter index `ids` `[B]` (None: every row uses adapter 0), and
     optionally a dropout `(rate, key)` on the adapters' inputs."""
 
@@ -172,19 +177,26 @@ def lora_delta(lora: LayerLora | None, name: str, h: jax.Array) -> jax.Array | N
     if lora is None or name not in lora.weights:
         return None
     a, b = lora.weights[name]["a"].astype(h.dtype), lora.weights[name]["b"].astype(h.dtype)
-    x = h.reshape(*h.shape[:-1], a.shape[1])
+    x = h.reshape(*h.shape[:-1], a.shape[0])
     if lora.dropout is not None:
         rate, key = lora.dropout
         key = jax.random.fold_in(key, list(TARGETS.values()).index(name))
         x = jnp.where(jax.random.bernoulli(key, 1.0 - rate, x.shape), x / (1.0 - rate), 0)
-    if lora.ids is None or a.shape[0] == 1:  # one adapter for every row: two plain matmuls
-        flat = x.reshape(-1, a.shape[1])
-        y = (flat @ a[0]) @ b[0]
+    n_in, A, r = a.shape
+    flat = x.reshape(-1, n_in)
+    if lora.ids is None or A == 1:  # one adapter for every row: two plain matmuls
+        y = (flat @ a[:, 0]) @ b[0]
         return y.reshape(*x.shape[:-1], b.shape[-1])
-    # rows of different adapters: the base matmul stays shared; each row's update uses its own
-    # adapter's matrices, gathered by index (r is small, so the gathered copies are too)
-    rows = x.reshape(x.shape[0], -1, a.shape[1])  # [B, tokens, in]
-    y = jnp.einsum("btr,bro->bto", jnp.einsum("bti,bir->btr", rows, a[lora.ids]), b[lora.ids])
+    # rows of different adapters: every token runs through all adapters' `a` at once (one
+    # [in, A r] matmul; `a`'s layout makes that a free reshape), the other adapters' ranks are
+    # zeroed, and one [A r, out] matmul applies the row's own `b`. A step reads each adapter once
+    # and costs tokens x A r x (in + out), small beside the base's tokens x in x out while A r is
+    # small next to in and out; gathering every row's own matrices instead would copy rows x
+    # r x (in + out) per layer and step and run as batched matrix-vector products.
+    ids = jnp.broadcast_to(lora.ids.reshape(-1, *([1] * (x.ndim - 2))), x.shape[:-1]).reshape(-1)
+    own = (ids[:, None] == jnp.arange(A)[None, :]).astype(h.dtype)  # [tokens, A]
+    xa = (flat @ a.reshape(n_in, A * r)).reshape(-1, A, r) * own[:, :, None]
+    y = xa.reshape(-1, A * r) @ b.reshape(A * r, b.shape[-1])
     return y.reshape(*x.shape[:-1], b.shape[-1])
 
 

@@ -11,6 +11,7 @@ import numpy as np
 from jax.sharding import Mesh
 
 from marljax.models import Decoder, ModelConfig, get_params
+from marljax.models.lora import num_adapters
 from marljax.sampler.engine import Buckets, Completion, Engine, Request, Schedule, get_engine, mesh_of
 from marljax.sampler.sampling import DEFAULT_BOUND
 
@@ -172,7 +173,7 @@ def generate_stream(
     config, params = _resolve(model, params)
     requests = _requests(config, prompt_ids, max_new_tokens, temperature, top_p, top_k, n, seed, adapter)
     if any(r.adapter for r in requests):
-        count = jax.tree.leaves(params.get("lora", {}))[0].shape[1] if "lora" in params else 1
+        count = num_adapters(params["lora"]) if "lora" in params else 1
         if max(r.adapter for r in requests) >= count:
             raise ValueError(f"adapter index out of range: params hold {count} adapter(s)")
     stop = [list(map(int, s)) for s in (stop or [])]
