@@ -20,7 +20,7 @@ def _release_compiled_programs():
     every executable alive, so a worker that runs half the suite approaches the kernel's limit of
     65,530 mappings (vm.max_map_count), past which compiling aborts or segfaults inside XLA.
     Clearing only above a threshold keeps the programs that neighbouring tests share (one module
-    of end-to-end runs can add 40,000 mappings, so the check runs after every test).
+    of end-to-end runs added over 20,000 mappings, so the check runs after every test).
     """
     yield
     maps = Path("/proc/self/maps")
