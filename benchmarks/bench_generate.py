@@ -618,7 +618,8 @@ def main() -> None:
     ap.add_argument(
         "--no-transformers",
         action="store_true",
-        help="long-tailed workload without transformers (at the full size its lockstep batches take hours on CPU)",
+        help="long-tailed workload without transformers (at the full size a call of its lockstep batches "
+        "takes about half an hour on CPU)",
     )
     args = ap.parse_args()
     if args.longtail and args.only == "tunix":  # child process in tunix's environment

@@ -32,6 +32,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 GiB = 2**30
 
+# the 0.5B Qwen shape with LoRA rank 16: what the quick and full modes measure
+QWEN_05B = dict(shape="qwen2.5-0.5b", rank=16, rows=2, prompt=32, new=8, adapters=4, sample_rows=4, repeats=2)
 MODES = {
     # shape (a marljax preset), team sizes, adapter rank, samples per agent, prompt and new tokens;
     # sampling comparison: `adapters` x `sample_rows` rows, each `sample_new` token count
@@ -48,30 +50,8 @@ MODES = {
         base_reference=False,  # compiles as many programs again
         repeats=1,
     ),
-    "quick": dict(
-        shape="qwen2.5-0.5b",
-        teams=(2,),
-        rank=16,
-        rows=2,
-        prompt=32,
-        new=8,
-        adapters=4,
-        sample_rows=4,
-        sample_new=(1, 8),
-        repeats=2,
-    ),
-    "full": dict(
-        shape="qwen2.5-0.5b",
-        teams=(2, 4, 8),
-        rank=16,
-        rows=2,
-        prompt=32,
-        new=8,
-        adapters=4,
-        sample_rows=4,
-        sample_new=(1, 8, 64),
-        repeats=2,
-    ),
+    "quick": {**QWEN_05B, "teams": (2,), "sample_new": (1, 8)},
+    "full": {**QWEN_05B, "teams": (2, 4, 8), "sample_new": (1, 8, 64)},
 }
 LEVELS = {1: "shared policy", 2: "LoRA adapters", 3: "independent copies"}
 
@@ -297,26 +277,24 @@ def child_sampling(p: dict) -> dict:
     kw = dict(temperature=1.0, seed=1, eos_ids=[], schedule=Schedule(slots=A * rows))
 
     def calls_for(new: int) -> dict:
-        def one_call():
-            return generate(config, prompts, params=together, adapter=ids, max_new_tokens=new, **kw)
+        def one_call(params, **extra):
+            return lambda: generate(config, prompts, params=params, max_new_tokens=new, **extra, **kw)
 
-        def separate_calls():
-            for i in range(A):
-                part = prompts[i * rows : (i + 1) * rows]
-                generate(config, part, params=alone[i], max_new_tokens=new, **kw)
+        def separate_calls(params_of):
+            def call():
+                for i in range(A):
+                    part = prompts[i * rows : (i + 1) * rows]
+                    generate(config, part, params=params_of(i), max_new_tokens=new, **kw)
 
-        def base_one_call():
-            return generate(config, prompts, params=base, max_new_tokens=new, **kw)
+            return call
 
-        def base_separate_calls():
-            for i in range(A):
-                generate(config, prompts[i * rows : (i + 1) * rows], params=base, max_new_tokens=new, **kw)
-
-        out = {f"one_call/{new}": one_call, f"separate_calls/{new}": separate_calls}
+        out = {
+            f"one_call/{new}": one_call(together, adapter=ids),
+            f"separate_calls/{new}": separate_calls(lambda i: alone[i]),
+        }
         if p.get("base_reference", True):
-            out.update(
-                {f"base_one_call/{new}": base_one_call, f"base_separate_calls/{new}": base_separate_calls}
-            )
+            out[f"base_one_call/{new}"] = one_call(base)
+            out[f"base_separate_calls/{new}"] = separate_calls(lambda i: base)
         return out
 
     calls = {k: f for new in p["sample_new"] for k, f in calls_for(new).items()}

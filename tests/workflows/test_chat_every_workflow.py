@@ -23,6 +23,7 @@ QUICK = [
     "sampler.max_new_tokens=8",
     "data.batch_size=1",
 ]
+OVERLONG = ["workflow.overlong.max_len=2", "workflow.overlong.buffer_len=1", "workflow.overlong.factor=10"]
 
 
 def logged_step(path: Path, run_dir: Path, extra: list[str] = ()) -> tuple[list[dict], dict]:
@@ -40,9 +41,6 @@ def logged_step(path: Path, run_dir: Path, extra: list[str] = ()) -> tuple[list[
 def test_the_tiny_configs_cover_every_workflow_kind():
     kinds = {load_config(p, [f"run_dir={p}"]).workflow.kind for p in TINY}
     assert kinds == set(REGISTRY)
-
-
-OVERLONG = ["workflow.overlong.max_len=2", "workflow.overlong.buffer_len=1", "workflow.overlong.factor=10"]
 
 
 @pytest.mark.slow
