@@ -279,13 +279,18 @@ def demo_models(demo_dir: Path | None, out: Path, settings) -> tuple[dict[str, P
     )
 
 
-def demo_breakdown(warmup: int, steps: int, demo_dir: Path | None = None, **settings) -> dict:
-    """The demo's three RL runs (`marljax.demo.pipeline`) on its warm-started models, which write
-    code that runs, so the sandbox's share is real."""
+def demo_breakdown(
+    warmup: int, steps: int, demo_dir: Path | None = None, methods: tuple[str, ...] | None = None, **settings
+) -> dict:
+    """The demo's RL runs (`marljax.demo.pipeline`; all three unless `methods` names some) on its
+    warm-started models, which write code that runs, so the sandbox's share is real."""
     from marljax.demo.pipeline import METHODS, DemoConfig
     from marljax.demo.pipeline import run_config as demo_config
 
     s = DemoConfig(**{**settings, "rl_steps": warmup + steps})
+    unknown = set(methods or ()) - set(METHODS)
+    if unknown:
+        raise ValueError(f"unknown demo methods {sorted(unknown)}; the demo runs {list(METHODS)}")
     with tempfile.TemporaryDirectory(prefix="marljax-bench-demo-") as tmp:
         models, origin = demo_models(demo_dir, Path(tmp), s)
         runs = {
@@ -293,6 +298,7 @@ def demo_breakdown(warmup: int, steps: int, demo_dir: Path | None = None, **sett
                 demo_config(method, Path(tmp) / method, models, agents, s), warmup, steps
             )
             for method, agents in METHODS.items()
+            if methods is None or method in methods
         }
     return {"models": origin, "runs": runs}
 

@@ -3,13 +3,39 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
 
 MAX_MAPPINGS = 20_000
+
+
+def pytest_configure(config):
+    """One persistent XLA compilation cache for the session, its xdist workers and the processes
+    the tests start (CLI runs, multi-device scripts): many tests compile the same programs (the same
+    tiny models through the same trainer), and a program compiled in one is loaded by the others.
+    Set here, in the controller, before the workers start, so they inherit it through the
+    environment; a cache the user set is left alone."""
+    if os.environ.get("JAX_COMPILATION_CACHE_DIR"):
+        return
+    path = tempfile.mkdtemp(prefix="marljax-test-xla-cache-")
+    config._marljax_xla_cache = path
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = path
+    os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0.5"
+    import jax
+
+    jax.config.update("jax_compilation_cache_dir", path)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
+
+
+def pytest_unconfigure(config):
+    path = getattr(config, "_marljax_xla_cache", None)
+    if path:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture(autouse=True)

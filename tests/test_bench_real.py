@@ -1,7 +1,7 @@
-"""The real-shape rehearsal (`benchmarks/bench_real.py`) at 2 layers: every phase runs and checks out.
+"""The real-shape rehearsal (`benchmarks/bench_real.py`) at 1 layer: every phase runs and checks out.
 
 Real vocabularies, widths, special-token ids and chat templates of Qwen2.5-0.5B and Llama-3.2-1B;
-2 layers each and 16 new tokens, so it takes a few minutes of CPU rather than most of an hour.
+1 layer each and 8 new tokens, so it takes a few minutes of CPU rather than most of an hour.
 """
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ def test_family_tokenizers_put_specials_at_the_real_ids_and_render_the_chat_mark
 @pytest.mark.slow
 def test_rehearsal_at_real_width_and_vocabulary(tmp_path):
     bench = _bench_real()
-    out = bench.run(layers=2, max_new_tokens=16, repeats=1, work=tmp_path)
+    out = bench.run(layers=1, max_new_tokens=8, repeats=1, work=tmp_path)
     build, train, resume, compare = out["build"], out["train"], out["resume"], out["compare"]
 
     assert set(build) >= {"qwen2.5-0.5b", "llama-3.2-1b"}
