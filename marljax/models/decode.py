@@ -4,10 +4,14 @@ The maths is the decoder's own layer (`project_qkv`, then attention, then
 `out_and_mlp`, from `marljax.models.decoder`); only the data layout differs, for
 speed when generating a token per row:
 
-- the KV cache is one `(keys, values)` pair per layer, keys `[B, K, H, S]` and
-  values `[B, K, S, H]`, so that both attention products are plain batched
-  matmuls (keys stored slot-major make the score product several times slower
-  on CPU), carried separately in the decode loop so each step writes in place;
+- the KV cache is one `(keys, values)` pair per layer, carried separately in the
+  decode loop so each step writes in place, in one of two layouts: "split" (the
+  CPU's), keys `[B, K, H, S]` and values `[B, K, S, H]`, so that both attention
+  products are plain batched matmuls (keys stored slot-major make the score
+  product several times slower on CPU); "bskh" (accelerators'), keys and values
+  `[B, S, K, H]`, the layout `jax.nn.dot_product_attention` takes, so that a
+  one-token step runs its fused kernel (cuDNN on GPU with
+  `ModelConfig.attention_impl="cudnn"`) over each row's own cache length;
 - every row has its own positions: its tokens fill its cache from position 0, so
   a token's cache position is its rotary position, and rows of different lengths
   (continuous batching) need no padding inside the cache;
@@ -44,15 +48,39 @@ from marljax.models.decoder import (
 )
 from marljax.models.rope import inverse_frequencies
 
-# Per-layer caches, flat: (keys_0, values_0, keys_1, values_1, ...), keys [B, K, H, S] and
-# values [B, K, S, H]. Flat arrays (not a cache object) so the loop updates each one in place.
+# Per-layer caches, flat: (keys_0, values_0, keys_1, values_1, ...), in a layout of LAYOUTS.
+# Flat arrays (not a cache object) so the loop updates each one in place.
 DecodeCache = tuple[jax.Array, ...]
+LAYOUTS = ("split", "bskh")
 
 
-def init_decode_cache(config: ModelConfig, rows: int, slots: int, dtype=None) -> DecodeCache:
-    """Zero caches of `rows` rows and `slots` slots per row, in the decode layout."""
+def default_layout() -> str:
+    """The cache layout for the default backend: "split" on CPU, "bskh" on accelerators."""
+    return "split" if jax.default_backend() == "cpu" else "bskh"
+
+
+def position_axis(layout: str, i: int) -> int:
+    """The axis of cache positions of cache array `i` (keys at even `i`, values at odd)."""
+    if layout == "bskh":
+        return 1
+    return 3 if i % 2 == 0 else 2
+
+
+def heads_axis(layout: str) -> int:
+    """The kv-head axis of every cache array."""
+    return 2 if layout == "bskh" else 1
+
+
+def init_decode_cache(
+    config: ModelConfig, rows: int, slots: int, dtype=None, layout: str = "split"
+) -> DecodeCache:
+    """Zero caches of `rows` rows and `slots` slots per row, in `layout` (see LAYOUTS)."""
+    if layout not in LAYOUTS:
+        raise ValueError(f"cache layout must be one of {LAYOUTS}, got {layout!r}")
     dtype = jnp.dtype(config.dtype) if dtype is None else dtype
     K, H = config.num_kv_heads, config.head_dim
+    if layout == "bskh":
+        return tuple(jnp.zeros((rows, slots, K, H), dtype) for _ in range(2 * config.num_layers))
     return tuple(
         jnp.zeros((rows, K, H, slots) if i % 2 == 0 else (rows, K, slots, H), dtype)
         for i in range(2 * config.num_layers)
@@ -95,6 +123,20 @@ def _attend_cached(q: jax.Array, keys: jax.Array, values: jax.Array, mask: jax.A
     return jnp.moveaxis(out, 3, 1).reshape(B, T, N, H)
 
 
+def _attend_bskh(q, keys, values, starts, mask, implementation: str | None) -> jax.Array:
+    """As `_attend_cached` over keys and values `[B, S, K, H]`, through `jax.nn.dot_product_attention`.
+    A one-token step attends to each row's first `starts + 1` slots, given as sequence lengths,
+    which the fused kernels take (cuDNN's padding mask); a multi-token step (a prompt after a
+    copied prefix) needs the offset causal `mask`, which takes the XLA implementation."""
+    keys, values = keys.astype(q.dtype), values.astype(q.dtype)
+    if q.shape[1] == 1:
+        lengths = (starts + 1).astype(jnp.int32)
+        return jax.nn.dot_product_attention(
+            q, keys, values, key_value_seq_lengths=lengths, implementation=implementation
+        )
+    return jax.nn.dot_product_attention(q, keys, values, mask=mask[:, 0], implementation="xla")
+
+
 def extend_step(
     weights: Params,
     tokens: jax.Array,
@@ -104,6 +146,7 @@ def extend_step(
     *,
     config: ModelConfig,
     adapter: jax.Array | None = None,
+    layout: str = "split",
 ):
     """Run `tokens` `[B, T]` through the decoder against each row's own cache: row b's token t
     sits in slot `starts[b] + t` (also its rotary position) and attends to the row's slots up to
@@ -115,11 +158,11 @@ def extend_step(
     slots; with T = 1 it is the one-token decode step. weights: from `decode_weights`; kv: from
     `init_decode_cache` (each row's slots hold its tokens from slot 0 on, so a row's rotary
     position equals its slot). adapter: `[B]` int, each row's LoRA adapter where `weights` has
-    adapters (default: adapter 0 for every row).
+    adapters (default: adapter 0 for every row). layout: the caches' (see LAYOUTS).
     """
     c = config
     B, T = tokens.shape
-    S = kv[1].shape[2]
+    S = kv[1].shape[position_axis(layout, 1)]
     x = jnp.take(weights["embed"], tokens, axis=0).astype(jnp.dtype(c.dtype))
     t = jnp.arange(T, dtype=jnp.int32)
     positions = starts[:, None] + t[None, :]  # [B, T]
@@ -131,9 +174,16 @@ def extend_step(
     for i, p in enumerate(weights["layers"]):
         lora = LayerLora(weights["lora"][i], adapter) if "lora" in weights else None
         q, k, v = project_qkv(p, x, positions, config=c, inv_freq=inv_freq, lora=lora)  # k, v [B, T, K, H]
-        keys = kv[2 * i].at[rows, :, :, slots].set(k.astype(kv[2 * i].dtype), mode="drop")
-        values = kv[2 * i + 1].at[rows, :, slots, :].set(v.astype(kv[2 * i + 1].dtype), mode="drop")
-        x = out_and_mlp(p, x, _attend_cached(q, keys, values, mask), config=c, lora=lora)
+        k, v = k.astype(kv[2 * i].dtype), v.astype(kv[2 * i + 1].dtype)
+        if layout == "bskh":
+            keys = kv[2 * i].at[rows, slots].set(k, mode="drop")
+            values = kv[2 * i + 1].at[rows, slots].set(v, mode="drop")
+            attn = _attend_bskh(q, keys, values, starts, mask, c.attention_impl)
+        else:
+            keys = kv[2 * i].at[rows, :, :, slots].set(k, mode="drop")
+            values = kv[2 * i + 1].at[rows, :, slots, :].set(v, mode="drop")
+            attn = _attend_cached(q, keys, values, mask)
+        x = out_and_mlp(p, x, attn, config=c, lora=lora)
         new += [keys, values]
     last = x[jnp.arange(B), jnp.maximum(lengths - 1, 0)] if T > 1 else x[:, 0]
     return unembed(weights, rms_norm(last, weights["final_norm"], c.rms_norm_eps)), tuple(new)

@@ -47,7 +47,16 @@ from jax.sharding import Mesh, NamedSharding
 
 from marljax.kernels.losses_terms import logprobs_from_logits
 from marljax.models import ModelConfig
-from marljax.models.decode import DecodeCache, decode_weights, extend_step, init_decode_cache
+from marljax.models.decode import (
+    LAYOUTS,
+    DecodeCache,
+    decode_weights,
+    default_layout,
+    extend_step,
+    heads_axis,
+    init_decode_cache,
+    position_axis,
+)
 from marljax.models.sharding import batch_sharding, logical_to_spec
 from marljax.sampler.sampling import DEFAULT_BOUND, sample_tokens
 
@@ -97,7 +106,10 @@ class Schedule:
 
     slots: decode slots at most (the cache is allocated for these); more requests wait in a
       queue and take a slot as soon as one frees.
-    chunk: decode steps per device call at most (the host refills slots between calls).
+    chunk: decode steps per device call at most while requests wait (the host refills slots
+      between calls).
+    idle_chunk: decode steps per call at most once no request waits: the host has nothing to
+      refill, so fewer, longer calls (the call's cache window covers them).
     refill_fraction: with requests waiting, a call returns once this fraction of the slots is
       free (at least one slot), so finished rows are replaced without waiting for the others.
     shrink: with no request waiting, once at most half the slots are busy, move the busy rows
@@ -106,18 +118,28 @@ class Schedule:
       and each new slot count compiles its own steps.
     share_prefixes: a new request copies the longest prefix of its prompt that some slot's
       cache holds and prefills only the rest.
+    min_shared_prefix: a request waits for a second insert call (after the first call of the
+      same fill) only to copy a prefix of at least this many tokens from a request of the first
+      call; a shorter prefix is prefilled again, which costs less than another call.
     """
 
     slots: int = 64
     chunk: int = 32
+    idle_chunk: int = 128
     refill_fraction: float = 0.125
     shrink: bool = True
     min_slots: int = 4
     share_prefixes: bool = True
+    min_shared_prefix: int = 16
 
     def __post_init__(self):
-        if min(self.slots, self.chunk, self.min_slots) < 1 or not 0 < self.refill_fraction <= 1:
-            raise ValueError(f"bad schedule {self}: slots, chunk, min_slots >= 1, 0 < refill_fraction <= 1")
+        if (
+            min(self.slots, self.chunk, self.idle_chunk, self.min_slots) < 1
+            or not 0 < self.refill_fraction <= 1
+        ):
+            raise ValueError(
+                f"bad schedule {self}: slots, chunk, idle_chunk, min_slots >= 1, 0 < refill_fraction <= 1"
+            )
 
 
 @dataclasses.dataclass
@@ -192,9 +214,16 @@ class Completion:
     finish_reason: str
 
 
-def _window(kv: DecodeCache, window: int) -> DecodeCache:
+def _positions(layout: str, i: int, ndim: int, first, positions) -> tuple:
+    """An index of cache array `i`: `first` on its slot axis, `positions` on its position axis."""
+    index = [slice(None)] * ndim
+    index[0], index[position_axis(layout, i)] = first, positions
+    return tuple(index)
+
+
+def _window(kv: DecodeCache, window: int, layout: str) -> DecodeCache:
     """The first `window` positions of each cache (the caches themselves when that is all)."""
-    return tuple(x[..., :window] if i % 2 == 0 else x[:, :, :window] for i, x in enumerate(kv))
+    return tuple(x[_positions(layout, i, x.ndim, slice(None), slice(window))] for i, x in enumerate(kv))
 
 
 def _unwindow(full: DecodeCache, part: DecodeCache) -> DecodeCache:
@@ -210,7 +239,10 @@ class Engine:
     Get one with `get_engine(config, mesh)`; `marljax.sampler.generate` does.
     topk_bound: size of the top-k fast path of `sample_tokens`. fuse_projections:
     decode with fused q/k/v and gate/up weight copies (None: on when there is no
-    mesh and the parameters take <= 256 MiB).
+    mesh and the parameters take <= 256 MiB). cache_layout: of the KV cache, see
+    `marljax.models.decode.LAYOUTS` (None: "split" on CPU, "bskh" on accelerators,
+    whose one-token steps run `jax.nn.dot_product_attention` with the config's
+    `attention_impl`).
     """
 
     def __init__(
@@ -221,8 +253,12 @@ class Engine:
         buckets: Buckets | None = None,
         topk_bound: int = DEFAULT_BOUND,
         fuse_projections: bool | None = None,
+        cache_layout: str | None = None,
     ):
         self.config = config
+        self.layout = cache_layout or default_layout()
+        if self.layout not in LAYOUTS:
+            raise ValueError(f"cache_layout must be one of {LAYOUTS} or None, got {cache_layout!r}")
         self.mesh = mesh
         if fuse_projections is None:  # fused q/k/v and gate/up copies of the weights, built per
             # call: worth it when steps are short; off on meshes (tensor-split weights) and
@@ -236,11 +272,15 @@ class Engine:
         self._fuse_jit = jax.jit(self._fuse)
         self._fused = None  # (parameter leaves, their fused copy)
         self._empty_jit = jax.jit(self._empty, static_argnames=("slots", "capacity", "stop_len"))
-        self._insert_jit = jax.jit(self._insert, static_argnames=("window", "greedy"))
+        # the slot state (its KV cache above all) is donated: each call updates it in place
+        # instead of holding a second copy of the cache
+        self._insert_jit = jax.jit(self._insert, static_argnames=("window", "greedy"), donate_argnums=1)
         self._decode_jit = jax.jit(
-            self._decode, static_argnames=("window", "chunk", "greedy", "want_sampling_lp", "pad_id")
+            self._decode,
+            static_argnames=("window", "chunk", "greedy", "want_sampling_lp", "pad_id"),
+            donate_argnums=1,
         )
-        self._compact_jit = jax.jit(self._compact)
+        self._compact_jit = jax.jit(self._compact)  # (a smaller state: nothing to update in place)
 
     # ----------------------------------------------------------------- shapes
     @property
@@ -297,7 +337,7 @@ class Engine:
         zeros = jnp.zeros((slots,), jnp.int32)
         return self._constrain(
             SlotState(
-                kv=init_decode_cache(self.config, slots, capacity),
+                kv=init_decode_cache(self.config, slots, capacity, layout=self.layout),
                 pos=zeros,
                 last_token=zeros,
                 step=zeros,
@@ -315,7 +355,7 @@ class Engine:
     def _kv_sharding(self, x) -> NamedSharding:
         """Slots over the data axes, kv heads over `tensor` (where they divide)."""
         names = [None] * x.ndim
-        names[0], names[1] = "batch", "kv_heads"
+        names[0], names[heads_axis(self.layout)] = "batch", "kv_heads"
         return NamedSharding(self.mesh, logical_to_spec(names, x.shape, self.mesh))
 
     # --------------------------------------------------------------- compiled
@@ -400,10 +440,10 @@ class Engine:
         prompt tokens `tokens[j]` from position `starts[j]` on, and chooses its first token.
         Rows whose slot is out of range (padding) change nothing."""
         self.stats.insert_compiles += 1  # runs at trace time only
-        rows_kv = _window(tuple(x[source] for x in state.kv), window)
+        rows_kv = _window(tuple(x[source] for x in state.kv), window, self.layout)
         weights = self._layer_weights(weights)
         logits, rows_kv = extend_step(
-            weights, tokens, starts, lengths, rows_kv, config=self.config, adapter=adapter
+            weights, tokens, starts, lengths, rows_kv, config=self.config, adapter=adapter, layout=self.layout
         )
         Bn = slots.shape[0]
         new = SlotState(
@@ -426,9 +466,7 @@ class Engine:
         tok, lp, slp, recent, ends, why = self._choose(logits, new, tables, busy, greedy=greedy)
         new = new._replace(last_token=tok, step=jnp.ones((Bn,), jnp.int32), done=ends, recent=recent)
         kv = tuple(
-            x.at[slots, :, :, :window].set(r, mode="drop")
-            if i % 2 == 0
-            else x.at[slots, :, :window].set(r, mode="drop")
+            x.at[_positions(self.layout, i, x.ndim, slots, slice(window))].set(r, mode="drop")
             for i, (x, r) in enumerate(zip(state.kv, new.kv))
         )
         rest = [x.at[slots].set(r, mode="drop") for x, r in zip(state[1:], new[1:])]
@@ -459,7 +497,7 @@ class Engine:
         weights = self._layer_weights(weights)
         B = state.pos.shape[0]
         full_kv = state.kv
-        state = state._replace(kv=_window(full_kv, window))
+        state = state._replace(kv=_window(full_kv, window, self.layout))
 
         def cond(carry):
             state, i = carry[0], carry[1]
@@ -479,6 +517,7 @@ class Engine:
                 state.kv,
                 config=self.config,
                 adapter=state.adapter,
+                layout=self.layout,
             )
             state = state._replace(kv=kv)
             tok, lp, slp, recent, ends, why = self._choose(logits, state, tables, busy, greedy=greedy)
@@ -619,7 +658,7 @@ class _Run:
             ]
             m, lead = self._longest_prefix(prompt, leaders)
             slot = free.pop(0)
-            if min(m, limit) > min(n, limit):
+            if min(m, limit) > min(n, limit) and min(m, limit) >= self.schedule.min_shared_prefix:
                 second.append((r, slot, first[lead][1], min(m, limit)))
             else:
                 first.append((r, slot, src if n else slot, min(n, limit)))
@@ -700,7 +739,8 @@ class _Run:
         can_shrink = sched.shrink and not waiting and self._smaller() < B
         shrink_busy = B // 2 if can_shrink else -1
         reach = max(self.slot_pos[s] for s in busy)
-        window = e.window(reach + sched.chunk, self.capacity)
+        chunk = sched.chunk if waiting else sched.idle_chunk
+        window = e.window(reach + chunk, self.capacity)
         e.stats.decode_calls += 1
         self.state, steps, outs = e._decode_jit(
             self.weights,
@@ -709,7 +749,7 @@ class _Run:
             jnp.asarray(refill_free, jnp.int32),
             jnp.asarray(shrink_busy, jnp.int32),
             window=window,
-            chunk=sched.chunk,
+            chunk=chunk,
             greedy=self.greedy,
             want_sampling_lp=self.want_slp,
             pad_id=self.pad_id,
@@ -781,13 +821,19 @@ def get_engine(
     buckets: Buckets | None = None,
     topk_bound: int = DEFAULT_BOUND,
     fuse_projections: bool | None = None,
+    cache_layout: str | None = None,
 ) -> Engine:
     """The shared `Engine` for these settings (built on first use; see `Engine`)."""
-    key = (config, mesh, buckets or Buckets(), int(topk_bound), fuse_projections)
+    key = (config, mesh, buckets or Buckets(), int(topk_bound), fuse_projections, cache_layout)
     with _LOCK:
         if key not in _ENGINES:
             _ENGINES[key] = Engine(
-                config, mesh=mesh, buckets=buckets, topk_bound=topk_bound, fuse_projections=fuse_projections
+                config,
+                mesh=mesh,
+                buckets=buckets,
+                topk_bound=topk_bound,
+                fuse_projections=fuse_projections,
+                cache_layout=cache_layout,
             )
         return _ENGINES[key]
 

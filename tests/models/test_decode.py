@@ -12,13 +12,14 @@ import numpy as np
 import pytest
 
 from marljax.models import ModelConfig, forward, get_params
-from marljax.models.decode import decode_weights, extend_step, init_decode_cache
+from marljax.models.decode import LAYOUTS, decode_weights, extend_step, init_decode_cache
 from marljax.models.testing import random_model
 
 
+@pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("fuse", [False, True])
 @pytest.mark.parametrize("preset", ["tiny-qwen2", "tiny-qwen3"])  # untied + biases; tied + q/k norm
-def test_extend_then_decode_steps_equal_the_full_forward(preset, fuse):
+def test_extend_then_decode_steps_equal_the_full_forward(preset, fuse, layout):
     cfg = ModelConfig.preset(preset)
     params = get_params(random_model(cfg))
     rng = np.random.RandomState(0)
@@ -29,10 +30,13 @@ def test_extend_then_decode_steps_equal_the_full_forward(preset, fuse):
 
     weights = decode_weights(params, cfg, fuse)
     assert ("wqkv" in weights["layers"][0]) == fuse
-    step = jax.jit(functools.partial(extend_step, config=cfg))
-    kv = init_decode_cache(cfg, B, S)
-    assert kv[0].shape == (B, cfg.num_kv_heads, cfg.head_dim, S)
-    assert kv[1].shape == (B, cfg.num_kv_heads, S, cfg.head_dim)
+    step = jax.jit(functools.partial(extend_step, config=cfg, layout=layout))
+    kv = init_decode_cache(cfg, B, S, layout=layout)
+    K, H = cfg.num_kv_heads, cfg.head_dim
+    if layout == "split":
+        assert kv[0].shape == (B, K, H, S) and kv[1].shape == (B, K, S, H)
+    else:
+        assert kv[0].shape == kv[1].shape == (B, S, K, H)
     # the prompts in two pieces: 2 tokens, then the rest (a cached prefix and its suffix)
     logits, kv = step(weights, ids[:, :2], jnp.zeros(B, jnp.int32), jnp.full(B, 2, jnp.int32), kv)
     np.testing.assert_allclose(logits, full[:, 1], atol=1e-5, rtol=0)

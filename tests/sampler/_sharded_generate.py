@@ -34,7 +34,16 @@ def main():
     params = get_params(sharded)
     assert params["layers"]["wq"].sharding.spec == P(None, None, "tensor"), params["layers"]["wq"].sharding
     g2 = generate(sharded, prompts, temperature=0.0, **kw)  # mesh taken from the parameters
-    s2 = generate(sharded, prompts, temperature=1.0, top_p=0.9, n=2, seed=3, **kw)
+    s2 = generate(  # the second sample of each short prompt copies its prefill (a second call)
+        sharded,
+        prompts,
+        temperature=1.0,
+        top_p=0.9,
+        n=2,
+        seed=3,
+        schedule=Schedule(min_shared_prefix=1),
+        **kw,
+    )
     engine = get_engine(cfg, mesh)
     assert engine.stats.insert_calls == 3 and engine.batch_bucket(5) == 8  # greedy 1, sampled 2
     # growing cache windows, queued requests (4 slots for 10), refills and shrinking on the mesh

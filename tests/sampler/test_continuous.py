@@ -30,7 +30,7 @@ def test_tokens_do_not_depend_on_slots_queueing_or_chunks(qwen3, temperature):
     engine = get_engine(config)
     schedules = [
         Schedule(slots=2, chunk=5),
-        Schedule(slots=4, chunk=1, share_prefixes=False),
+        Schedule(slots=4, chunk=1, idle_chunk=1, share_prefixes=False),
         Schedule(slots=4, chunk=32, refill_fraction=1.0, shrink=False),
     ]
     for schedule in schedules if temperature else schedules[:1]:  # greedy: the key-free path once
@@ -111,3 +111,29 @@ def test_a_prompt_continuing_an_earlier_answer_reuses_its_cache(qwen3):
     alone = generate(model, [follow_up], **kw)
     np.testing.assert_array_equal(out.tokens[1], alone.tokens[0])
     np.testing.assert_allclose(out.logprobs[1], alone.logprobs[0], atol=1e-5, rtol=0)
+
+
+def test_the_accelerator_cache_layout_gives_the_same_completions(qwen3):
+    """The "bskh" cache (keys and values [B, S, K, H], attention through
+    `jax.nn.dot_product_attention` with each row's cache length) run on CPU: queueing, slot
+    refill and a shared prefix give the "split" layout's tokens, ends and log-probs."""
+    from marljax.sampler import Request
+
+    model, config, _ = qwen3
+    params = get_params(model)
+    prompts = _prompts(4, (5, 2, 9, 12, 1, 7)) + [_prompts(4, (9,))[0] + [11, 12]]  # the last shares 9
+    budgets = [3, 11, 9, 1, 12, 6, 12]
+    requests = [
+        Request(np.asarray(p, np.int32), b, temperature=1.0, top_p=0.9) for p, b in zip(prompts, budgets)
+    ]
+    kw = dict(seed=3, eos=[5, 9], stop=[[7, 7]], schedule=Schedule(slots=4, chunk=4, shrink=False))
+    runs = {}
+    for layout in ("split", "bskh"):
+        engine = get_engine(config, cache_layout=layout)
+        assert engine.layout == layout
+        runs[layout] = sorted(engine.run(params, requests, **kw), key=lambda c: c.index)
+    assert len({len(c.tokens) for c in runs["split"]}) > 3  # ends at different steps
+    for a, b in zip(runs["split"], runs["bskh"]):
+        np.testing.assert_array_equal(a.tokens, b.tokens)
+        assert a.finish_reason == b.finish_reason
+        np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-5, rtol=0)

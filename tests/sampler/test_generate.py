@@ -135,7 +135,7 @@ def test_decode_over_growing_cache_windows_equals_the_whole_cache(qwen3):
     model, config, _ = qwen3
     params = get_params(model)
     prompts = _prompts(seed=8)
-    kw = dict(max_new_tokens=40, temperature=1.0, n=2, seed=4, schedule=Schedule(chunk=4))
+    kw = dict(max_new_tokens=40, temperature=1.0, n=2, seed=4, schedule=Schedule(chunk=4, idle_chunk=4))
     whole = Buckets(min_window=4096)  # every window is the whole cache
     ref = generate(model, prompts, eos_ids=(), buckets=whole, **kw)
     eos = int(ref.tokens[1, 4])  # ends row 1 (at least) in the first window
@@ -201,7 +201,15 @@ def test_rows_stop_independently_on_eos_and_stop_sequences(qwen3):
 def test_same_seed_same_tokens_and_n_samples_share_one_prefill(qwen3):
     model, config, _ = qwen3
     prompts = _prompts(seed=5)
-    kw = dict(max_new_tokens=MAX_NEW, temperature=1.0, top_p=0.95, eos_ids=())
+    # prompts of 2-7 tokens: shared however short (the default waits for a second call only
+    # for 16 tokens or more)
+    kw = dict(
+        max_new_tokens=MAX_NEW,
+        temperature=1.0,
+        top_p=0.95,
+        eos_ids=(),
+        schedule=Schedule(min_shared_prefix=1),
+    )
     stats = get_engine(config).stats
     before = (stats.insert_calls, stats.prefill_tokens, stats.shared_tokens)
     a = generate(model, prompts, n=4, seed=11, **kw)

@@ -109,6 +109,11 @@ class PolicyModelConfig(FrozenModel):
     tokenizer: str | None = Field(None, description="tokenizer directory; default: path")
     seed: int = Field(0, description="init seed for presets")
     remat: bool = Field(False, description="rematerialise decoder layers to save memory")
+    attention_impl: Literal["xla", "cudnn"] | None = Field(
+        None,
+        description="jax.nn.dot_product_attention's implementation in training and in the sampler's "
+        "one-token steps on accelerators; cudnn: the fused GPU kernel (bfloat16)",
+    )
     scan_layers: bool = Field(
         True,
         description="run the layers under lax.scan (compiles independent of depth); "
