@@ -10,9 +10,10 @@ rotary position, and every slot has its own. Three jitted functions over a `Slot
   earlier request in the same slot; `share_prefixes`), then runs only the rest of its prompt
   through `extend_step` and chooses its first token. The `n` samples of one prompt, the nodes
   of one search tree and refinement prompts built on one problem prefill their shared part once.
-- `decode`: up to `chunk` one-token steps of every busy slot inside one `lax.while_loop`,
-  over a cache window `W <= C` (the first `W` positions: CPU attention reads the window it is
-  given, so short rows do not pay for the longest one). It returns early, so the host can act,
+- `decode`: up to `chunk` one-token steps (`idle_chunk` once no request waits) of every busy
+  slot inside one `lax.while_loop`, over a cache window `W <= C` (the first `W` positions:
+  attention reads the window it is given, so short rows do not pay for the longest one). The
+  state is donated, so the cache is updated in place. It returns early, so the host can act,
   when enough slots are free to refill while requests wait, when few enough are busy to halve
   the slots with none waiting, or when a row reaches the window's end.
 - `compact`: keeps the busy rows in a smaller slot batch (the tail of a call, when the rows
