@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
 import threading
 from collections.abc import Iterator, Sequence
 from typing import Any, NamedTuple
@@ -278,7 +279,7 @@ class Engine:
         self._insert_jit = jax.jit(self._insert, static_argnames=("window", "greedy"), donate_argnums=1)
         self._decode_jit = jax.jit(
             self._decode,
-            static_argnames=("window", "chunk", "greedy", "want_sampling_lp", "pad_id"),
+            static_argnames=("windows", "chunk", "greedy", "want_sampling_lp", "pad_id"),
             donate_argnums=1,
         )
         self._compact_jit = jax.jit(self._compact)  # (a smaller state: nothing to update in place)
@@ -482,25 +483,26 @@ class Engine:
         refill_free,
         shrink_busy,
         *,
-        window: int,
+        windows: tuple[int, ...],
         chunk: int,
         greedy: bool,
         want_sampling_lp: bool,
         pad_id: int,
     ):
-        """Up to `chunk` decode steps of every busy slot over cache positions `< window`.
+        """Up to `chunk` decode steps of every busy slot, over cache positions `< windows[0]`
+        until a busy row's next position is outside it, then over the next window, and so on
+        (one loop per window, in one program: no return to the host between windows).
 
         Stops early once `refill_free` slots are free, once at most `shrink_busy` are busy, or
-        once a busy row's next position is outside the window. Returns the state, the steps
+        once a busy row's next position is outside the last window. Returns the state, the steps
         run and, per slot, the chosen tokens `[B, chunk]` with their log-probs (0 and `pad_id`
         where the slot was not busy), the number it emitted and its finish reason."""
         self.stats.decode_compiles += 1  # runs at trace time only
         weights = self._layer_weights(weights)
         B = state.pos.shape[0]
         full_kv = state.kv
-        state = state._replace(kv=_window(full_kv, window, self.layout))
 
-        def cond(carry):
+        def cond(carry, window):
             state, i = carry[0], carry[1]
             busy = ~state.done
             n_busy = jnp.sum(busy)
@@ -539,7 +541,7 @@ class Engine:
             )
             return state, i + 1, toks, lps, slps, emitted + busy, jnp.where(ends, why, reason)
 
-        init = (
+        carry = (
             state,
             jnp.zeros((), jnp.int32),
             jnp.full((B, chunk), pad_id, jnp.int32),
@@ -548,7 +550,13 @@ class Engine:
             jnp.zeros((B,), jnp.int32),
             jnp.full((B,), UNFINISHED, jnp.int32),
         )
-        state, steps, toks, lps, slps, emitted, reason = lax.while_loop(cond, body, init)
+        for window in windows:
+            state = carry[0]
+            if state.kv is not full_kv:  # the previous window's positions back into the cache
+                full_kv = _unwindow(full_kv, state.kv)
+            state = state._replace(kv=_window(full_kv, window, self.layout))
+            carry = lax.while_loop(functools.partial(cond, window=window), body, (state, *carry[1:]))
+        state, steps, toks, lps, slps, emitted, reason = carry
         state = state._replace(kv=_unwindow(full_kv, state.kv))
         return self._constrain(state), steps, (toks, lps, slps, emitted, reason)
 
@@ -740,8 +748,12 @@ class _Run:
         can_shrink = sched.shrink and not waiting and self._smaller() < B
         shrink_busy = B // 2 if can_shrink else -1
         reach = max(self.slot_pos[s] for s in busy)
+        # while requests wait, one window for `chunk` steps; once none waits, `idle_chunk` steps
+        # over the windows they grow through
         chunk = sched.chunk if waiting else sched.idle_chunk
-        window = e.window(reach + chunk, self.capacity)
+        windows = [e.window(reach + sched.chunk, self.capacity)]
+        while windows[-1] < min(reach + chunk, self.capacity):
+            windows.append(e.window(windows[-1] + 1, self.capacity))
         e.stats.decode_calls += 1
         self.state, steps, outs = e._decode_jit(
             self.weights,
@@ -749,7 +761,7 @@ class _Run:
             self.tables,
             jnp.asarray(refill_free, jnp.int32),
             jnp.asarray(shrink_busy, jnp.int32),
-            window=window,
+            windows=tuple(windows),
             chunk=chunk,
             greedy=self.greedy,
             want_sampling_lp=self.want_slp,
