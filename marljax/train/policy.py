@@ -459,6 +459,19 @@ class Policy:
         self.version += 1
         return history
 
+    def agent_grad_norms(self, samples: Sequence[Sample], agents: Sequence[str]) -> dict[str, float]:
+        """`{agent: norm}` of the gradient of each agent's samples' loss alone at the current
+        parameters, without updating (e.g. the same samples under another advantage
+        normalisation); the agents of `agents` with samples in `samples` only."""
+        batch = self._collate(samples)
+        if self.cfg.mini_batches > 1:
+            batch["old_logp"] = self._logprobs(self.model_params(), batch)
+        if self.loss.kl_coef:
+            batch["ref_logp"] = self._logprobs(self.model_params(self.ref_params), batch)
+        self._add_dropout_seeds(batch, 0)
+        norms = self._agent_grad_norms(batch, [s.agent for s in samples], agents)
+        return {k.split("/", 1)[1]: float(v) for k, v in norms.items()}
+
     def _agent_grad_norms(self, batch: dict, names: Sequence[str], agents: Sequence[str]) -> dict:
         """`agent_grad_norm/<agent>` (device scalars) for the agents of `agents` with rows in `batch`;
         `names`: the agent of each of its rows, in order (`collate` keeps the samples' order)."""

@@ -65,6 +65,9 @@ def test_each_agents_norm_is_the_gradient_norm_of_its_own_batch(agg_mode):
     for a in ("a", "b"):
         assert metrics[f"agent_grad_norm/{a}"] == pytest.approx(expected[a], rel=1e-4)
     assert "agent_grad_norm/c" not in metrics  # no samples of c in the batch: nothing reported
+    assert Policy("p", config(agg_mode)).agent_grad_norms(data, ("a", "b")) == pytest.approx(
+        expected, rel=1e-4
+    )
     assert expected["a"] > 0 and expected["b"] > 0
 
 
