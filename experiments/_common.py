@@ -226,6 +226,16 @@ def read_metrics(run_dir: Path) -> list[dict[str, float]]:
     return [r for r in rows if r.get("step", 0) > 0]
 
 
+def cached_run(path: Path, run: Any, *args: Any) -> dict:
+    """`run(*args)`'s result dict, saved at `path` once it finishes; a later invocation loads it instead of
+    running again (so an interrupted experiment resumes, and `--summarise` works on finished runs)."""
+    if path.exists():
+        return json.loads(path.read_text())
+    result = run(*args)
+    write_json(path, result)
+    return result
+
+
 def write_json(path: Path, data: Any) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")

@@ -19,6 +19,7 @@ Writes docs/fidelity/atgrpo_grouping.json and .png.
 from __future__ import annotations
 
 import argparse
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -93,7 +94,9 @@ def key_effects(rollout, num_problems: int) -> dict[str, float]:
 
 
 def run_one(seed: int, grouping: str, steps: int, root: Path, n_eval: int) -> dict:
-    trainer = Trainer(config(seed, grouping, steps, root, n_eval))
+    cfg = config(seed, grouping, steps, root, n_eval)
+    shutil.rmtree(cfg.run_dir, ignore_errors=True)  # an interrupted attempt: start afresh, not resume
+    trainer = Trainer(cfg)
     effects, rollout_fn = [], trainer.workflow.rollout
 
     def recorded(problems, *args, **kwargs):
@@ -203,17 +206,26 @@ def main(argv=None) -> None:
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--n-eval", type=int, default=24)
     ap.add_argument("--root", type=Path, default=C.ROOT, help="run directories and warm starts")
+    ap.add_argument("--summarise", action="store_true", help="only the runs already finished, no training")
     ap.add_argument("--out", type=Path, default=C.DOCS)
     args = ap.parse_args(argv)
     C.quiet()
     runs, warm = [], {}
+    tag = f"s{args.steps}_e{args.n_eval}"
     for seed in args.seeds:
-        warm[seed] = before(seed, args.steps, args.root, args.n_eval)
+        done = args.root / "atgrpo" / f"before_seed{seed}_{tag}.json"
+        if args.summarise and not done.exists():
+            continue
+        warm[seed] = C.cached_run(done, before, seed, args.steps, args.root, args.n_eval)
         for g in GROUPINGS:
-            runs.append(run_one(seed, g, args.steps, args.root, args.n_eval))
+            done = args.root / "atgrpo" / f"{g}_seed{seed}_{tag}.json"
+            if args.summarise and not done.exists():
+                continue
+            runs.append(C.cached_run(done, run_one, seed, g, args.steps, args.root, args.n_eval))
             print(f"seed {seed} {g}: {runs[-1]['seconds']:.0f} s, {runs[-1]['after']}", flush=True)
+    warm = {s: w for s, w in warm.items() if any(r["seed"] == s for r in runs)}
     summary = summarise(runs, warm)
-    settings = {"seeds": args.seeds, "steps": args.steps, "n_eval": args.n_eval, "K": K, "sft": C.SFT}
+    settings = {"seeds": sorted(warm), "steps": args.steps, "n_eval": args.n_eval, "K": K, "sft": C.SFT}
     C.write_json(
         args.out / "atgrpo_grouping.json",
         {"settings": settings, "summary": summary, "warm": warm, "runs": runs},

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -131,6 +132,7 @@ def run_one(seed: int, normalization: str, steps: int, root: Path, batch: int) -
         batch_size=batch,
         train={"agent_grad_norms": True},
     )
+    shutil.rmtree(cfg.run_dir, ignore_errors=True)  # an interrupted attempt: start afresh, not resume
     trainer = Trainer(cfg)
     recorder = Recorder(trainer)
     t0 = time.time()
@@ -298,20 +300,24 @@ def main(argv=None) -> None:
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--batch", type=int, default=3, help="problems per step (4 episodes each)")
     ap.add_argument("--root", type=Path, default=C.ROOT, help="run directories and warm starts")
+    ap.add_argument("--summarise", action="store_true", help="only the runs already finished, no training")
     ap.add_argument("--out", type=Path, default=C.DOCS)
     args = ap.parse_args(argv)
     C.quiet()
     runs = []
     for seed in args.seeds:
         for normalization in ("global", "agent"):
-            runs.append(run_one(seed, normalization, args.steps, args.root, args.batch))
+            done = args.root / "drmas" / f"{normalization}_seed{seed}_s{args.steps}_b{args.batch}.json"
+            if args.summarise and not done.exists():
+                continue
+            runs.append(C.cached_run(done, run_one, seed, normalization, args.steps, args.root, args.batch))
             print(f"seed {seed} {normalization}: {runs[-1]['seconds']:.0f} s", flush=True)
     summary = summarise(runs)
     C.write_json(
         args.out / "drmas_amplification.json",
         {
             "settings": {
-                "seeds": args.seeds,
+                "seeds": sorted({r["seed"] for r in runs}),
                 "steps": args.steps,
                 "batch": args.batch,
                 "sft": C.SFT,
