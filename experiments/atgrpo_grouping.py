@@ -1,12 +1,12 @@
 """AT-GRPO grouping at toy scale: (problem, turn, agent) groups vs pooled problems vs one group per problem.
 
-    PYTHONPATH=. python experiments/atgrpo_grouping.py --seeds 0 1 2 [--steps 5 --n-eval 24]
+    PYTHONPATH=. python experiments/atgrpo_grouping.py --seeds 0 1 2 [--steps 3 --n-eval 16 --batch 2]
 
 AT-GRPO (arXiv 2510.11062) compares a candidate only with the other candidates of
 the same agent at the same turn of the same problem. PettingLLMs' code divides an
 already per-problem index by the sample count again, so each of its groups pools
-several problems (`grouping: pooled`, `pool_size` = K = 4 here, as its
-`sample_num`); plain GRPO would put a problem's every turn and agent in one group
+several problems (`grouping: pooled`; it pools `sample_num` problems, here
+`pool_size` = 2 = the whole batch of 2 problems); plain GRPO would put a problem's every turn and agent in one group
 (`grouping: problem`). A coder and a tester share one warm-started tiny policy
 (`experiments/_common.py`) on synthetic tasks, two turns, K = 4 candidates; each
 seed trains once per grouping from the same warm start, and reports reward
@@ -35,14 +35,14 @@ from marljax.train.loop import Trainer  # noqa: E402
 
 GROUPINGS = {
     "problem_turn_agent": {"grouping": "problem_turn_agent"},
-    "pooled": {"grouping": "pooled", "pool_size": 4},
+    "pooled": {"grouping": "pooled", "pool_size": 2},
     "problem": {"grouping": "problem"},
 }
 K = 4
 CURVES = ("agent/coder/reward", "agent/tester/reward", "at_grpo/solved", "agent/coder/adv_std")
 
 
-def config(seed: int, grouping: str, steps: int, root: Path, n_eval: int):
+def config(seed: int, grouping: str, steps: int, root: Path, n_eval: int, batch: int):
     return C.run_config(
         f"atgrpo_{grouping}_seed{seed}",
         root / "atgrpo" / f"{grouping}_seed{seed}",
@@ -62,7 +62,7 @@ def config(seed: int, grouping: str, steps: int, root: Path, n_eval: int):
         threshold=32,
         n_train=256,
         n_eval=n_eval,
-        batch_size=4,
+        batch_size=batch,
     )
 
 
@@ -93,8 +93,8 @@ def key_effects(rollout, num_problems: int) -> dict[str, float]:
     return out
 
 
-def run_one(seed: int, grouping: str, steps: int, root: Path, n_eval: int) -> dict:
-    cfg = config(seed, grouping, steps, root, n_eval)
+def run_one(seed: int, grouping: str, steps: int, root: Path, n_eval: int, batch: int) -> dict:
+    cfg = config(seed, grouping, steps, root, n_eval, batch)
     shutil.rmtree(cfg.run_dir, ignore_errors=True)  # an interrupted attempt: start afresh, not resume
     trainer = Trainer(cfg)
     effects, rollout_fn = [], trainer.workflow.rollout
@@ -120,9 +120,9 @@ def run_one(seed: int, grouping: str, steps: int, root: Path, n_eval: int) -> di
     }
 
 
-def before(seed: int, steps: int, root: Path, n_eval: int) -> dict:
+def before(seed: int, steps: int, root: Path, n_eval: int, batch: int) -> dict:
     """Held-out pass@1 of the warm start (the same for every grouping of a seed)."""
-    trainer = Trainer(config(seed, "problem_turn_agent", steps, root, n_eval))
+    trainer = Trainer(config(seed, "problem_turn_agent", steps, root, n_eval, batch))
     try:
         return trainer.evaluate()
     finally:
@@ -203,29 +203,37 @@ def plot(runs: list[dict], warm: dict[int, dict], path: Path) -> None:
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    ap.add_argument("--steps", type=int, default=5)
-    ap.add_argument("--n-eval", type=int, default=24)
+    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--n-eval", type=int, default=16)
+    ap.add_argument("--batch", type=int, default=2, help="problems per step")
     ap.add_argument("--root", type=Path, default=C.ROOT, help="run directories and warm starts")
     ap.add_argument("--summarise", action="store_true", help="only the runs already finished, no training")
     ap.add_argument("--out", type=Path, default=C.DOCS)
     args = ap.parse_args(argv)
     C.quiet()
     runs, warm = [], {}
-    tag = f"s{args.steps}_e{args.n_eval}"
+    tag = f"s{args.steps}_e{args.n_eval}_b{args.batch}"
     for seed in args.seeds:
         done = args.root / "atgrpo" / f"before_seed{seed}_{tag}.json"
         if args.summarise and not done.exists():
             continue
-        warm[seed] = C.cached_run(done, before, seed, args.steps, args.root, args.n_eval)
+        warm[seed] = C.cached_run(done, before, seed, args.steps, args.root, args.n_eval, args.batch)
         for g in GROUPINGS:
             done = args.root / "atgrpo" / f"{g}_seed{seed}_{tag}.json"
             if args.summarise and not done.exists():
                 continue
-            runs.append(C.cached_run(done, run_one, seed, g, args.steps, args.root, args.n_eval))
+            runs.append(C.cached_run(done, run_one, seed, g, args.steps, args.root, args.n_eval, args.batch))
             print(f"seed {seed} {g}: {runs[-1]['seconds']:.0f} s, {runs[-1]['after']}", flush=True)
     warm = {s: w for s, w in warm.items() if any(r["seed"] == s for r in runs)}
     summary = summarise(runs, warm)
-    settings = {"seeds": sorted(warm), "steps": args.steps, "n_eval": args.n_eval, "K": K, "sft": C.SFT}
+    settings = {
+        "seeds": sorted(warm),
+        "steps": args.steps,
+        "n_eval": args.n_eval,
+        "batch": args.batch,
+        "K": K,
+        "sft": C.SFT,
+    }
     C.write_json(
         args.out / "atgrpo_grouping.json",
         {"settings": settings, "summary": summary, "warm": warm, "runs": runs},

@@ -1,6 +1,6 @@
 """Dr. MAS Lemma 4.2 at toy scale: global vs agent-wise advantage normalisation on a solver + verifier team.
 
-    PYTHONPATH=. python experiments/drmas_amplification.py --seeds 0 1 2 [--steps 5 --batch 3]
+    PYTHONPATH=. python experiments/drmas_amplification.py --seeds 0 1 2 [--steps 4 --batch 2]
 
 Dr. MAS (arXiv 2602.08847, Lemma 4.2): normalising all agents' rewards with one
 mean and std scales agent k's gradient second moment by
@@ -297,8 +297,8 @@ def plot(runs: list[dict], summary: dict, path: Path) -> None:
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    ap.add_argument("--steps", type=int, default=5)
-    ap.add_argument("--batch", type=int, default=3, help="problems per step (4 episodes each)")
+    ap.add_argument("--steps", type=int, default=4)
+    ap.add_argument("--batch", type=int, default=2, help="problems per step (4 episodes each)")
     ap.add_argument("--root", type=Path, default=C.ROOT, help="run directories and warm starts")
     ap.add_argument("--summarise", action="store_true", help="only the runs already finished, no training")
     ap.add_argument("--out", type=Path, default=C.DOCS)
