@@ -134,6 +134,8 @@ def summarise(runs: list[dict], warm: dict[int, dict]) -> dict:
     key = "eval/coder/pass_at_1"
     for g in GROUPINGS:
         mine = [r for r in runs if r["grouping"] == g]
+        if not mine:  # --summarise before every grouping ran
+            continue
         last = max(1, len(mine[0]["curves"]) // 4)  # the last quarter of the steps
         out[g] = {
             "pass_after": C.interval([r["after"][key] for r in mine]),
@@ -163,6 +165,8 @@ def plot(runs: list[dict], warm: dict[int, dict], path: Path) -> None:
         ax = axes[k]
         for c, g in enumerate(GROUPINGS):
             mine = [r for r in runs if r["grouping"] == g]
+            if not mine:
+                continue
             steps = sorted({cv["step"] for r in mine for cv in r["curves"]})
             ys = np.array(
                 [
@@ -182,6 +186,8 @@ def plot(runs: list[dict], warm: dict[int, dict], path: Path) -> None:
     key = "eval/coder/pass_at_1"
     for c, g in enumerate(GROUPINGS):
         vals = [r["after"][key] for r in runs if r["grouping"] == g]
+        if not vals:
+            continue
         ax.scatter([c] * len(vals), vals, color=f"C{c}")
         ax.errorbar(
             [c],
@@ -241,6 +247,8 @@ def main(argv=None) -> None:
     plot(runs, warm, args.out / "atgrpo_grouping.png")
     print(f"warm start pass@1 {summary['pass_before']['mean']:.3f}")
     for g in GROUPINGS:
+        if g not in summary:
+            continue
         s = summary[g]
         print(
             f"{g}: pass@1 after {s['pass_after']['mean']:.3f} "
