@@ -248,14 +248,14 @@ def plot(runs: list[dict], summary: dict, path: Path) -> None:
 
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
     ax = axes[0]
+    zero = 0
     for k, a in enumerate(AGENTS):
-        pred = [row[f"{a}/predicted"] for r in runs for row in r["paired"] if f"{a}/grad_norm_agent" in row]
-        meas = [
-            row[f"{a}/grad_norm_global"] ** 2 / max(row[f"{a}/grad_norm_agent"] ** 2, 1e-30)
-            for r in runs
-            for row in r["paired"]
-            if f"{a}/grad_norm_agent" in row
-        ]
+        rows = [row for r in runs for row in r["paired"] if f"{a}/grad_norm_agent" in row]
+        zero += sum(row[f"{a}/grad_norm_agent"] == 0 for row in rows)
+        # a zero agent-wise gradient (the agent's rewards constant in every group) has no finite ratio
+        rows = [row for row in rows if row[f"{a}/grad_norm_agent"] > 0]
+        pred = [row[f"{a}/predicted"] for row in rows]
+        meas = [row[f"{a}/grad_norm_global"] ** 2 / row[f"{a}/grad_norm_agent"] ** 2 for row in rows]
         ax.scatter(pred, meas, s=12, alpha=0.6, label=a, color=f"C{k}")
     lim = ax.get_xlim()
     ax.plot(lim, lim, "k--", lw=0.8, label="measured = predicted")
@@ -264,7 +264,7 @@ def plot(runs: list[dict], summary: dict, path: Path) -> None:
         yscale="log",
         xlabel="predicted factor (per problem group)",
         ylabel="||g_global||^2 / ||g_agent||^2 (same batch)",
-        title="per step, paired",
+        title=f"per step, paired ({zero} agent-steps with zero agent-wise gradient left out)",
     )
     ax.legend(fontsize=8)
     for k, a in enumerate(AGENTS):
