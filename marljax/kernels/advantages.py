@@ -38,16 +38,43 @@ def rloo_advantages(rewards, group_ids, num_groups, mask=None):
     return group_advantages(rewards, group_ids, num_groups, mask, center="loo", scale="none")
 
 
-def at_grpo_group_ids(problem_ids, turn_ids, agent_ids, *, num_turns: int, num_agents: int):
-    """AT-GRPO group key ``(problem, turn, agent)`` flattened to ``(p * T + t) * K + k``. ``[N] -> [N]``."""
+AT_GRPO_KEYS = ("problem_turn_agent", "pooled", "problem")
+
+
+def at_grpo_group_ids(
+    problem_ids,
+    turn_ids,
+    agent_ids,
+    *,
+    num_turns: int,
+    num_agents: int,
+    key: str = "problem_turn_agent",
+    pool_size: int = 1,
+):
+    """Group ids ``[N] -> [N]`` of AT-GRPO, in ``[0, P * T * K)`` for ``P`` problems.
+
+    ``key``:
+      * ``"problem_turn_agent"`` (the paper's): ``(p, t, k)`` flattened to ``(p * T + t) * K + k``;
+      * ``"pooled"``: ``(p // pool_size, t, k)``, ``pool_size`` consecutive problems per group, as
+        PettingLLMs' code groups (its uid divides an already per-problem index by the sample count
+        again); the same agent and turn, but several problems compared together;
+      * ``"problem"``: ``p``, one group per problem across all its turns and agents (plain GRPO's
+        prompt group).
+    """
     for name, ids in (("problem_ids", problem_ids), ("turn_ids", turn_ids), ("agent_ids", agent_ids)):
         _checks.rank(ids, 1, name)
         _checks.integer(ids, name)
         _checks.same_shape(problem_ids, ids, "problem_ids", name)
     num_turns = _checks.static_int(num_turns, "num_turns")
     num_agents = _checks.static_int(num_agents, "num_agents")
+    _checks.choice(key, "key", AT_GRPO_KEYS)
+    pool_size = _checks.static_int(pool_size, "pool_size", minimum=1)
     _checks.ids_in_range(turn_ids, num_turns, "turn_ids")
     _checks.ids_in_range(agent_ids, num_agents, "agent_ids")
+    if key == "problem":
+        return problem_ids
+    if key == "pooled":
+        problem_ids = problem_ids // pool_size
     return (problem_ids * num_turns + turn_ids) * num_agents + agent_ids
 
 
@@ -63,6 +90,8 @@ def at_grpo_advantages(
     mask=None,
     eps: float = 1e-6,
     scale: str = "std",
+    key: str = "problem_turn_agent",
+    pool_size: int = 1,
 ):
     """AT-GRPO (Zhao et al. 2025, arXiv 2510.11062): agent- and turn-wise groups.
 
@@ -73,13 +102,23 @@ def at_grpo_advantages(
     Args:
       rewards: ``[N]`` float; problem_ids, turn_ids, agent_ids: ``[N]`` int.
       num_problems, num_turns, num_agents: static sizes of each id.
+      key, pool_size: the grouping (see :func:`at_grpo_group_ids`); the default is the paper's,
+        the others are there to measure what the key changes.
 
     Returns:
       ``[N]`` advantages.
     """
     num_problems = _checks.static_int(num_problems, "num_problems")
     _checks.ids_in_range(problem_ids, num_problems, "problem_ids")
-    ids = at_grpo_group_ids(problem_ids, turn_ids, agent_ids, num_turns=num_turns, num_agents=num_agents)
+    ids = at_grpo_group_ids(
+        problem_ids,
+        turn_ids,
+        agent_ids,
+        num_turns=num_turns,
+        num_agents=num_agents,
+        key=key,
+        pool_size=pool_size,
+    )
     return group_advantages(rewards, ids, num_problems * num_turns * num_agents, mask, eps=eps, scale=scale)
 
 

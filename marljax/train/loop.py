@@ -82,6 +82,9 @@ def diversity_of(rollout: Rollout) -> dict[str, float]:
 class Trainer:
     """Builds everything a run needs from a `RunConfig`; `run()` trains to `train.steps`."""
 
+    # policy -> its agents, for the per-agent gradient norms (`train.agent_grad_norms`); empty: off
+    grad_norm_agents: dict[str, tuple[str, ...]] = {}
+
     def __init__(self, cfg: RunConfig):
         self.cfg = cfg
         distributed.initialize(cfg.distributed)  # multi-process runs: before any JAX computation
@@ -97,6 +100,10 @@ class Trainer:
             name: ExperienceBuffer(p.cfg.buffer.threshold, p.cfg.buffer.max_staleness)
             for name, p in self.policies.items()
         }
+        if cfg.train.agent_grad_norms:
+            self.grad_norm_agents = {
+                p: tuple(sorted(a for a, c in cfg.agents.items() if c.policy == p)) for p in self.policies
+            }
         self.train_problems = load_split(cfg.data, "train")
         self.eval_problems = load_split(cfg.data, "eval")
         d = cfg.data
@@ -197,7 +204,8 @@ class Trainer:
             buf, pending[name] = self.buffers[name], []
             while buf.ready(policy.version):
                 batch, stats = buf.take(policy.version)
-                pending[name].append((policy.start_update(batch), stats))
+                diagnose = {"agents": self.grad_norm_agents[name]} if name in self.grad_norm_agents else {}
+                pending[name].append((policy.start_update(batch, **diagnose), stats))
         for name, policy in self.policies.items():
             buf, dropped = self.buffers[name], self.buffers[name].dropped - dropped_before[name]
             history = [{**policy.finish_update(p), **stats} for p, stats in pending[name]]
@@ -213,8 +221,12 @@ class Trainer:
             out[f"{prefix}/version"] = float(policy.version)
             out[f"{prefix}/buffer"] = float(len(buf))
             out[f"{prefix}/dropped_stale"] = float(dropped)
-            for key in history[0] if history else {}:
-                out[f"{prefix}/{key}"] = float(np.mean([h[key] for h in history]))
+            for key in dict.fromkeys(k for h in history for k in h):
+                values = [h[key] for h in history if key in h]
+                if key.startswith("agent_grad_norm/"):  # -> agent/<name>/grad_norm
+                    out[f"agent/{key.split('/', 1)[1]}/grad_norm"] = float(np.mean(values))
+                else:
+                    out[f"{prefix}/{key}"] = float(np.mean(values))
             if history and any(h["skipped"] for h in history):
                 log.warning("policy %s: non-finite loss or gradient, update skipped", name)
         return out

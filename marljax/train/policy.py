@@ -46,7 +46,13 @@ from marljax.sampler.engine import Buckets, Schedule
 from marljax.train.batch import collate
 from marljax.train.config import LossConfig, OptimizerConfig
 from marljax.train.optim import applied_steps, make_optimizer, make_schedule
-from marljax.train.update import make_logprob_fn, make_update_fn, rl_loss, sft_loss
+from marljax.train.update import (
+    make_agent_grad_norm_fn,
+    make_logprob_fn,
+    make_update_fn,
+    rl_loss,
+    sft_loss,
+)
 from marljax.workflows.types import Sample
 
 
@@ -203,6 +209,19 @@ def _step_functions(
         combine,
     )
     return optimizer, rl, sft, make_logprob_fn(config)
+
+
+@functools.lru_cache(maxsize=32)
+def _agent_norm_function(config: ModelConfig, loss: LossConfig, use_old_logp: bool, lora: LoraSpec | None):
+    """The jitted per-agent gradient-norm diagnostic of the RL loss (`make_agent_grad_norm_fn`);
+    built on first use only, so runs without the diagnostic compile nothing more."""
+    combine = None if lora is None else functools.partial(with_adapter, spec=lora)
+    dropout = 0.0 if lora is None else lora.dropout
+    return make_agent_grad_norm_fn(
+        functools.partial(rl_loss, config=config, loss=loss, use_old_logp=use_old_logp, lora_dropout=dropout),
+        loss.agg_mode,
+        combine,
+    )
 
 
 class Policy:
@@ -415,9 +434,14 @@ class Policy:
         """One RL update on `samples` (`mini_batches` optimiser steps); bumps `version`."""
         return self.finish_update(self.start_update(samples))
 
-    def start_update(self, samples: Sequence[Sample]) -> list:
+    def start_update(self, samples: Sequence[Sample], agents: Sequence[str] | None = None) -> list:
         """Dispatch `update` without waiting for the devices; `finish_update` reads its metrics.
-        Policies on disjoint devices therefore update at the same time."""
+        Policies on disjoint devices therefore update at the same time.
+
+        `agents` (the policy's agents, a fixed list so the diagnostic compiles once): also report
+        `agent_grad_norm/<agent>`, the norm of the gradient of each agent's samples' loss alone
+        at the parameters the step starts from, for the agents with samples in the batch
+        (`make_agent_grad_norm_fn`; one more forward and backward pass per agent)."""
         order = np.random.default_rng([self.seed, self.version]).permutation(len(samples))
         chunks = [c for c in np.array_split(order, self.cfg.mini_batches) if len(c)]
         batches = [self._collate([samples[i] for i in c]) for c in chunks]
@@ -428,13 +452,40 @@ class Policy:
                 b["ref_logp"] = self._logprobs(self.model_params(self.ref_params), b)
             self._add_dropout_seeds(b, k)
         history = []
-        for b in batches:  # metrics are read after the last step, so steps queue up on the devices
+        for c, b in zip(chunks, batches):  # metrics are read after the last step: steps queue up
+            extra = {} if agents is None else self._agent_grad_norms(b, [samples[i].agent for i in c], agents)
             self.params, self.opt_state, metrics = self._rl_update(
                 self.params, self.opt_state, b, *self._frozen()
             )
-            history.append(metrics)
+            history.append({**metrics, **extra})
         self.version += 1
         return history
+
+    def agent_grad_norms(self, samples: Sequence[Sample], agents: Sequence[str]) -> dict[str, float]:
+        """`{agent: norm}` of the gradient of each agent's samples' loss alone at the current
+        parameters, without updating (e.g. the same samples under another advantage
+        normalisation); the agents of `agents` with samples in `samples` only."""
+        batch = self._collate(samples)
+        if self.cfg.mini_batches > 1:
+            batch["old_logp"] = self._logprobs(self.model_params(), batch)
+        if self.loss.kl_coef:
+            batch["ref_logp"] = self._logprobs(self.model_params(self.ref_params), batch)
+        self._add_dropout_seeds(batch, 0)
+        norms = self._agent_grad_norms(batch, [s.agent for s in samples], agents)
+        return {k.split("/", 1)[1]: float(v) for k, v in norms.items()}
+
+    def _agent_grad_norms(self, batch: dict, names: Sequence[str], agents: Sequence[str]) -> dict:
+        """`agent_grad_norm/<agent>` (device scalars) for the agents of `agents` with rows in `batch`;
+        `names`: the agent of each of its rows, in order (`collate` keeps the samples' order)."""
+        if self.mesh is not None and not batch["advantages"].sharding.is_fully_addressable:
+            raise NotImplementedError("per-agent gradient norms are not supported on multi-process runs")
+        rows = np.full(batch["advantages"].size, -1, np.int32)
+        index = {a: k for k, a in enumerate(agents)}
+        rows[: len(names)] = [index.get(a, -1) for a in names]
+        rows = jax.device_put(rows.reshape(batch["advantages"].shape), batch["advantages"].sharding)
+        fn = _agent_norm_function(self.config, self.loss, self.cfg.mini_batches > 1, self.lora)
+        norms = fn(self.params, batch, rows, len(agents), *self._frozen())
+        return {f"agent_grad_norm/{a}": norms[index[a]] for a in dict.fromkeys(names) if a in index}
 
     def _frozen(self) -> tuple:
         """The update's extra argument: the frozen base of an adapter policy."""
@@ -451,7 +502,8 @@ class Policy:
     @staticmethod
     def finish_update(pending: list) -> dict[str, float]:
         history = [_to_float(m) for m in pending]
-        out = {k: float(np.mean([h[k] for h in history])) for k in history[0]}
+        keys = dict.fromkeys(k for h in history for k in h)  # an agent may miss some mini-batches
+        out = {k: float(np.mean([h[k] for h in history if k in h])) for k in keys}
         out["skipped"] = float(sum(h["skipped"] for h in history))
         return out
 

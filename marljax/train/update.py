@@ -192,6 +192,32 @@ def make_update_fn(
     return jax.jit(update, donate_argnums=(0, 1))
 
 
+def make_agent_grad_norm_fn(loss_fn: Callable, agg_mode: str, combine: Callable | None = None):
+    """Jitted `norms(params, batch, agent_rows, num_agents, frozen=None) -> [num_agents]`: a
+    diagnostic, the global norm of the gradient of the loss of each agent's rows alone.
+
+    `agent_rows [M, mb]` holds each row's agent index (-1 for padding rows). Agent k's gradient is
+    the one `accumulate` gives for the batch with every other agent's rows masked out, which equals
+    the gradient of a batch holding only agent k's samples (masked rows count in no loss
+    denominator); an agent without rows gets 0. Several agents on one policy share its gradient,
+    so the update's `grad_norm` cannot tell which agent a spike comes from (Dr. MAS, arXiv
+    2602.08847, Lemma 4.2: global normalisation scales agent k's gradient second moment). It costs
+    one more forward and backward pass per agent, hence off unless asked for."""
+
+    def norms(params, batch, agent_rows, num_agents, frozen=None):
+        fn = loss_fn if combine is None else (lambda p, mb: loss_fn(combine(p, frozen), mb))
+
+        def one(k):
+            mine = batch["loss_mask"] & (agent_rows == k)[:, :, None]
+            _, grads, _ = accumulate(fn, params, {**batch, "loss_mask": mine}, agg_mode)
+            return optax.tree.norm(grads)
+
+        # lax.map, not a Python loop: one compiled body whatever the number of agents
+        return jax.lax.map(one, jnp.arange(num_agents))
+
+    return jax.jit(norms, static_argnums=(3,))
+
+
 def make_logprob_fn(config: ModelConfig):
     """Jitted `logprobs(params, batch) -> [M, mb, T]`: log-probs of `labels`, no gradient."""
 

@@ -8,7 +8,9 @@ Credit: ``A = (r - mean_g) / (std_g + eps)`` (``grpo``) or ``r - mean_g``
 (``dr_grpo``) with group ``g = (problem, turn, agent)``
 (:func:`marljax.kernels.at_grpo_advantages`), so a candidate is compared only
 with the other K candidates of the same agent at the same turn of the same
-problem. Agents act with ``agent.policy``: one shared policy with role
+problem. ``grouping`` swaps the key for the ablations of docs/fidelity.md:
+``pooled`` (several problems per group, as PettingLLMs' code) or ``problem``
+(one group per problem). Agents act with ``agent.policy``: one shared policy with role
 prompts or one policy per role, with no difference here.
 
 The environment (`marljax.envs.Env`) holds the task: ``code`` is the coder +
@@ -26,7 +28,7 @@ from typing import Any, Literal
 
 import jax.numpy as jnp
 import numpy as np
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from marljax import kernels
 from marljax.envs import Env, TurnResult
@@ -54,6 +56,24 @@ class AtGrpoConfig(BaseWorkflowConfig):
     tester_bonus: float = Field(0.5, ge=0, description="extra reward per valid assert the current code fails")
     max_asserts: int = Field(8, ge=1, description="asserts of a tester answer that are run")
     stop_when_solved: bool = Field(True, description="end a tree once its best branch solves the problem")
+    grouping: Literal["problem_turn_agent", "pooled", "problem"] = Field(
+        "problem_turn_agent",
+        description="advantage groups: (problem, turn, agent) as the paper; 'pooled': (problem // "
+        "pool_size, turn, agent), several problems per group as PettingLLMs' code; 'problem': one group "
+        "per problem, all turns and agents together",
+    )
+    pool_size: int | None = Field(
+        None, ge=2, description="problems per group with grouping 'pooled' (batch order); required there"
+    )
+
+    @model_validator(mode="after")
+    def _pool(self):
+        if (self.grouping == "pooled") != (self.pool_size is not None):
+            raise ValueError(
+                f"pool_size is required with grouping 'pooled' and only there "
+                f"(grouping {self.grouping!r}, pool_size {self.pool_size})"
+            )
+        return self
 
     def check_agents(self, agents: Mapping[str, Any]):
         roles = (
@@ -178,6 +198,8 @@ class AtGrpoWorkflow(Workflow[AtGrpoConfig]):
             num_turns=self.cfg.num_turns,
             num_agents=len(roles),
             scale="std" if self.cfg.estimator == "grpo" else "none",
+            key=self.cfg.grouping,
+            pool_size=self.cfg.pool_size or 1,
         )
         ids = [
             dict(

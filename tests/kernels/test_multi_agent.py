@@ -40,6 +40,43 @@ def test_at_grpo_group_ids_layout():
         kernels.at_grpo_group_ids(jnp.array([0]), jnp.array([3]), jnp.array([0]), num_turns=3, num_agents=2)
 
 
+def test_at_grpo_grouping_keys_group_as_stated():
+    # 4 problems x 2 turns x 2 agents, one sample each; the groups written out by hand.
+    p = np.repeat(np.arange(4), 4)
+    t = np.tile([0, 0, 1, 1], 4)
+    a = np.tile([0, 1], 8)
+    args = (jnp.asarray(p), jnp.asarray(t), jnp.asarray(a))
+
+    def partition(ids):  # the groups as sets of sample indices, whatever the id values
+        ids = np.asarray(ids)
+        return sorted(tuple(np.flatnonzero(ids == g)) for g in np.unique(ids))
+
+    own = kernels.at_grpo_group_ids(*args, num_turns=2, num_agents=2)
+    assert partition(own) == [(i,) for i in range(16)]  # every (problem, turn, agent) alone
+    pooled = kernels.at_grpo_group_ids(*args, num_turns=2, num_agents=2, key="pooled", pool_size=2)
+    # problems {0, 1} and {2, 3} pooled, turn and agent still apart
+    assert partition(pooled) == sorted([(0, 4), (1, 5), (2, 6), (3, 7), (8, 12), (9, 13), (10, 14), (11, 15)])
+    per_problem = kernels.at_grpo_group_ids(*args, num_turns=2, num_agents=2, key="problem")
+    assert partition(per_problem) == [(0, 1, 2, 3), (4, 5, 6, 7), (8, 9, 10, 11), (12, 13, 14, 15)]
+    for ids in (own, pooled, per_problem):  # all inside the P * T * K ids the estimator sizes for
+        assert int(np.min(ids)) >= 0 and int(np.max(ids)) < 4 * 2 * 2
+    with pytest.raises(ValueError, match="key"):
+        kernels.at_grpo_group_ids(*args, num_turns=2, num_agents=2, key="turn")
+
+
+def test_at_grpo_advantages_follow_the_key():
+    # 2 problems, 1 turn, 1 agent, 2 candidates: rewards [0, 1] and [1, 3].
+    r = jnp.array([0.0, 1.0, 1.0, 3.0])
+    p, zero = jnp.array([0, 0, 1, 1]), jnp.zeros(4, jnp.int32)
+    kw = dict(num_problems=2, num_turns=1, num_agents=1, eps=0.0)
+    own = kernels.at_grpo_advantages(r, p, zero, zero, **kw)
+    s = 1 / np.sqrt(2)  # (x - mean) / std_ddof1 of any two distinct values: -+1/sqrt(2)
+    np.testing.assert_allclose(own, [-s, s, -s, s], rtol=1e-6)
+    pooled = kernels.at_grpo_advantages(r, p, zero, zero, key="pooled", pool_size=2, **kw)
+    mean, std = 1.25, np.std([0.0, 1.0, 1.0, 3.0], ddof=1)  # one group of all four
+    np.testing.assert_allclose(pooled, (np.array([0, 1, 1, 3]) - mean) / std, rtol=1e-6)
+
+
 def test_mars2_one_group_per_ragged_tree_across_agents_and_depths():
     # Tree 0: 5 nodes by agents 0/1 at depths 0..2; tree 1: 2 nodes.
     rewards = jnp.array([0.0, 1.0, 1.0, 0.0, 1.0, 0.2, 0.8])

@@ -159,6 +159,40 @@ def test_rewards_and_group_advantages_hand_computed(code_run):
     assert m["at_grpo/turns"] == 2 and m["at_grpo/solved"] == 0
 
 
+@pytest.mark.parametrize(
+    "grouping, pool_size, key",
+    [
+        ("pooled", 2, lambda s: (s.ids["turn"], s.agent)),  # both problems of the batch together
+        ("problem", None, lambda s: s.ids["problem"]),  # turns and agents of a problem together
+    ],
+)
+def test_grouping_option_changes_the_groups(pool, grouping, pool_size, key):
+    gen = ScriptedGenerator(code_script)
+    wf = AtGrpoWorkflow("code", num_candidates=3, num_turns=2, grouping=grouping, pool_size=pool_size)
+    samples = wf.rollout(code_problems(), agents(shared=False), gen, pool, seed=7).samples
+    groups: dict = {}
+    for s in samples:
+        groups.setdefault(key(s), []).append(s)
+    assert len(groups) == (4 if grouping == "pooled" else 2)
+    for members in groups.values():
+        r = np.array([s.reward for s in members])
+        want = (r - r.mean()) / (r.std(ddof=1) + 1e-6)
+        np.testing.assert_allclose([s.advantage for s in members], want, atol=1e-5)
+
+
+def test_grouping_config_checks_pool_size():
+    assert AtGrpoConfig().grouping == "problem_turn_agent"
+    assert AtGrpoConfig(grouping="pooled", pool_size=4).pool_size == 4
+    with pytest.raises(ValueError, match="pool_size"):
+        AtGrpoConfig(grouping="pooled")
+    with pytest.raises(ValueError, match="pool_size"):
+        AtGrpoConfig(pool_size=4)
+    with pytest.raises(ValueError):
+        AtGrpoConfig(grouping="pooled", pool_size=1)
+    with pytest.raises(ValueError):
+        AtGrpoConfig(grouping="turn")
+
+
 def test_feedback_only_from_turn_one(code_run):
     _, gen = code_run
     assert len(gen.batches) == 2

@@ -491,6 +491,12 @@ class TrainConfig(FrozenModel):
         "problems until data.batch_size informative ones are collected (train/dynamic_sampling.py)",
     )
     max_sampling_rounds: int = Field(3, ge=1, description="rollouts per step at most with dynamic_sampling")
+    agent_grad_norms: bool = Field(
+        False,
+        description="log agent/<name>/grad_norm: the norm of the gradient of each agent's samples' loss "
+        "alone, at each update (a diagnostic for agents sharing a policy; one more forward and "
+        "backward pass per agent)",
+    )
 
 
 class RunConfig(FrozenModel):
