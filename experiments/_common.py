@@ -23,6 +23,7 @@ RL then runs from it with the library's `Trainer`.
 
 from __future__ import annotations
 
+import argparse
 import json
 import logging
 import os
@@ -239,3 +240,24 @@ def cached_run(path: Path, run: Any, *args: Any) -> dict:
 def write_json(path: Path, data: Any) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+
+
+def arguments(doc: str, steps: int, batch_help: str) -> argparse.ArgumentParser:
+    """The options every experiment takes; an experiment adds its own."""
+    ap = argparse.ArgumentParser(description=doc.split("\n")[0])
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    ap.add_argument("--steps", type=int, default=steps)
+    ap.add_argument("--batch", type=int, default=2, help=batch_help)
+    ap.add_argument("--root", type=Path, default=ROOT, help="run directories and warm starts")
+    ap.add_argument("--summarise", action="store_true", help="only the runs already finished, no training")
+    ap.add_argument("--out", type=Path, default=DOCS)
+    return ap
+
+
+def save_figure(fig: Any, path: Path) -> None:
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -18,7 +18,6 @@ Writes docs/fidelity/atgrpo_grouping.json and .png.
 
 from __future__ import annotations
 
-import argparse
 import shutil
 import sys
 import time
@@ -200,21 +199,12 @@ def plot(runs: list[dict], warm: dict[int, dict], path: Path) -> None:
     ax.set_xticks(range(len(GROUPINGS)), list(GROUPINGS), fontsize=8)
     ax.set(ylabel="held-out pass@1 after RL", title="final pass rate per seed")
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    C.save_figure(fig, path)
 
 
 def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    ap.add_argument("--steps", type=int, default=3)
+    ap = C.arguments(__doc__, steps=3, batch_help="problems per step")
     ap.add_argument("--n-eval", type=int, default=16)
-    ap.add_argument("--batch", type=int, default=2, help="problems per step")
-    ap.add_argument("--root", type=Path, default=C.ROOT, help="run directories and warm starts")
-    ap.add_argument("--summarise", action="store_true", help="only the runs already finished, no training")
-    ap.add_argument("--out", type=Path, default=C.DOCS)
     args = ap.parse_args(argv)
     C.quiet()
     runs, warm = [], {}

@@ -27,7 +27,6 @@ Writes docs/fidelity/drmas_amplification.json and .png.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import shutil
 import sys
@@ -288,20 +287,11 @@ def plot(runs: list[dict], summary: dict, path: Path) -> None:
             yscale="log", xlabel="step", ylabel=f"agent/{a}/grad_norm", title=f"{a}: per-update gradient norm"
         )
         ax.legend(fontsize=6, ncol=2)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    C.save_figure(fig, path)
 
 
 def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    ap.add_argument("--steps", type=int, default=4)
-    ap.add_argument("--batch", type=int, default=2, help="problems per step (4 episodes each)")
-    ap.add_argument("--root", type=Path, default=C.ROOT, help="run directories and warm starts")
-    ap.add_argument("--summarise", action="store_true", help="only the runs already finished, no training")
-    ap.add_argument("--out", type=Path, default=C.DOCS)
+    ap = C.arguments(__doc__, steps=4, batch_help="problems per step (4 episodes each)")
     args = ap.parse_args(argv)
     C.quiet()
     runs = []

@@ -550,9 +550,9 @@ class Engine:
             jnp.zeros((B,), jnp.int32),
             jnp.full((B,), UNFINISHED, jnp.int32),
         )
-        for window in windows:
+        for j, window in enumerate(windows):
             state = carry[0]
-            if state.kv is not full_kv:  # the previous window's positions back into the cache
+            if j:  # the previous window's positions back into the cache
                 full_kv = _unwindow(full_kv, state.kv)
             state = state._replace(kv=_window(full_kv, window, self.layout))
             carry = lax.while_loop(functools.partial(cond, window=window), body, (state, *carry[1:]))
@@ -667,8 +667,9 @@ class _Run:
             ]
             m, lead = self._longest_prefix(prompt, leaders)
             slot = free.pop(0)
-            if min(m, limit) > min(n, limit) and min(m, limit) >= self.schedule.min_shared_prefix:
-                second.append((r, slot, first[lead][1], min(m, limit)))
+            from_leader = min(m, limit)
+            if from_leader > min(n, limit) and from_leader >= self.schedule.min_shared_prefix:
+                second.append((r, slot, first[lead][1], from_leader))
             else:
                 first.append((r, slot, src if n else slot, min(n, limit)))
         for group in (first, second):
