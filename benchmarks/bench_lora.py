@@ -31,6 +31,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 GiB = 2**30
+# on a GPU the parent asks the device for its memory and the children measure their peaks: neither may
+# take three quarters of the device up front (JAX's default there)
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
 # the 0.5B Qwen shape with LoRA rank 16: what the quick and full modes measure
 QWEN_05B = dict(shape="qwen2.5-0.5b", rank=16, rows=2, prompt=32, new=8, adapters=4, sample_rows=4, repeats=2)
@@ -52,6 +55,9 @@ MODES = {
     ),
     "quick": {**QWEN_05B, "teams": (2,), "sample_new": (1, 8)},
     "full": {**QWEN_05B, "teams": (2, 4, 8), "sample_new": (1, 8, 64)},
+    # on an accelerator: bfloat16 compute (float32 master weights for training, bfloat16 weights
+    # for the sampling comparison, as a sampler holds them there)
+    "gpu": {**QWEN_05B, "teams": (2, 4, 8), "sample_new": (1, 8, 64), "dtype": "bfloat16"},
 }
 LEVELS = {1: "shared policy", 2: "LoRA adapters", 3: "independent copies"}
 
@@ -69,9 +75,27 @@ def vm_hwm() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
+def on_accelerator() -> bool:
+    import jax
+
+    return jax.default_backend() != "cpu"
+
+
+def peak_bytes() -> int:
+    """The high-water mark this benchmark reports: of the device's memory on an accelerator (the
+    allocator's peak in use), of this process's resident memory on a CPU."""
+    if on_accelerator():
+        import jax
+
+        return int((jax.local_devices()[0].memory_stats() or {}).get("peak_bytes_in_use", 0))
+    return vm_hwm()
+
+
 def reset_peak() -> bool:
     """Start a new resident high-water mark (Linux: `/proc/self/clear_refs`); False where that
-    cannot be done."""
+    cannot be done (a device's peak cannot be reset from JAX)."""
+    if on_accelerator():
+        return False
     try:
         Path("/proc/self/clear_refs").write_text("5")
         return True
@@ -96,6 +120,10 @@ def live_bytes() -> int:
 
 
 def available_bytes() -> int | None:
+    if on_accelerator():
+        import jax
+
+        return (jax.local_devices()[0].memory_stats() or {}).get("bytes_limit")
     try:
         for line in Path("/proc/meminfo").read_text().splitlines():
             if line.startswith("MemAvailable:"):
@@ -110,7 +138,7 @@ def policy_configs(level: int, team: int, p: dict) -> dict:
     """name -> PolicyConfig of a level's team."""
     from marljax.train.config import PolicyConfig
 
-    model = {"preset": p["shape"], "seed": 0}
+    model = {"preset": p["shape"], "seed": 0, "dtype": p.get("dtype", "float32")}
     common = {"micro_batch_size": p["rows"], "optimizer": {"lr": 1e-5}}
     if level == 1:
         return {"shared": PolicyConfig.model_validate({"model": model, **common})}
@@ -127,10 +155,12 @@ def policy_configs(level: int, team: int, p: dict) -> dict:
 
 def team_estimate(level: int, team: int, p: dict) -> int:
     """`marljax.train.memory`'s estimate of the team on one device (bytes)."""
+    import jax
+
     from marljax.models import ModelConfig
     from marljax.train import memory
 
-    config = ModelConfig.preset(p["shape"])
+    config = ModelConfig.preset(p["shape"], dtype=p.get("dtype", "float32"))
     seq = p["prompt"] + p["new"]
     ests = [
         memory.estimate(
@@ -140,7 +170,7 @@ def team_estimate(level: int, team: int, p: dict) -> int:
             seq_len=seq,
             lora=None if c.lora is None else c.lora.spec(),
             base_key="base" if c.lora is not None else None,
-            platform="cpu",
+            platform=jax.default_backend(),
         )
         for name, c in policy_configs(level, team, p).items()
     ]
@@ -185,14 +215,16 @@ def child_team(level: int, team: int, p: dict) -> dict:
 
     build_s = time.perf_counter() - t0
     steps = []
-    build_peak = vm_hwm()
+    build_peak = peak_bytes()
+    # where a peak cannot be reset (a device), each phase's is the peak so far
+    cumulative = on_accelerator()
     for step in range(2):
         prompts = [prompt() for _ in agents]
         fresh = reset_peak()
         t = time.perf_counter()
         gens = gen.generate(list(zip(agents, prompts)), n=p["rows"], seed=step)
         sample_s = time.perf_counter() - t
-        sample_peak = vm_hwm() if fresh else None
+        sample_peak = peak_bytes() if fresh or cumulative else None
         by_policy: dict[str, list] = {}
         for agent, row in zip(agents, gens):
             for g in row:
@@ -209,7 +241,7 @@ def child_team(level: int, team: int, p: dict) -> dict:
                 "sample_s": sample_s,
                 "update_s": time.perf_counter() - t,
                 "sample_peak": sample_peak,
-                "update_peak": vm_hwm() if fresh else None,
+                "update_peak": peak_bytes() if fresh or cumulative else None,
             }
         )
     base_buffers = len(
@@ -229,7 +261,8 @@ def child_team(level: int, team: int, p: dict) -> dict:
         "step_s": steps[1]["sample_s"] + steps[1]["update_s"],
         # the high-water mark of the whole child, and of each phase where it can be reset: building
         # the team (loading or initialising the base), sampling, updating (each step's highest)
-        "peak_rss": max([build_peak] + [s[k] or 0 for s in steps for k in ("sample_peak", "update_peak")]),
+        "memory": "device" if cumulative else "RSS",
+        "peak": max([build_peak] + [s[k] or 0 for s in steps for k in ("sample_peak", "update_peak")]),
         "build_peak": build_peak,
         "sample_peak": max((s["sample_peak"] or 0) for s in steps) or None,
         "update_peak": max((s["update_peak"] or 0) for s in steps) or None,
@@ -256,7 +289,8 @@ def child_sampling(p: dict) -> dict:
     from marljax.models.lora import LoraSpec, init_adapter, stack_adapters
     from marljax.sampler import Schedule, generate, get_engine
 
-    config = ModelConfig.preset(p["shape"])
+    dtype = p.get("dtype", "float32")
+    config = ModelConfig.preset(p["shape"], dtype=dtype, param_dtype=dtype)
     base = get_params(init_model(config, seed=0))
     spec = LoraSpec(rank=p["rank"], alpha=2.0 * p["rank"])
     adapters = []
@@ -356,11 +390,12 @@ def _child(what: dict, timeout: float) -> dict:
     return json.loads(lines[-1][5:])
 
 
-def run(mode: str = "full", timeout: float = 1800, teams=None, levels=None) -> dict:
-    """The table for `mode` (`teams`, `levels`: a subset of the mode's)."""
+def run(mode: str = "full", timeout: float = 1800, teams=None, levels=None, sampling: bool = True) -> dict:
+    """The table for `mode` (`teams`, `levels`: a subset of the mode's; `sampling`: with the
+    sampling comparison)."""
     p = MODES[mode]
     rows, skipped = [], []
-    for team in teams or p["teams"]:
+    for team in p["teams"] if teams is None else teams:
         for level in levels or LEVELS:
             est = team_estimate(level, team, p)
             avail = available_bytes()
@@ -370,8 +405,14 @@ def run(mode: str = "full", timeout: float = 1800, teams=None, levels=None) -> d
                 continue
             res = _child({"kind": "team", "level": level, "team": team, "mode": mode}, timeout)
             rows.append({**res, "level": level, "team": team, "estimate": est, "fits": True})
-    sampling = _child({"kind": "sampling", "mode": mode}, timeout)
-    out = {"mode": mode, "shape": p["shape"], "rank": p["rank"], "rows": rows, "sampling": sampling}
+    out = {
+        "mode": mode,
+        "shape": p["shape"],
+        "dtype": p.get("dtype", "float32"),
+        "rank": p["rank"],
+        "rows": rows,
+        "sampling": _child({"kind": "sampling", "mode": mode}, timeout) if sampling else None,
+    }
     out.update(per_agent_cost(rows, p))
     out["markdown"] = markdown(out)
     return out
@@ -396,8 +437,8 @@ def per_agent_cost(rows: list[dict], p: dict) -> dict:
         lo, hi = level2[0], level2[-1]
         n = hi["team"] - lo["team"]
         out["per_agent_estimated"] = (hi["estimate"] - lo["estimate"]) / n / base
-        if "peak_rss" in lo and "peak_rss" in hi:
-            out["per_agent_measured"] = (hi["peak_rss"] - lo["peak_rss"]) / n / base
+        if "peak" in lo and "peak" in hi:
+            out["per_agent_measured"] = (hi["peak"] - lo["peak"]) / n / base
             out["per_agent_live"] = (hi["live_bytes"] - lo["live_bytes"]) / n / base
             for phase in ("sample_peak", "update_peak"):
                 if lo.get(phase) and hi.get(phase):
@@ -409,14 +450,24 @@ def markdown(out: dict) -> str:
     def gib(x):
         return f"{x / GiB:.2f}"
 
+    kind = next((r["memory"] for r in out["rows"] if "memory" in r), "RSS")
     lines = [
-        f"Shape {out['shape']} (random weights, float32), LoRA rank {out['rank']} on q/k/v/o/gate/up/down; "
-        "step = sample every agent's prompts + one update of every policy (second step; the first compiles).",
+        f"Shape {out['shape']} (random weights, {out.get('dtype', 'float32')} compute), LoRA rank {out['rank']} "
+        "on q/k/v/o/gate/up/down; step = sample every agent's prompts + one update of every policy (second "
+        "step; the first compiles). Memory: "
+        + (
+            "the device allocator's peak in use; the phase peaks are the peak so far (a device's peak "
+            "cannot be reset)."
+            if kind == "device"
+            else "the process's peak resident memory (VmHWM), reset before each phase where Linux allows."
+        ),
         "",
-        "| team | level | peak RSS GiB | peak: build / sampling / updates GiB | live arrays GiB | estimate GiB "
+        f"| team | level | peak {kind} GiB | peak: build / sampling / updates GiB | live arrays GiB | estimate GiB "
         "| step s | sampling s | updates s | model copies |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
+    if not out["rows"]:
+        lines = []
     for r in out["rows"]:
         name = f"{r['level']} ({LEVELS[r['level']]})"
         if not r.get("fits"):
@@ -430,22 +481,24 @@ def markdown(out: dict) -> str:
                 "-" if r.get(k) is None else gib(r[k]) for k in ("build_peak", "sample_peak", "update_peak")
             )
             lines.append(
-                f"| {r['team']} | {name} | {gib(r['peak_rss'])} | {phases} | {gib(r['live_bytes'])} | "
+                f"| {r['team']} | {name} | {gib(r['peak'])} | {phases} | {gib(r['live_bytes'])} | "
                 f"{gib(r['estimate'])} | "
                 f"{r['step_s']:.2f} | "
                 f"{r['sample_s']:.2f} | {r['update_s']:.2f} | {r['model_buffers']} buffers |"
             )
     for key, what in (
-        ("per_agent_measured", "measured (peak RSS)"),
+        ("per_agent_measured", f"measured (peak {kind})"),
         ("per_agent_live", "measured (live arrays)"),
-        ("per_agent_sample_peak", "measured (peak RSS while sampling)"),
-        ("per_agent_update_peak", "measured (peak RSS while updating)"),
+        ("per_agent_sample_peak", f"measured (peak {kind} while sampling)"),
+        ("per_agent_update_peak", f"measured (peak {kind} while updating)"),
         ("per_agent_estimated", "estimated"),
     ):
         if out.get(key) is not None:
             lines += ["", f"Level 2, memory per added agent, {what}: {out[key]:.1%} of the base's weights."]
     s = out["sampling"]
-    if "error" in s:
+    if s is None:
+        pass
+    elif "error" in s:
         lines += ["", "Sampling comparison failed."]
     else:
         lines += [
@@ -476,6 +529,10 @@ def main(argv=None) -> dict | None:
     g = ap.add_mutually_exclusive_group()
     g.add_argument("--smoke", action="store_true")
     g.add_argument("--quick", action="store_true")
+    g.add_argument("--gpu", action="store_true", help="the full mode in bfloat16, for an accelerator")
+    which = ap.add_mutually_exclusive_group()
+    which.add_argument("--sampling-only", action="store_true", help="only the sampling comparison")
+    which.add_argument("--teams-only", action="store_true", help="only the teams (no sampling comparison)")
     ap.add_argument("--out", type=Path)
     ap.add_argument("--teams", type=int, nargs="+", help="team sizes (default: the mode's)")
     ap.add_argument("--levels", type=int, nargs="+", choices=sorted(LEVELS), help="levels (default: all)")
@@ -487,8 +544,10 @@ def main(argv=None) -> dict | None:
         res = child_team(what["level"], what["team"], p) if what["kind"] == "team" else child_sampling(p)
         print("JSON:" + json.dumps(res), flush=True)
         return None
-    mode = "smoke" if args.smoke else "quick" if args.quick else "full"
-    out = run(mode, teams=args.teams, levels=args.levels)
+    mode = "smoke" if args.smoke else "quick" if args.quick else "gpu" if args.gpu else "full"
+    out = run(
+        mode, teams=[] if args.sampling_only else args.teams, levels=args.levels, sampling=not args.teams_only
+    )
     print(out["markdown"])
     if args.out:
         args.out.write_text(json.dumps(out, indent=2))

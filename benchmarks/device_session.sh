@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# One lease of a GPU machine: every accelerator measurement, most important first, each under its
+# own time limit and all under BUDGET seconds, so that a slow step costs the later ones and not the
+# whole lease. Results go to $OUT (JSON per step, one log); the summary is printed last.
+#
+#   OUT=/tmp/out BUDGET=540 bash benchmarks/device_session.sh
+#
+# SMOKE=1 runs every step at tiny shapes (a dry run on a CPU).
+#
+# Wheels for the packages the machine lacks (grain, pydantic, tensorboardX, bm25s and their needs)
+# are taken from .whl/ when it is there (see docs/gpu.md).
+set -u
+OUT=${OUT:-/tmp/marljax_device}
+mkdir -p "$OUT"
+LOG=$OUT/log.txt
+# MARLJAX_KEEP_HOST_MEMORY=0: the glibc settings of marljax.host_memory are for XLA:CPU's buffers
+export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false MARLJAX_KEEP_HOST_MEMORY=0
+# one compilation cache for every step and child process: the sharing-level children compile the
+# same programs
+export JAX_COMPILATION_CACHE_DIR=/tmp/marljax_jax_cache
+PY=${PY:-python3}
+if [ -n "${SMOKE:-}" ]; then
+  accel=--smoke lora=--smoke gpu=--smoke teams=2
+else
+  accel="" lora=--gpu gpu=--quick teams="2 8 4"
+fi
+start=$SECONDS
+end=$((start + ${BUDGET:-540}))
+
+if [ -d .whl ] && [ -z "${SMOKE:-}" ]; then
+  $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    || exit 1
+  export PYTHONPATH=/tmp/site:$PWD
+else
+  export PYTHONPATH=$PWD
+fi
+
+step() {  # step NAME LIMIT_S COMMAND...: run unless too little time is left
+  local name=$1 limit=$2 left=$((end - SECONDS))
+  shift 2
+  if [ "$left" -lt 40 ]; then
+    echo "== $name: skipped, ${left} s left" | tee -a "$LOG"
+    return
+  fi
+  [ "$limit" -gt "$left" ] && limit=$left
+  echo "== $name (limit ${limit} s, at $((SECONDS - start)) s)" | tee -a "$LOG"
+  timeout "$limit" "$@" >>"$LOG" 2>&1
+  echo "== $name: exit $? at $((SECONDS - start)) s" | tee -a "$LOG"
+}
+
+{
+  nvidia-smi -L
+  $PY -c "import sys, jax; print(sys.version); print(jax.__version__, jax.devices())"
+  $PY -m pip list 2>/dev/null | grep -i -E "^(jax|jaxlib|flax|optax|orbax-checkpoint|chex|transformers|grain|pydantic) "
+} >>"$LOG" 2>&1
+tail -n 12 "$LOG"
+
+step lora_sampling 130 $PY benchmarks/bench_lora.py $lora --sampling-only --out "$OUT/lora_sampling.json"
+step gpu 200 $PY benchmarks/run.py --gpu $gpu --only gpu --out "$OUT/gpu"
+rm -f "$OUT/gpu/results.md"  # the markdown is in results.json; the lease returns at most 8 files
+step accel 150 $PY benchmarks/bench_accel.py $accel --out "$OUT/accel.json"
+# smallest and largest team first: the cost per added agent needs both
+for team in $teams; do
+  step "lora_team$team" 150 $PY benchmarks/bench_lora.py $lora --teams "$team" --teams-only \
+    --out "$OUT/lora_team$team.json"
+done
+
+echo "== summary ($((SECONDS - start)) s)"
+$PY - "$OUT" <<'EOF'
+import json, sys
+from pathlib import Path
+
+out = Path(sys.argv[1])
+for f in sorted(out.rglob("*.json")):
+    d = json.loads(f.read_text())
+    md = d.get("markdown") or "\n\n".join(str(s.get("markdown", s)) for s in d.get("results", {}).values())
+    print(f"--- {f.relative_to(out)}\n{md}\n")
+EOF
