@@ -57,7 +57,8 @@ MODES = {
     "full": {**QWEN_05B, "teams": (2, 4, 8), "sample_new": (1, 8, 64)},
     # on an accelerator: bfloat16 compute (float32 master weights for training, bfloat16 weights
     # for the sampling comparison, as a sampler holds them there)
-    "gpu": {**QWEN_05B, "teams": (2, 4, 8), "sample_new": (1, 8, 64), "dtype": "bfloat16"},
+    # (calls there take milliseconds: more rounds for steadier ratios)
+    "gpu": {**QWEN_05B, "teams": (2, 4, 8), "sample_new": (1, 8, 64), "dtype": "bfloat16", "repeats": 7},
 }
 LEVELS = {1: "shared policy", 2: "LoRA adapters", 3: "independent copies"}
 

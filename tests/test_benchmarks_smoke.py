@@ -78,3 +78,20 @@ def test_targets_table():
     assert status["train step tiny vs transformers >= 2x"] == "met"
     assert status["train step 50M vs transformers >= 1.2x"] == "not measured"
     assert status["RL iteration (grpo_tiny): <= 10% outside sampling and updates"] == "NOT met"
+
+
+@pytest.mark.parametrize("size", ["tiny", "qwen2.5-0.5b"])
+def test_transformers_side_builds_every_size(monkeypatch, size):
+    """The train benchmark's transformers model for each size (the GPU size too, whose real shape
+    names special tokens): the same shape as marljax's side, no special tokens."""
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    import bench_train
+
+    cfg = bench_train.hf_config(size)
+    keys = bench_train.SIZES[size][1]
+    assert (cfg.hidden_size, cfg.num_hidden_layers, cfg.vocab_size) == (
+        keys["hidden_size"],
+        keys["num_hidden_layers"],
+        keys["vocab_size"],
+    )
+    assert cfg.bos_token_id is None and cfg.eos_token_id is None and cfg.pad_token_id == 0
