@@ -7,8 +7,12 @@
 #
 # SMOKE=1 runs every step at tiny shapes (a dry run on a CPU).
 #
-# Wheels for the packages the machine lacks (grain, pydantic, tensorboardX, bm25s and their needs)
-# are taken from .whl/ when it is there (see docs/gpu.md).
+# Wheels for the packages a bare GPU image lacks are installed from .whl/ (git-ignored) when it is
+# there; made on a machine with an index, for that image's Python (3.12):
+#   pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+#     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform any -d .whl \
+#     grain array-record portpicker importlib_resources more-itertools pydantic pydantic-core \
+#     annotated-types typing-inspection typing-extensions tensorboardX bm25s
 set -u
 OUT=${OUT:-/tmp/marljax_device}
 mkdir -p "$OUT"
