@@ -19,7 +19,13 @@ def pytest_configure(config):
     the tests start (CLI runs, multi-device scripts): many tests compile the same programs (the same
     tiny models through the same trainer), and a program compiled in one is loaded by the others.
     Set here, in the controller, before the workers start, so they inherit it through the
-    environment; a cache the user set is left alone."""
+    environment; a cache the user set is left alone.
+
+    Also LLVM's optimisation level 0 for XLA:CPU's code, unless XLA_FLAGS is set: the suite's time
+    is mostly compiling small programs that then run a few times, and XLA's own passes (fusion,
+    layout) and the matmul libraries are the same at every level, so only the generated loops of
+    elementwise code run slower (benchmarks/RESULTS.md has the A/B)."""
+    os.environ.setdefault("XLA_FLAGS", "--xla_backend_optimization_level=0")
     if os.environ.get("JAX_COMPILATION_CACHE_DIR"):
         return
     path = tempfile.mkdtemp(prefix="marljax-test-xla-cache-")
@@ -88,9 +94,8 @@ def run_on_fake_devices():
     root = Path(__file__).resolve().parents[1]
 
     def run(*python_args: str, devices: int = 8) -> subprocess.CompletedProcess:
-        env = dict(
-            os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}", JAX_PLATFORMS="cpu"
-        )
+        flags = f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count={devices}"
+        env = dict(os.environ, XLA_FLAGS=flags.strip(), JAX_PLATFORMS="cpu")
         env["PYTHONPATH"] = os.pathsep.join([str(root), env.get("PYTHONPATH", "")])
         return subprocess.run(
             [sys.executable, *python_args], env=env, capture_output=True, text=True, timeout=600
