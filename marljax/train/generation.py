@@ -67,10 +67,11 @@ class PolicyGenerator:
         return ids[:head] + ids[len(ids) - (limit - head) :]
 
     def _call_key(self, agent: Agent) -> tuple:
-        """Requests with equal keys share a sampler call: one policy, or adapter policies of one base;
-        one set of stop strings."""
+        """Requests with equal keys share a sampler call: one policy, or adapter policies of one base
+        sampling on one mesh; one set of stop strings."""
         policy = self.policies[agent.policy]
-        return (agent.policy if policy.base_key is None else policy.base_key, self.settings(agent.name).stop)
+        who = agent.policy if policy.base_key is None else (policy.base_key, policy.sampler_mesh)
+        return (who, self.settings(agent.name).stop)
 
     def generate(self, requests: Sequence[tuple[Agent, str]], n: int, seed: int) -> list[list[Generation]]:
         out: list[list[Generation] | None] = [None] * len(requests)

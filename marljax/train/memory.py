@@ -208,7 +208,8 @@ def estimate(
     activations_alt = _activations(config, rows, seq_len, shape["tensor"], not remat)
     compute_copy = int(2 * params * widen) if widen > 1 else 0
     if lora is not None:
-        base = params
+        # the frozen base and its copy in a sampler layout of its own: shared by the adapters on it
+        base, copy = params + copy, 0
         params = adapter_bytes(config, lora)
         # each targeted projection keeps its rank-r input product for the backward pass
         extra = config.num_layers * rows * seq_len * lora.rank * len(lora.weights) * compute

@@ -159,10 +159,12 @@ def with_adapter(adapter: dict, base: dict, *, spec: LoraSpec) -> dict:
 
 
 class BaseStore:
-    """Frozen base models of adapter policies, loaded once per (model, mesh) and shared."""
+    """Frozen base models of adapter policies, loaded once per (model, mesh) and shared, and their
+    copies in a sampler's layout, made once per (base, sampler mesh) and shared too."""
 
     def __init__(self):
         self._bases: dict = {}
+        self._sampler_copies: dict = {}
 
     def get(self, spec: Any, mesh, where: str) -> tuple[ModelConfig, dict, Any]:
         """(config, params, tokenizer) of the model `spec` on `mesh`, loaded on first use."""
@@ -173,6 +175,13 @@ class BaseStore:
                 params = jax.device_put(params, jax.devices()[0])
             self._bases[key] = (config, params, tokenizer)
         return self._bases[key]
+
+    def sampler_copy(self, base: dict, mesh, move) -> dict:
+        """`move(base)`: the frozen `base` in the layout of the sampler `mesh`, made on first use."""
+        key = (id(base), mesh)
+        if key not in self._sampler_copies:  # the base is kept with its copy, so its id stays its own
+            self._sampler_copies[key] = (base, move(base))
+        return self._sampler_copies[key][1]
 
     def __len__(self) -> int:
         return len(self._bases)
@@ -268,6 +277,7 @@ class Policy:
             self.config, self.params, self.tokenizer = load_model(model, self.mesh, where)
         else:
             bases = BaseStore() if bases is None else bases
+            self._bases = bases
             self.config, self.base_params, self.tokenizer = bases.get(model, self.mesh, where)
             self.params = init_adapter(self.config, self.lora, jax.random.key(cfg.lora.seed))
             if self.mesh is not None:  # adapters are small: a replicated copy on every device
@@ -308,24 +318,35 @@ class Policy:
         return encode_prompt(self.tokenizer, prompt, chat=self.chat, where=where)
 
     def _sampler_setup(self, sampler_mesh_cfg: Any) -> None:
-        """The sampler's layout: the trainer's, another mesh, or per-process copies (multi-process)."""
+        """The sampler's layout: the trainer's, another mesh, or per-process copies (multi-process).
+        `_to_sampler(tree, specs)` moves a tree of parameters there, each laid out by its spec."""
         self.sampler_mesh, self._to_sampler, self._sampler_cache = self.mesh, None, None
-        if self.lora is not None and (sampler_mesh_cfg is not None or jax.process_count() > 1):
-            raise ValueError(
-                f"policies.{self.name}: adapter policies sample in the trainer's layout on one process "
-                "(sampler_mesh and multi-process runs are not supported with lora)"
-            )
         mesh = self.mesh if sampler_mesh_cfg is None else policy_mesh(sampler_mesh_cfg)
         if jax.process_count() > 1:
             staging, self.sampler_mesh = process_local_mesh(mesh)
-            specs = jax.tree.map(lambda s: s.spec, param_dict_shardings(self.config, self.sampler_mesh))
-            self._to_sampler = functools.partial(
-                to_local, local_specs=specs, staging=staging, local=self.sampler_mesh
+            local = self.sampler_mesh
+            self._to_sampler = lambda tree, specs: to_local(
+                tree, local_specs=specs, staging=staging, local=local
             )
         elif sampler_mesh_cfg is not None:
             self.sampler_mesh = mesh
-            shardings = jax.devices()[0] if mesh is None else param_dict_shardings(self.config, mesh)
-            self._to_sampler = functools.partial(reshard, shardings=shardings)
+
+            def move(tree, specs):
+                if mesh is None:  # a one-device sampler
+                    return jax.device_put(tree, jax.devices()[0])
+                shardings = jax.tree.map(
+                    lambda s: NamedSharding(mesh, s), specs, is_leaf=lambda x: isinstance(x, PartitionSpec)
+                )
+                return reshard(tree, shardings)
+
+            self._to_sampler = move
+
+    def _model_specs(self) -> dict:
+        """Partition specs of the model's parameters on the sampler's mesh (the base's, for an adapter
+        policy)."""
+        if self.sampler_mesh is None:
+            return jax.tree.map(lambda _: PartitionSpec(), self.base_params if self.lora else self.params)
+        return jax.tree.map(lambda s: s.spec, param_dict_shardings(self.config, self.sampler_mesh))
 
     def model_params(self, params: dict | None = None) -> dict:
         """The parameters the model maths takes: `params` (default the current ones) for a full
@@ -338,15 +359,34 @@ class Policy:
         """Adapter policies with equal keys share one base (and can sample in one call)."""
         return None if self.lora is None else id(self.base_params)
 
-    def sampler_params(self) -> dict:
-        """The parameters in the sampler's layout, resharded on device once per parameter change."""
-        if self.lora is not None:
-            return self.model_params()
+    def _own_in_sampler_layout(self) -> dict:
+        """This policy's trainable parameters (the full model, or the adapter, replicated) in the
+        sampler's layout, moved on device once per parameter change."""
         if self._to_sampler is None:
             return self.params
         if self._sampler_cache is None or self._sampler_cache[0] is not self.params:
-            self._sampler_cache = (self.params, self._to_sampler(self.params))
+            specs = (
+                self._model_specs()
+                if self.lora is None
+                else jax.tree.map(lambda _: PartitionSpec(), self.params)
+            )
+            self._sampler_cache = (self.params, self._to_sampler(self.params, specs))
         return self._sampler_cache[1]
+
+    def sampler_base(self) -> dict:
+        """An adapter policy's frozen base in the sampler's layout: one copy per base and sampler
+        mesh, shared by the adapters on it."""
+        if self._to_sampler is None:
+            return self.base_params
+        return self._bases.sampler_copy(
+            self.base_params, self.sampler_mesh, lambda base: self._to_sampler(base, self._model_specs())
+        )
+
+    def sampler_params(self) -> dict:
+        """The parameters in the sampler's layout (an adapter policy: its base with its adapter)."""
+        if self.lora is not None:
+            return with_adapter(self._own_in_sampler_layout(), self.sampler_base(), spec=self.lora)
+        return self._own_in_sampler_layout()
 
     def generate(
         self,
@@ -372,10 +412,13 @@ class Policy:
             raise ValueError(f"settings: one per prompt ({len(prompt_ids)}), got {len(per)}")
         if team is None:
             params = self.sampler_params()
-        elif self.lora is None or any(p.base_key != self.base_key for p in team):
-            raise ValueError("a team samples together only as adapter policies on one base")
+        elif self.lora is None or any(
+            p.base_key != self.base_key or p.sampler_mesh != self.sampler_mesh for p in team
+        ):
+            raise ValueError("a team samples together only as adapter policies on one base and sampler mesh")
         else:
-            params = {**self.base_params, "lora": stack_adapters([(p.lora, p.params) for p in team])}
+            adapters = [(p.lora, p._own_in_sampler_layout()) for p in team]
+            params = {**self.sampler_base(), "lora": stack_adapters(adapters)}
 
         def each(key):
             values = [getattr(s, key) for s in per]

@@ -16,6 +16,7 @@ def policy_config(
     micro_batch_size: int = 4,
     mini_batches: int = 2,
     lr: float = 3e-3,
+    lora: dict | None = None,
 ):
     from marljax.train.config import PolicyConfig
 
@@ -29,6 +30,8 @@ def policy_config(
     }
     if sampler_mesh is not None:
         data["sampler_mesh"] = sampler_mesh
+    if lora is not None:
+        data["lora"] = lora
     return PolicyConfig.model_validate(data)
 
 

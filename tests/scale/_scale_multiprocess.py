@@ -7,9 +7,13 @@ devices (a per-process copy split tensor=2, gathered on device), takes two data-
 updates (each process holds half of each batch) and writes two checkpoints with
 RunCheckpointer; process 0 saves the gathered parameters.
 
+An adapter policy on the same model and mesh samples from per-process copies too (the base
+copied once).
+
 `single OUT`: one process, one device: the same two updates on the whole batches must give
 the workers' parameters within 1e-5, the workers' checkpoint must restore here to exactly
-the workers' state, and the workers' greedy generations must be this process's.
+the workers' state, and the workers' greedy generations (of both policies) must be this
+process's.
 """
 
 from __future__ import annotations
@@ -23,6 +27,15 @@ from _scale_common import MIN_CHANGE, TOL, host, max_diff, policy_config, sample
 
 BATCHES = [samples(12, seed=21), samples(12, seed=22)]
 PROMPTS = [[[5, 9, 11, 40], [7, 8, 9]], [[100, 3, 4, 5, 6, 7], [12, 13]]]  # one list per process
+LORA = {"rank": 4, "alpha": 8, "seed": 1}
+
+
+def moved_adapter(pol):
+    """The adapter policy with a non-zero update (a new adapter computes exactly the base)."""
+    import jax
+
+    pol.params = jax.tree.map(lambda x: x + 0.05, pol.params)
+    return pol
 
 
 def greedy():
@@ -76,6 +89,10 @@ def worker(pid: int, port: int, out: Path) -> None:
     assert sp["layers"]["wq"].sharding.spec == P(None, None, "tensor"), sp["layers"]["wq"].sharding
     assert max_diff(host(sp), host(multihost_utils.process_allgather(pol.params, tiled=True))) == 0.0
     gen = pol.generate(PROMPTS[pid], n=1, seed=0, sampler=greedy())
+    q = moved_adapter(Policy("q", policy_config({"data": 2, "fsdp": 2}, {"data": 2, "tensor": 2}, lora=LORA)))
+    assert all(x.is_fully_addressable for x in jax.tree.leaves(q.sampler_params()))
+    assert q.sampler_base()["layers"]["wq"].sharding.spec == P(None, None, "tensor")
+    np.save(out / f"adapter_gen{pid}.npy", q.generate(PROMPTS[pid], n=1, seed=0, sampler=greedy()).tokens)
     for batch in BATCHES:  # this process's half of every batch
         metrics = pol.update(batch[pid::2])
         assert metrics["skipped"] == 0 and np.isfinite(metrics["loss"]), metrics
@@ -102,9 +119,12 @@ def single(out: Path) -> None:
     assert not shards[0] & shards[1] and len(shards[0] | shards[1]) == 8, shards  # disjoint, cover an epoch
     pol = Policy("p", policy_config(mini_batches=1))
     init = host(pol.params)
+    q = moved_adapter(Policy("q", policy_config(lora=LORA)))
     for pid in (0, 1):  # the workers sampled from the same initial parameters
         gen = pol.generate(PROMPTS[pid], n=1, seed=0, sampler=greedy())
         np.testing.assert_array_equal(np.load(out / f"gen{pid}.npy"), gen.tokens)
+        gen = q.generate(PROMPTS[pid], n=1, seed=0, sampler=greedy())
+        np.testing.assert_array_equal(np.load(out / f"adapter_gen{pid}.npy"), gen.tokens)
     for batch in BATCHES:
         pol.update(batch)
     want = flat(host(pol.params))

@@ -175,6 +175,18 @@ def test_memory_estimate_counts_the_adapter_and_each_base_once():
     # two bases (other keys) are two copies
     other = memory.estimate(c, micro_batch_size=2, seq_len=64, lora=spec, base_key="c")
     assert memory.team_bytes([e, other]) == 2 * 5 * adapter + 2 * full.params + transient
+    # a sampler layout of their own: one more copy of the base (a quarter of it per device when split
+    # four ways), shared like the base, not one per adapter
+    split = memory.estimate(c, micro_batch_size=2, seq_len=64, sampler_mesh_shape={"tensor": 4})
+    assert split.sampler_copy < full.params
+    own = [
+        memory.estimate(
+            c, micro_batch_size=2, seq_len=64, lora=spec, base_key="b", sampler_mesh_shape={"tensor": 4}
+        )
+        for _ in range(4)
+    ]
+    assert own[0].sampler_copy == 0 and own[0].base == full.params + split.sampler_copy
+    assert memory.team_bytes(own) == memory.team_bytes(est) + split.sampler_copy
 
 
 def test_adapter_dropout_trains_reproducibly():

@@ -281,7 +281,9 @@ class PolicyConfig(FrozenModel):
     mini_batches: int = Field(1, ge=1, description="optimizer steps per update")
     mesh: MeshConfig = Field(default_factory=MeshConfig)
     sampler_mesh: MeshConfig | None = Field(
-        None, description="sampler layout if not the trainer's; parameters are resharded on device"
+        None,
+        description="sampler layout if not the trainer's; parameters are resharded on device (adapter "
+        "policies: their base once per sampler mesh, shared; their adapters per update)",
     )
     chat: Literal["auto", "on", "off"] = Field(
         "auto",
