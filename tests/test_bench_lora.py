@@ -22,7 +22,13 @@ def test_bench_lora_smoke(monkeypatch):
     assert set(rows) == {1, 2, 3} and all(r["team"] == 2 and r["fits"] for r in rows.values())
     for r in rows.values():
         assert "error" not in r, r.get("error")
-        assert r["memory"] == "RSS" and r["peak"] > 0 and r["step_s"] > 0 and r["sample_s"] > 0 and r["update_s"] > 0
+        assert (
+            r["memory"] == "RSS"
+            and r["peak"] > 0
+            and r["step_s"] > 0
+            and r["sample_s"] > 0
+            and r["update_s"] > 0
+        )
     # model weight buffers: one model for the shared policy and for the adapters, two for two copies
     assert rows[2]["model_buffers"] == rows[1]["model_buffers"]
     assert rows[3]["model_buffers"] == 2 * rows[1]["model_buffers"]
