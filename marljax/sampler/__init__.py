@@ -8,23 +8,15 @@
 Knows nothing about RL: `logprobs` are under `softmax(logits / temperature)` without
 top-k/top-p truncation, the distribution a trainer recomputes for the same tokens.
 `marljax.sampler.sampling` holds the pure per-step token choice;
-`marljax.sampler.engine` the slots, the compiled insert / decode steps, buckets and counters.
+`marljax.sampler.engine` the slots, the compiled insert / decode steps and counters;
+`marljax.sampler.schedule` the requests, the host loop that shares the slots, and the buckets.
 The model maths (prefill, the one-token decode step, log-probs) lives in `marljax.models`.
 """
 
 from marljax.sampler.api import SamplerOutput, TextOutput, generate, generate_stream, generate_text
-from marljax.sampler.engine import (
-    REASONS,
-    Buckets,
-    Completion,
-    Engine,
-    EngineStats,
-    Request,
-    Schedule,
-    get_engine,
-    next_bucket,
-)
+from marljax.sampler.engine import Engine, EngineStats, get_engine
 from marljax.sampler.sampling import argmax_first, sample_tokens, truncation_mask
+from marljax.sampler.schedule import REASONS, Buckets, Completion, Request, Schedule, next_bucket
 
 __all__ = [
     "SamplerOutput",

@@ -12,8 +12,9 @@ from jax.sharding import Mesh
 
 from marljax.models import Decoder, ModelConfig, get_params
 from marljax.models.lora import num_adapters
-from marljax.sampler.engine import Buckets, Completion, Engine, Request, Schedule, get_engine, mesh_of
+from marljax.sampler.engine import Engine, get_engine, mesh_of
 from marljax.sampler.sampling import DEFAULT_BOUND
+from marljax.sampler.schedule import Buckets, Completion, Request, Schedule
 
 
 @dataclasses.dataclass

@@ -42,7 +42,7 @@ from marljax.models.hf_io import from_pretrained, load_tokenizer, save_peft_adap
 from marljax.models.lora import LoraSpec, init_adapter, merge, stack_adapters
 from marljax.models.sharding import make_mesh, process_local_mesh, reshard, to_local
 from marljax.sampler import generate
-from marljax.sampler.engine import Buckets, Schedule
+from marljax.sampler.schedule import Buckets, Schedule
 from marljax.train.batch import collate
 from marljax.train.config import LossConfig, OptimizerConfig
 from marljax.train.optim import applied_steps, make_optimizer, make_schedule
