@@ -38,6 +38,14 @@ def pytest_configure(config):
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
 
 
+def pytest_collection_modifyitems(config, items):
+    """Files with slow tests first: xdist hands whole files to its workers in this order (`--dist
+    loadfile`), so the long ones start early and short files fill the end, instead of one worker
+    finishing a long file alone while the other waits."""
+    slow = {item.path for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: item.path not in slow)
+
+
 def pytest_unconfigure(config):
     path = getattr(config, "_marljax_xla_cache", None)
     if path:
