@@ -122,7 +122,7 @@ def held_out(trainer: Trainer) -> dict[str, float]:
 
 
 def run_one(seed: int, setting: str, steps: int, root: Path, n_eval: int, batch: int) -> dict:
-    cfg = config(seed, setting, 0 if setting == "untrained" else steps, root, n_eval, batch)
+    cfg = config(seed, setting, steps, root, n_eval, batch)
     shutil.rmtree(cfg.run_dir, ignore_errors=True)  # an interrupted attempt: start afresh, not resume
     trainer = Trainer(cfg)
     t0 = time.time()
@@ -132,10 +132,14 @@ def run_one(seed: int, setting: str, steps: int, root: Path, n_eval: int, batch:
                 # frozen: this policy's samples never reach its buffer, so it never updates
                 trainer.buffers[name].add = lambda samples: None
         curves = []
-        for _ in range(cfg.train.steps):
+        for _ in range(0 if setting == "untrained" else steps):
             m = trainer.train_step()
             curves.append(
-                {"step": trainer.step, "team/reward": m["team/reward"], "team/pass_rate": m["team/pass_rate"]}
+                {
+                    "step": trainer.step,
+                    "team/reward": m.get("team/reward"),
+                    "team/pass_rate": m.get("team/pass_rate"),
+                }
             )
             curves[-1].update({k: m[k] for k in ("policy/helper/updates", "policy/main/updates") if k in m})
         after = held_out(trainer)

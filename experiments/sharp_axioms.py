@@ -172,6 +172,7 @@ def axioms(tables: np.ndarray, cr: dict) -> dict:
     exact = cr["exact"]
     err = cr["sampled"] - exact  # [draws, P, N, K]
     out["sampled_rmse"] = np.sqrt((err**2).mean(axis=(0, 2, 3))).tolist()  # per P
+    out["credit_abs_mean/exact"] = float(np.abs(exact).mean())  # the scale the sampled error compares to
     out["episodes"] = len(tables)
     out["episodes_varying"] = int((np.ptp(tables, axis=1) > TOL).sum())
     return out
@@ -196,7 +197,15 @@ def summarise(per_seed: list[dict]) -> dict:
     for part in ("natural", "constructed"):
         rows = [s[part] for s in per_seed]
         keys = [k for k, v in rows[0].items() if isinstance(v, (int, float))]
-        out[part] = {k: max(r[k] for r in rows) if "max" in k else sum(r[k] for r in rows) for k in keys}
+        # worst case for gaps, mean of means, and counts of episodes added up
+        out[part] = {
+            k: max(r[k] for r in rows)
+            if "max" in k
+            else (np.mean if "mean" in k else sum)([r[k] for r in rows])
+            for k in keys
+        }
+        out[part] = {k: float(v) if "episodes" not in k else int(v) for k, v in out[part].items()}
+        out[part]["credit_abs_mean/exact"] = C.interval([r["credit_abs_mean/exact"] for r in rows])
         out[part]["sampled_rmse"] = [
             C.interval([r["sampled_rmse"][i] for r in rows]) for i in range(len(PERMUTATIONS))
         ]

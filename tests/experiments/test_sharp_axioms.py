@@ -68,10 +68,13 @@ def test_summary_takes_worst_gaps_and_intervals(axioms):
                 "sampled_rmse": [gap, gap / 2],
                 "symmetry_gap_mean/sampled": [gap, 0.0],
                 "credit_mean/exact": [gap] * 5,
+                "credit_abs_mean/exact": gap,
+                "efficiency_gap_mean/exact": gap,
             }
         rows.append(row)
     s = axioms.summarise(rows)
     assert s["natural"]["efficiency_gap_max/counterfactual"] == 0.3  # the worst seed
     assert s["natural"]["episodes"] == 8  # counts add up
+    assert s["natural"]["efficiency_gap_mean/exact"] == pytest.approx(0.2)  # means average
     assert s["constructed"]["sampled_rmse"][0]["mean"] == pytest.approx(0.2)
     assert s["constructed"]["sampled_rmse"][1]["n"] == 2
