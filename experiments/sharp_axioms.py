@@ -57,6 +57,12 @@ from marljax.workflows.sharp import coalition_code, shapley_credit, team_value_t
 WORKERS = ("worker_a", "worker_b", "worker_c")
 PERMUTATIONS = (1, 2, 4, 8, 16, 32)
 G = 4
+# Workers see "Coder. <task>", the prompt the warm start learned to answer with a program: with the
+# plan and the workflow's worker instruction in the prompt (before or after the task) it wrote no
+# program at all (every coalition value 0). "{history:.0}" and "{feedback:.0}" format as empty strings
+# and name the fields, so `render_in_context` does not append them: each worker writes the whole
+# program, blind to the plan, and the team's program is the workers' programs concatenated.
+WORKER_TEMPLATE = "{role}{problem}{history:.0}{feedback:.0}"
 TOL = 1e-5  # float32 sums of at most 32 table entries in [0, 1]
 
 
@@ -65,7 +71,7 @@ def config(seed: int, root: Path, batch: int):
     was taught to write programs after "Coder. ")."""
     agents = {"planner": {"policy": "shared", "role": "Solve. ", "template": C.TEMPLATE}}
     for w in WORKERS:
-        agents[w] = {"policy": "shared", "role": "Coder. ", "template": "{role}{problem}{history}{feedback}"}
+        agents[w] = {"policy": "shared", "role": "Coder. ", "template": WORKER_TEMPLATE}
     return config_from_dict(
         {
             "name": f"sharp_axioms_seed{seed}",
@@ -106,9 +112,11 @@ def tables(seed: int, root: Path, batch: int) -> dict:
         trajs = wf._team(trainer.train_problems, trainer.agents, trainer.generator, seed, G)
         natural, _ = wf._values(trajs, trainer.verifier, [list(range(1 << len(WORKERS)))] * len(trajs))
         # constructed team: the workers' code becomes [a, a', b, n]; _values reads `codes` of each
-        # trajectory, so the constructed code list is put in through a stand-in with that property
+        # trajectory and the number of workers of its config, so the constructed code list goes in
+        # through a stand-in trajectory and a copy of the workflow with four worker names
         built = [_Built(t, [t.codes[0], t.codes[0], t.codes[1], commented(t.work[2].text)]) for t in trajs]
-        constructed, _ = wf._values(built, trainer.verifier, [list(range(16))] * len(trajs))
+        four = type(wf)(wf.cfg.model_copy(update={"workers": ["a", "a_dup", "b", "null"]}))
+        constructed, _ = four._values(built, trainer.verifier, [list(range(16))] * len(trajs))
         texts = [[coalition_code(b.codes, 15)] for b in built[:2]]  # two examples for the JSON
     finally:
         trainer.close()
