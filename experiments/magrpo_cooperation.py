@@ -40,6 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _common as C  # noqa: E402
 
 from marljax.envs import coop_code  # noqa: E402
+from marljax.envs.joint import CoopCodeTask  # noqa: E402
 from marljax.train.config import config_from_dict  # noqa: E402
 from marljax.train.loop import Trainer  # noqa: E402
 
@@ -54,8 +55,7 @@ G = 4
 
 
 def config(seed: int, setting: str, steps: int, root: Path, n_eval: int, batch: int):
-    """Two agents on two policies from one warm start (coder prompts: the warm start writes programs
-    after "Coder. "; `coop_code` adds each agent's part to its problem text)."""
+    """Two agents on two policies from one warm start, one turn, `coop_code`'s level reward."""
     template = "{role}{problem}{history}{feedback}"
     policy = {
         "model": {"path": str(C.warm_start(root=root))},
@@ -71,7 +71,12 @@ def config(seed: int, setting: str, steps: int, root: Path, n_eval: int, batch: 
             "run_dir": str(root / "magrpo" / f"{setting}_seed{seed}"),
             "seed": seed,
             "policies": {"helper": policy, "main": policy},
-            "agents": {a: {"policy": a, "role": "Coder. ", "template": template} for a in ("helper", "main")},
+            # two prompts the warm start answers with a program ("Solve. " and "Coder. " were taught the
+            # same teacher's programs), so the agents differ by prompt and by policy
+            "agents": {
+                "helper": {"policy": "helper", "role": "Solve. ", "template": template},
+                "main": {"policy": "main", "role": "Coder. ", "template": template},
+            },
             "data": {
                 "synthetic": {
                     "n_train": max(steps, 1) * batch,
@@ -103,6 +108,23 @@ def config(seed: int, setting: str, steps: int, root: Path, n_eval: int, batch: 
     )
 
 
+class TaskPromptCoop(CoopCodeTask):
+    """`coop_code` judged as the workflow judges it, but each agent's prompt is the bare task.
+
+    `coop_code`'s prompts append the helper's / main agent's instructions to the task; after them the
+    warm start (taught to answer "<role>. <task>" with a program) wrote code that compiled and passed
+    no test on 16 held-out tasks (reward 0.1 = the syntax level alone, measured in a 2-step trial run),
+    so no test or cooperation level could be earned. With the bare task both agents write a program
+    for the task (the helper's first, the main agent's entry point last and winning), tests pass at the
+    warm start's rate, and the structure and cooperation levels (a helper-defined `aux` that the
+    entry point uses) stay open to learning from the joint reward alone: nothing tells the agents
+    about `aux`, so the cooperation level can only be found by sampling.
+    """
+
+    def problem_text(self, problem, agent_index: int) -> str:
+        return problem.prompt
+
+
 def held_out(trainer: Trainer) -> dict[str, float]:
     """Greedy joint answers to the held-out tasks, scored level by level (module doc)."""
     wf, problems = trainer.workflow, trainer.eval_problems
@@ -125,6 +147,7 @@ def run_one(seed: int, setting: str, steps: int, root: Path, n_eval: int, batch:
     cfg = config(seed, setting, steps, root, n_eval, batch)
     shutil.rmtree(cfg.run_dir, ignore_errors=True)  # an interrupted attempt: start afresh, not resume
     trainer = Trainer(cfg)
+    trainer.workflow.task = TaskPromptCoop()  # replaces the cached `task` (see TaskPromptCoop)
     t0 = time.time()
     try:
         for name in ("helper", "main"):
