@@ -52,15 +52,16 @@ SETTINGS = {
 }
 METRICS = ("reward", "pass", "cooperation", "tests", "structure")
 G = 4
+LR = 1e-3  # the other fidelity experiments' RL learning rate
 
 
-def config(seed: int, setting: str, steps: int, root: Path, n_eval: int, batch: int):
+def config(seed: int, setting: str, steps: int, root: Path, n_eval: int, batch: int, lr: float = LR):
     """Two agents on two policies from one warm start, one turn, `coop_code`'s level reward."""
     template = "{role}{problem}{history}{feedback}"
     policy = {
         "model": {"path": str(C.warm_start(root=root))},
         "chat": "off",
-        "optimizer": {"lr": 1e-3},
+        "optimizer": {"lr": lr},
         "loss": {"agg_mode": "seq-mean-token-mean"},
         "buffer": {"threshold": batch * G},  # one update per step per trained policy
         "micro_batch_size": 16,
@@ -68,7 +69,7 @@ def config(seed: int, setting: str, steps: int, root: Path, n_eval: int, batch: 
     return config_from_dict(
         {
             "name": f"magrpo_{setting}_seed{seed}",
-            "run_dir": str(root / "magrpo" / f"{setting}_seed{seed}"),
+            "run_dir": str(root / "magrpo" / f"{setting}_seed{seed}_lr{lr:g}"),
             "seed": seed,
             "policies": {"helper": policy, "main": policy},
             # two prompts the warm start answers with a program ("Solve. " and "Coder. " were taught the
@@ -143,8 +144,8 @@ def held_out(trainer: Trainer) -> dict[str, float]:
     return out
 
 
-def run_one(seed: int, setting: str, steps: int, root: Path, n_eval: int, batch: int) -> dict:
-    cfg = config(seed, setting, steps, root, n_eval, batch)
+def run_one(seed: int, setting: str, steps: int, root: Path, n_eval: int, batch: int, lr: float = LR) -> dict:
+    cfg = config(seed, setting, steps, root, n_eval, batch, lr)
     shutil.rmtree(cfg.run_dir, ignore_errors=True)  # an interrupted attempt: start afresh, not resume
     trainer = Trainer(cfg)
     trainer.workflow.task = TaskPromptCoop()  # replaces the cached `task` (see TaskPromptCoop)
@@ -180,6 +181,11 @@ def summarise(runs: list[dict]) -> dict:
         if mine:
             out[s] = {m: C.interval([r["after"][m] for r in mine.values()]) for m in METRICS}
             out[s]["per_seed_reward"] = [mine[k]["after"]["reward"] for k in sorted(mine)]
+            curves = [[c["team/reward"] for c in r["curves"]] for r in mine.values() if r["curves"]]
+            if curves:  # training reward (T = 1 samples): the first and the last quarter of the steps
+                q = max(1, len(curves[0]) // 4)
+                out[s]["train_reward_first"] = C.interval([float(np.mean(c[:q])) for c in curves])
+                out[s]["train_reward_last"] = C.interval([float(np.mean(c[-q:])) for c in curves])
     for s in ("untrained", "helper_alone", "main_alone"):
         seeds = sorted(set(by["joint"]) & set(by[s]))
         if seeds:
@@ -231,16 +237,20 @@ def main(argv=None) -> None:
     ap = C.arguments(__doc__, steps=4, batch_help="problems per step (G = 4 joint actions each)")
     ap.set_defaults(batch=4)
     ap.add_argument("--n-eval", type=int, default=16)
+    ap.add_argument("--lr", type=float, default=LR, help="RL learning rate of both policies")
     args = ap.parse_args(argv)
     C.quiet()
     runs = []
-    tag = f"s{args.steps}_e{args.n_eval}_b{args.batch}"
+    tag = f"s{args.steps}_e{args.n_eval}_b{args.batch}" + (f"_lr{args.lr:g}" if args.lr != LR else "")
+    name = "magrpo_cooperation" + (f"_lr{args.lr:g}" if args.lr != LR else "")
     for seed in args.seeds:
         for s in SETTINGS:
             done = args.root / "magrpo" / f"{s}_seed{seed}_{tag}.json"
             if args.summarise and not done.exists():
                 continue
-            runs.append(C.cached_run(done, run_one, seed, s, args.steps, args.root, args.n_eval, args.batch))
+            runs.append(
+                C.cached_run(done, run_one, seed, s, args.steps, args.root, args.n_eval, args.batch, args.lr)
+            )
             print(f"seed {seed} {s}: {runs[-1]['seconds']:.0f} s, {runs[-1]['after']}", flush=True)
     summary = summarise(runs)
     settings = {
@@ -250,12 +260,11 @@ def main(argv=None) -> None:
         "batch": args.batch,
         "G": G,
         "num_turns": 1,
+        "lr": args.lr,
         "sft": C.SFT,
     }
-    C.write_json(
-        args.out / "magrpo_cooperation.json", {"settings": settings, "summary": summary, "runs": runs}
-    )
-    plot(runs, summary, args.out / "magrpo_cooperation.png")
+    C.write_json(args.out / f"{name}.json", {"settings": settings, "summary": summary, "runs": runs})
+    plot(runs, summary, args.out / f"{name}.png")
     for s in SETTINGS:
         if s in summary:
             r = summary[s]["reward"]

@@ -38,6 +38,16 @@ def test_summary_means_and_paired_differences(magrpo):
     half = 4.302652729911275 * 0.17320508 / 3**0.5  # t(0.975, 2) * s / sqrt(n)
     assert d["lo"] == pytest.approx(0.4 - half) and d["hi"] == pytest.approx(0.4 + half)
     assert s["joint_minus_main_alone"]["reward"]["mean"] == pytest.approx(0.4)
+    assert "train_reward_first" not in s["joint"]  # no curves, no training statistics
+
+
+def test_summary_training_reward_quarters(magrpo):
+    runs = [run(0, "joint", 0.5), run(1, "joint", 0.5)]
+    for r, rewards in zip(runs, ([0.0, 0.2, 0.4, 0.6], [0.2, 0.2, 0.2, 1.0])):
+        r["curves"] = [{"step": k + 1, "team/reward": v} for k, v in enumerate(rewards)]
+    s = magrpo.summarise(runs)["joint"]
+    assert s["train_reward_first"]["mean"] == pytest.approx(0.1)  # (0.0 + 0.2) / 2
+    assert s["train_reward_last"]["mean"] == pytest.approx(0.8)  # (0.6 + 1.0) / 2
 
 
 def test_summary_pairs_only_common_seeds(magrpo):
