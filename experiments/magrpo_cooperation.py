@@ -8,7 +8,8 @@ helper and a main agent write one program together (`workflow.magrpo`, task
 `coop_code`: the helper writes `aux`, the main agent the entry point, which
 should call it; level reward = structure + syntax + tests + cooperation), each
 agent on its own policy, both loaded from the warm start of
-`experiments/_common.py`. Four settings per seed, each from the same warm start:
+`experiments/_common.py`, each prompted with the bare task (`TaskPromptCoop` says why; the judge
+is the workflow's). Four settings per seed, each from the same warm start:
 
 * untrained: the warm start itself;
 * helper alone: only the helper's policy is updated, the main agent's stays at
