@@ -1,6 +1,6 @@
 """MAGRPO cooperation at toy scale: jointly trained agents against agents trained alone and untrained.
 
-    PYTHONPATH=. python experiments/magrpo_cooperation.py --seeds 0 1 2 [--steps 4 --batch 4 --n-eval 16]
+    PYTHONPATH=. python experiments/magrpo_cooperation.py --seeds 0 1 2 [--steps 40 --batch 4 --n-eval 32 --lr 1e-3]
 
 MAGRPO (arXiv 2508.04652) trains agents that act together on a joint reward and
 claims they cooperate better than agents trained alone or not at all. Here a
@@ -235,9 +235,9 @@ def plot(runs: list[dict], summary: dict, path: Path) -> None:
 
 
 def main(argv=None) -> None:
-    ap = C.arguments(__doc__, steps=4, batch_help="problems per step (G = 4 joint actions each)")
+    ap = C.arguments(__doc__, steps=40, batch_help="problems per step (G = 4 joint actions each)")
     ap.set_defaults(batch=4)
-    ap.add_argument("--n-eval", type=int, default=16)
+    ap.add_argument("--n-eval", type=int, default=32)
     ap.add_argument("--lr", type=float, default=LR, help="RL learning rate of both policies")
     args = ap.parse_args(argv)
     C.quiet()
