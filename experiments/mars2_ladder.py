@@ -1,6 +1,6 @@
 """MARS2 ladder at toy scale: single-agent GRPO vs a homogeneous vs a heterogeneous team, judged by search.
 
-    PYTHONPATH=. python experiments/mars2_ladder.py --seeds 0 1 2 [--steps 20 --batch 8]
+    PYTHONPATH=. python experiments/mars2_ladder.py --seeds 0 1 2 [--steps 24 --batch 8]
 
 MARS2 (arXiv 2602.07848) claims single agent < homogeneous team < heterogeneous
 team, because models of different families make different errors and one can
@@ -47,6 +47,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import jax
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -83,6 +84,11 @@ NODES = K
 def line_kind(line: str) -> str | None:
     """The operation kind of a program line that admits a slip (the first matching pattern, as `slip`)."""
     return next((KINDS[i] for i, (pattern, _) in enumerate(SLIPS) if re.search(pattern, line)), None)
+
+
+def task_kind(problem: Any) -> str | None:
+    """The slip kind of a one-step task's operation (None: "add", which has no slip)."""
+    return next(filter(None, map(line_kind, problem.fields["solution"].splitlines())), None)
 
 
 def habit_completion(problem: Any, kinds: tuple[str, ...], rate: float, seed: int = WARM_SEED) -> str | None:
@@ -209,6 +215,7 @@ def run_one(seed: int, method: str, steps: int, root: Path, batch: int, models: 
         "seed": seed,
         "method": method,
         "agents": METHODS[method],
+        "kinds": [task_kind(p) for p in problems],
         "before": before,
         "after": after,
         "reward_curve": curve,
@@ -217,11 +224,155 @@ def run_one(seed: int, method: str, steps: int, root: Path, batch: int, models: 
     }
 
 
+def team_metrics(m: dict) -> dict[str, float]:
+    """The team-level numbers of one measurement."""
+    return {
+        "search_pass_at_1": m["search"]["eval/search/pass_at_1"],
+        "search_oracle": m["search"]["eval/search/oracle"],
+        "pass_at_k": m["pass_at_k"],
+        "sample_pass_rate": m["sample_pass_rate"],
+        "distinct_programs": m["diversity/distinct_programs"],
+        "ast_buckets": m["diversity/algorithmic_variety"],
+    }
+
+
+def error_profile(policies: dict[str, dict], kinds: list[str | None]) -> dict:
+    """Do two policies' errors differ? Greedy pass rate on each family's habit kinds (and on tasks
+    with no slip), the slips seen in their programs per kind, and the overlap of their failed tasks."""
+    groups = {**{f"{f}_kinds": set(k) for f, k in HABITS.items()}, "no_slip_kinds": {None}}
+    out: dict[str, Any] = {}
+    for name, p in policies.items():
+        ok = np.array(p["greedy_passed"])
+        out[name] = {
+            "pass": float(ok.mean()),
+            **{f"pass_on_{g}": float(ok[[k in ks for k in kinds]].mean()) for g, ks in groups.items()},
+            # per kind: share of that kind's tasks whose program holds the kind's classic slip
+            "slip_rate": {
+                kind: float(np.mean([kind in s for s, k in zip(p["slipped"], kinds) if k == kind]))
+                for kind in KINDS
+                if kind in kinds
+            },
+        }
+    if len(policies) == 2:
+        a, b = (~np.array(p["greedy_passed"]) for p in policies.values())
+        out["failed_both"] = int((a & b).sum())
+        out["failed_jaccard"] = float((a & b).sum() / max((a | b).sum(), 1))
+        out["team_greedy_coverage"] = float(np.mean(~(a & b)))  # some member passes
+    return out
+
+
+def summarise(runs: list[dict]) -> dict:
+    """Per setting: before / after / gain of every team number and each policy's greedy pass@1,
+    as 95% t intervals over seeds; the ladder's paired differences; the warm starts' error profile."""
+    methods = [m for m in METHODS if any(r["method"] == m for r in runs)]
+    out: dict[str, Any] = {"settings": {}, "ladder": {}}
+    for method in methods:
+        mine = sorted((r for r in runs if r["method"] == method), key=lambda r: r["seed"])
+        s: dict[str, Any] = {}
+        for key in team_metrics(mine[0]["before"]):
+            b = [team_metrics(r["before"])[key] for r in mine]
+            a = [team_metrics(r["after"])[key] for r in mine]
+            s[key] = {
+                "before": C.interval(b),
+                "after": C.interval(a),
+                "gain": C.interval(list(np.subtract(a, b))),
+                "per_seed": {"before": b, "after": a},
+            }
+        for policy in mine[0]["before"]["policies"]:
+            b = [float(np.mean(r["before"]["policies"][policy]["greedy_passed"])) for r in mine]
+            a = [float(np.mean(r["after"]["policies"][policy]["greedy_passed"])) for r in mine]
+            s[f"greedy_pass_at_1/{policy}"] = {
+                "before": C.interval(b),
+                "after": C.interval(a),
+                "gain": C.interval(list(np.subtract(a, b))),
+                "per_seed": {"before": b, "after": a},
+            }
+        s["chosen"] = {
+            k.split("/")[2]: C.interval([r["after"]["search"][k] for r in mine])
+            for k in mine[0]["after"]["search"]
+            if k.endswith("/chosen")
+        }
+        out["settings"][method] = s
+    # the ladder: paired by seed (same held-out tasks, same search seed)
+    pairs = (
+        ("mars2_homogeneous", "grpo"),
+        ("mars2_heterogeneous", "mars2_homogeneous"),
+        ("mars2_heterogeneous", "grpo"),
+    )
+    for hi, lo in pairs:
+        if hi in out["settings"] and lo in out["settings"]:
+            for key in ("search_pass_at_1", "pass_at_k", "distinct_programs"):
+                for phase in ("before", "after"):
+                    h, low = (out["settings"][m][key]["per_seed"][phase] for m in (hi, lo))
+                    if len(h) == len(low):
+                        out["ladder"][f"{hi}-{lo}/{key}/{phase}"] = C.interval(list(np.subtract(h, low)))
+    hetero = sorted((r for r in runs if r["method"] == "mars2_heterogeneous"), key=lambda r: r["seed"])
+    if hetero:  # greedy decoding: the warm starts' profile is the same for every seed
+        out["warm_errors"] = error_profile(hetero[0]["before"]["policies"], hetero[0]["kinds"])
+        out["after_errors"] = [error_profile(r["after"]["policies"], r["kinds"]) for r in hetero]
+    return out
+
+
+LABELS = {
+    "grpo": "GRPO (Qwen3)",
+    "mars2_homogeneous": "MARS2 Qwen3 x2",
+    "mars2_heterogeneous": "MARS2 Qwen3+Llama",
+}
+
+
+def plot(summary: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 4, figsize=(19, 4.4))
+    settings_ = summary["settings"]
+    x = np.arange(len(settings_))
+
+    def bars(ax, key, title, offsets=(("before", -0.2, "C7"), ("after", 0.2, "C0"))):
+        for phase, dx, color in offsets:
+            vals = [settings_[m][key][phase] for m in settings_]
+            mean = np.array([v["mean"] for v in vals])
+            err = np.array([[v["mean"] - v["lo"], v["hi"] - v["mean"]] for v in vals]).T
+            ax.bar(x + dx, mean, 0.4, yerr=err, capsize=3, color=color, label=f"{phase} RL")
+        ax.set_xticks(x, [LABELS[m] for m in settings_], fontsize=8)
+        ax.set_title(title, fontsize=9)
+        ax.legend(fontsize=7)
+
+    bars(axes[0], "search_pass_at_1", f"team MARS2-T+ solve rate ({NODES} nodes, hidden tests)")
+    bars(axes[1], "pass_at_k", f"team pass@{K} (samples split over agents)")
+    bars(axes[2], "distinct_programs", f"distinct programs among {K} samples")
+    ax = axes[3]
+    labels, rows = [], []
+    for m, s in settings_.items():
+        for key, v in s.items():
+            if key.startswith("greedy_pass_at_1/"):
+                labels.append(f"{LABELS[m]}\n{key.split('/')[1]}")
+                rows.append(v)
+    xs = np.arange(len(rows))
+    for phase, dx, color in (("before", -0.2, "C7"), ("after", 0.2, "C0")):
+        mean = np.array([r[phase]["mean"] for r in rows])
+        err = np.array(
+            [[r[phase]["mean"] - r[phase]["lo"], r[phase]["hi"] - r[phase]["mean"]] for r in rows]
+        ).T
+        ax.bar(xs + dx, mean, 0.4, yerr=err, capsize=3, color=color, label=f"{phase} RL")
+    ax.set_xticks(xs, labels, fontsize=6)
+    ax.set_title("each policy's greedy pass@1", fontsize=9)
+    ax.legend(fontsize=7)
+    for ax in axes:
+        ax.set_ylabel("fraction of held-out tasks")
+    C.save_figure(fig, path)
+
+
 def main(argv=None) -> None:
-    ap = C.arguments(__doc__, steps=20, batch_help="problems per RL step (8 samples each)")
+    ap = C.arguments(__doc__, steps=24, batch_help="problems per RL step (8 samples each)")
     ap.set_defaults(batch=8)
     args = ap.parse_args(argv)
     C.quiet()
+    # the nine runs compile the same programs (the same two models, bucketed shapes): compile once
+    jax.config.update("jax_compilation_cache_dir", str((args.root / "xla_cache").resolve()))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
     t0 = time.time()
     models = warm_start(args.root)
     print(f"warm start: {time.time() - t0:.0f} s", flush=True)
@@ -233,6 +384,37 @@ def main(argv=None) -> None:
                 continue
             runs.append(C.cached_run(done, run_one, seed, method, args.steps, args.root, args.batch, models))
             print(f"seed {seed} {method}: {runs[-1]['seconds']}", flush=True)
+    summary = summarise(runs)
+    C.write_json(
+        args.out / "mars2_ladder.json",
+        {
+            "settings": {
+                "seeds": sorted({r["seed"] for r in runs}),
+                "steps": args.steps,
+                "batch": args.batch,
+                "samples_per_problem": DemoConfig().samples_per_problem,
+                "habits": HABITS,
+                "slip_rate": SLIP_RATE,
+                "n_eval": N_EVAL,
+                "k": K,
+                "nodes": NODES,
+                "sft_steps": DemoConfig().sft_steps,
+            },
+            "summary": summary,
+            "runs": runs,
+        },
+    )
+    plot(summary, args.out / "mars2_ladder.png")
+    for method, s in summary["settings"].items():
+        line = ", ".join(
+            f"{k} {v['before']['mean']:.3f} -> {v['after']['mean']:.3f} "
+            f"[{v['after']['lo']:.3f}, {v['after']['hi']:.3f}]"
+            for k, v in s.items()
+            if "before" in v
+        )
+        print(f"{method}: {line}")
+    for k, v in summary["ladder"].items():
+        print(f"{k}: {v['mean']:+.3f} [{v['lo']:+.3f}, {v['hi']:+.3f}]")
 
 
 if __name__ == "__main__":
