@@ -292,6 +292,8 @@ def summarise(runs: list[dict]) -> dict:
             for k in mine[0]["after"]["search"]
             if k.endswith("/chosen")
         }
+        n = min(len(r["reward_curve"]) for r in mine)
+        s["reward_curve"] = np.mean([r["reward_curve"][:n] for r in mine], axis=0).tolist()
         out["settings"][method] = s
     # the ladder: paired by seed (same held-out tasks, same search seed)
     pairs = (
@@ -318,6 +320,7 @@ LABELS = {
     "mars2_homogeneous": "MARS2 Qwen3 x2",
     "mars2_heterogeneous": "MARS2 Qwen3+Llama",
 }
+SHORT = {"grpo": "GRPO", "mars2_homogeneous": "homo", "mars2_heterogeneous": "hetero"}
 
 
 def plot(summary: dict, path: Path) -> None:
@@ -326,42 +329,67 @@ def plot(summary: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 4, figsize=(19, 4.4))
+    fig, axes = plt.subplots(2, 3, figsize=(17, 8.8))
+    axes = axes.ravel()
     settings_ = summary["settings"]
-    x = np.arange(len(settings_))
 
-    def bars(ax, key, title, offsets=(("before", -0.2, "C7"), ("after", 0.2, "C0"))):
-        for phase, dx, color in offsets:
-            vals = [settings_[m][key][phase] for m in settings_]
-            mean = np.array([v["mean"] for v in vals])
-            err = np.array([[v["mean"] - v["lo"], v["hi"] - v["mean"]] for v in vals]).T
-            ax.bar(x + dx, mean, 0.4, yerr=err, capsize=3, color=color, label=f"{phase} RL")
-        ax.set_xticks(x, [LABELS[m] for m in settings_], fontsize=8)
+    def bars(ax, rows, labels, title):
+        xs = np.arange(len(rows))
+        for phase, dx, color in (("before", -0.2, "C7"), ("after", 0.2, "C0")):
+            mean = np.array([r[phase]["mean"] for r in rows])
+            err = np.array(
+                [[r[phase]["mean"] - r[phase]["lo"], r[phase]["hi"] - r[phase]["mean"]] for r in rows]
+            )
+            ax.bar(xs + dx, mean, 0.4, yerr=err.T, capsize=3, color=color, label=f"{phase} RL")
+        ax.set_xticks(xs, labels, fontsize=7)
         ax.set_title(title, fontsize=9)
+        ax.set_ylabel("fraction of held-out tasks")
         ax.legend(fontsize=7)
 
-    bars(axes[0], "search_pass_at_1", f"team MARS2-T+ solve rate ({NODES} nodes, hidden tests)")
-    bars(axes[1], "pass_at_k", f"team pass@{K} (samples split over agents)")
-    bars(axes[2], "distinct_programs", f"distinct programs among {K} samples")
-    ax = axes[3]
-    labels, rows = [], []
-    for m, s in settings_.items():
-        for key, v in s.items():
-            if key.startswith("greedy_pass_at_1/"):
-                labels.append(f"{LABELS[m]}\n{key.split('/')[1]}")
-                rows.append(v)
-    xs = np.arange(len(rows))
-    for phase, dx, color in (("before", -0.2, "C7"), ("after", 0.2, "C0")):
-        mean = np.array([r[phase]["mean"] for r in rows])
-        err = np.array(
-            [[r[phase]["mean"] - r[phase]["lo"], r[phase]["hi"] - r[phase]["mean"]] for r in rows]
-        ).T
-        ax.bar(xs + dx, mean, 0.4, yerr=err, capsize=3, color=color, label=f"{phase} RL")
-    ax.set_xticks(xs, labels, fontsize=6)
-    ax.set_title("each policy's greedy pass@1", fontsize=9)
+    names = [LABELS[m] for m in settings_]
+    bars(
+        axes[0],
+        [s["search_pass_at_1"] for s in settings_.values()],
+        names,
+        f"team MARS2-T+ solve rate ({NODES} nodes)",
+    )
+    bars(
+        axes[1],
+        [s["pass_at_k"] for s in settings_.values()],
+        names,
+        f"team pass@{K} (samples split over agents)",
+    )
+    bars(
+        axes[2],
+        [s["distinct_programs"] for s in settings_.values()],
+        names,
+        f"distinct programs among {K} samples",
+    )
+    rows = [
+        (f"{SHORT[m]}: {k.split('/')[1]}", v) for m, s in settings_.items() for k, v in s.items() if "/" in k
+    ]
+    bars(axes[3], [v for _, v in rows], [label for label, _ in rows], "each policy's greedy pass@1")
+    warm = summary.get("warm_errors")
+    if warm:  # the habits: each warm start's greedy pass rate on each teacher's slip kinds
+        ax, groups = axes[4], [g for g in warm["qwen3"] if g.startswith("pass_on_")]
+        for k, model in enumerate(("qwen3", "llama")):
+            ax.bar(
+                np.arange(len(groups)) + (k - 0.5) * 0.4, [warm[model][g] for g in groups], 0.4, label=model
+            )
+        ax.set_xticks(
+            np.arange(len(groups)), [g[len("pass_on_") :].replace("_", " ") for g in groups], fontsize=7
+        )
+        ax.set_ylabel("greedy pass rate")
+        ax.set_title("warm starts: pass rate by task kind (whose teacher slips on it)", fontsize=9)
+        ax.legend(fontsize=7)
+    ax = axes[5]
+    for k, (m, s) in enumerate(settings_.items()):
+        curve = s["reward_curve"]
+        ax.plot(np.arange(1, len(curve) + 1), curve, color=f"C{k}", label=LABELS[m])
+    ax.set_xlabel("RL step")
+    ax.set_ylabel("training reward (mean over agents and seeds)")
+    ax.set_title("RL: training reward (sampled, all tests)", fontsize=9)
     ax.legend(fontsize=7)
-    for ax in axes:
-        ax.set_ylabel("fraction of held-out tasks")
     C.save_figure(fig, path)
 
 
