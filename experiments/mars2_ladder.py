@@ -1,6 +1,6 @@
 """MARS2 ladder at toy scale: single-agent GRPO vs a homogeneous vs a heterogeneous team, judged by search.
 
-    PYTHONPATH=. python experiments/mars2_ladder.py --seeds 0 1 2 [--steps 24 --batch 8]
+    PYTHONPATH=. python experiments/mars2_ladder.py --seeds 0 1 2 3 4 [--steps 24 --batch 8]
 
 MARS2 (arXiv 2602.07848) claims single agent < homogeneous team < heterogeneous
 team, because models of different families make different errors and one can

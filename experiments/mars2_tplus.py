@@ -1,6 +1,6 @@
 """MARS2-T+ ablations at toy scale: error feedback and depth guidance in test-time search, at a fixed node budget.
 
-    PYTHONPATH=. python experiments/mars2_tplus.py --seeds 0 1 2 [--steps 24 --batch 8]
+    PYTHONPATH=. python experiments/mars2_tplus.py --seeds 0 1 2 3 4 [--steps 24 --batch 8]
 
 MARS2-T+ (arXiv 2602.07848) refines failed nodes with structured error feedback
 (failing input, expected and actual output, or the traceback) and weights each
