@@ -402,7 +402,7 @@ def main(argv=None) -> None:
     jax.config.update("jax_compilation_cache_dir", str((args.root / "xla_cache").resolve()))
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
     t0 = time.time()
-    models = warm_start(args.root)
+    models = None if args.summarise else warm_start(args.root)  # --summarise trains nothing
     print(f"warm start: {time.time() - t0:.0f} s", flush=True)
     runs = []
     for seed in args.seeds:

@@ -125,7 +125,7 @@ def main(argv=None) -> None:
     C.quiet()
     jax.config.update("jax_compilation_cache_dir", str((args.root / "xla_cache").resolve()))
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
-    models = L.warm_start(args.root)
+    models = None if args.summarise else L.warm_start(args.root)  # --summarise trains nothing
     runs = []
     for seed in args.seeds:
         for method in TEAMS:
