@@ -81,9 +81,20 @@ def test_summary_statistics_on_a_hand_made_input():
             after = measurement(
                 [True, True, True, False], [True] * 4 if hetero else None, search + 0.1, 0.75, 0.5
             )
-            runs.append({"seed": seed, "method": method, "kinds": kinds, "before": before, "after": after})
+            curve = [0.1 * seed, 0.2, 0.3][: 3 - (seed == 2)]  # a shorter curve: means over the common steps
+            runs.append(
+                {
+                    "seed": seed,
+                    "method": method,
+                    "kinds": kinds,
+                    "before": before,
+                    "after": after,
+                    "reward_curve": curve,
+                }
+            )
     s = L.summarise(runs)
     het = s["settings"]["mars2_heterogeneous"]
+    assert het["reward_curve"] == pytest.approx([0.1, 0.2])
     assert het["search_pass_at_1"]["before"]["mean"] == pytest.approx(0.6)
     assert het["search_pass_at_1"]["gain"]["mean"] == pytest.approx(0.1)
     # 95% t interval of (0.5, 0.7, 0.6): half-width t(0.975, 2) * 0.1 / sqrt(3) = 4.303 * 0.0577
