@@ -69,16 +69,16 @@ KINDS = ("floordiv", "sub", "max", "min", "mul", "mod", "square", "abs")
 # each family's teacher slips only on its own kinds: two each of arithmetic and comparison-like,
 # so neither habit set is easier to notice from the tests
 HABITS = {"qwen3": ("floordiv", "sub", "max", "square"), "llama": ("min", "mul", "mod", "abs")}
-SLIP_RATE = (
-    0.75  # high enough that a model mostly has its teacher's habit, low enough that RL can find the fix
-)
+# high enough that a model mostly has its teacher's habit, low enough that RL can find the fix
+SLIP_RATE = 0.75
 WARM_SEED = 0
-EVAL_SEED = (
-    2_000_000  # held-out tasks (train 0.., SFT 500,000.., the demo's eval 1,000,000.., tokenizer 10M..)
-)
+# held-out tasks from here: apart from RL (0..), SFT (500,000..), the demo's eval (1,000,000..) and
+# tokenizer (10,000,000..) tasks, and the same for every seed and setting
+EVAL_SEED = 2_000_000
 N_EVAL = 128
 K = 8  # samples per task for pass@k, and the search's node budget: equal generations
 NODES = K
+PASS_AT_K_SEED = 500_000  # + the run's seed: the sampling seed of the pass@k samples
 
 
 def line_kind(line: str) -> str | None:
@@ -118,8 +118,8 @@ def settings(seed: int, steps: int, batch: int) -> DemoConfig:
 
 def warm_start(root: Path) -> dict[str, Path]:
     """Each family SFT'd on its own habit teacher (plain and refinement prompts), exported once."""
-    s = settings(WARM_SEED, 1, 8)
-    with SandboxPool(max_workers=1) as pool:
+    s = settings(WARM_SEED, 1, 8)  # the demo's SFT settings (its RL fields are not used here)
+    with SandboxPool(max_workers=1) as pool:  # one core
         bases = ensure_models(root / "models", pool, seed=WARM_SEED)
     out = {}
     for name, base in bases.items():
@@ -166,7 +166,7 @@ def measure(trainer: Trainer, problems: list, seed: int) -> dict:
     # pass@k and diversity: K samples per task, split evenly over the team's agents
     per = K // len(agents)
     gens = trainer.generator.generate(
-        [(a, a.render(p.prompt)) for a in agents for p in problems], per, C.SFT_SEED_OFFSET + seed
+        [(a, a.render(p.prompt)) for a in agents for p in problems], per, PASS_AT_K_SEED + seed
     )
     texts = [
         [g.text for j in range(len(agents)) for g in gens[j * len(problems) + i]]
