@@ -16,11 +16,13 @@ squaring, the Llama on `min`, multiplication, modulo and `abs`; the script
 checks that the warm starts' errors really differ (pass rate per kind, slips
 seen in their greedy programs, overlap of failed tasks).
 
-Three settings at equal sample budgets (the demo's `METHODS` and run configs,
+Four settings at equal sample budgets (the demo's `METHODS` and run configs,
 `marljax.demo.pipeline.run_config`: 8 problems x 8 samples per step): GRPO on the
 Qwen3 alone, MARS2 with two agents on the Qwen3, MARS2 with the Qwen3 and the
-Llama. Before and after RL, on `N_EVAL` held-out tasks (one fixed set for every
-seed and setting):
+Llama; and a homogeneous team of the other family (two agents on the Llama), so
+the heterogeneous team meets a homogeneous team of each of its members. Before
+and after RL, on `N_EVAL` held-out tasks (one fixed set for every seed and
+setting):
 
 * (i) each policy's greedy pass@1 (all tests);
 * (ii) the team's MARS2-T+ solve rate: `marljax.workflows.mars2.search_eval`
@@ -78,6 +80,12 @@ EVAL_SEED = 2_000_000
 N_EVAL = 128
 K = 8  # samples per task for pass@k, and the search's node budget: equal generations
 NODES = K
+SETTINGS = {  # the demo's three, with a homogeneous team of each family
+    "grpo": METHODS["grpo"],
+    "mars2_homogeneous": METHODS["mars2_homogeneous"],
+    "mars2_homogeneous_llama": {"alice": "llama", "bob": "llama"},
+    "mars2_heterogeneous": METHODS["mars2_heterogeneous"],
+}
 PASS_AT_K_SEED = 500_000  # + the run's seed: the sampling seed of the pass@k samples
 
 
@@ -193,7 +201,7 @@ def measure(trainer: Trainer, problems: list, seed: int) -> dict:
 
 def run_one(seed: int, method: str, steps: int, root: Path, batch: int, models: dict[str, Path]) -> dict:
     s = settings(seed, steps, batch)
-    cfg = run_config(method, root / "ladder" / f"{method}_seed{seed}", models, METHODS[method], s)
+    cfg = run_config(method, root / "ladder" / f"{method}_seed{seed}", models, SETTINGS[method], s)
     shutil.rmtree(cfg.run_dir, ignore_errors=True)  # an interrupted attempt: start afresh, not resume
     problems = steps_problems(N_EVAL, EVAL_SEED, s.max_steps_per_task)
     trainer = Trainer(cfg)
@@ -214,7 +222,7 @@ def run_one(seed: int, method: str, steps: int, root: Path, batch: int, models: 
     return {
         "seed": seed,
         "method": method,
-        "agents": METHODS[method],
+        "agents": SETTINGS[method],
         "kinds": [task_kind(p) for p in problems],
         "before": before,
         "after": after,
@@ -264,7 +272,7 @@ def error_profile(policies: dict[str, dict], kinds: list[str | None]) -> dict:
 def summarise(runs: list[dict]) -> dict:
     """Per setting: before / after / gain of every team number and each policy's greedy pass@1,
     as 95% t intervals over seeds; the ladder's paired differences; the warm starts' error profile."""
-    methods = [m for m in METHODS if any(r["method"] == m for r in runs)]
+    methods = [m for m in SETTINGS if any(r["method"] == m for r in runs)]
     out: dict[str, Any] = {"settings": {}, "ladder": {}}
     for method in methods:
         mine = sorted((r for r in runs if r["method"] == method), key=lambda r: r["seed"])
@@ -300,6 +308,8 @@ def summarise(runs: list[dict]) -> dict:
         ("mars2_homogeneous", "grpo"),
         ("mars2_heterogeneous", "mars2_homogeneous"),
         ("mars2_heterogeneous", "grpo"),
+        ("mars2_heterogeneous", "mars2_homogeneous_llama"),
+        ("mars2_homogeneous_llama", "mars2_homogeneous"),
     )
     for hi, lo in pairs:
         if hi in out["settings"] and lo in out["settings"]:
@@ -318,9 +328,15 @@ def summarise(runs: list[dict]) -> dict:
 LABELS = {
     "grpo": "GRPO (Qwen3)",
     "mars2_homogeneous": "MARS2 Qwen3 x2",
+    "mars2_homogeneous_llama": "MARS2 Llama x2",
     "mars2_heterogeneous": "MARS2 Qwen3+Llama",
 }
-SHORT = {"grpo": "GRPO", "mars2_homogeneous": "homo", "mars2_heterogeneous": "hetero"}
+SHORT = {
+    "grpo": "GRPO",
+    "mars2_homogeneous": "homo",
+    "mars2_homogeneous_llama": "homo Llama",
+    "mars2_heterogeneous": "hetero",
+}
 
 
 def plot(summary: dict, path: Path) -> None:
@@ -406,7 +422,7 @@ def main(argv=None) -> None:
     print(f"warm start: {time.time() - t0:.0f} s", flush=True)
     runs = []
     for seed in args.seeds:
-        for method in METHODS:
+        for method in SETTINGS:
             done = args.root / "ladder" / f"{method}_seed{seed}_s{args.steps}_b{args.batch}.json"
             if args.summarise and not done.exists():
                 continue
