@@ -41,6 +41,7 @@ family serves every seed. Writes docs/fidelity/mars2_ladder.json and .png.
 from __future__ import annotations
 
 import functools
+import gc
 import random
 import re
 import shutil
@@ -118,6 +119,15 @@ def slipped_kinds(code: str, reference: str) -> list[str]:
             if re.sub(pattern, wrong, line).strip() in {s.strip() for s in code.splitlines()}:
                 out.append(kind)
     return out
+
+
+def release_programs() -> None:
+    """Drop JAX's compiled programs after a run. XLA:CPU maps each one into memory and JAX keeps them
+    all alive, so one process running every run passes the kernel's 65,530-mapping limit (a run from
+    scratch aborted in LLVM with "Cannot allocate memory"); the persistent compilation cache set in
+    `main` reloads them cheaply."""
+    jax.clear_caches()
+    gc.collect()
 
 
 def settings(seed: int, steps: int, batch: int) -> DemoConfig:
@@ -214,6 +224,7 @@ def run_one(seed: int, method: str, steps: int, root: Path, batch: int, models: 
         after = measure(trainer, problems, seed)
     finally:
         trainer.close()
+        release_programs()
     curve = [
         float(np.mean([v for k, v in m.items() if k.startswith("agent/") and k.endswith("/reward")]))
         for m in C.read_metrics(trainer.run_dir)

@@ -70,6 +70,7 @@ def run_one(seed: int, method: str, steps: int, root: Path, batch: int, models: 
             }
     finally:
         trainer.close()
+        L.release_programs()
     out["seconds"] = time.time() - t0
     return out
 
