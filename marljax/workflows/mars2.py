@@ -255,10 +255,12 @@ def search_eval(
     reward_model: RewardModel | None = None,
     ties: str = "earliest",
     seed: int = 0,
+    use_feedback: bool = True,
 ) -> dict[str, float]:
     """MARS2-T+: search with error feedback on public-test rewards, pick one answer per problem
     (best public score, or `reward_model`'s; `ties` to the earliest or latest node), score it on
-    the private tests.
+    the private tests. `use_feedback=False` leaves the feedback out of refinement prompts (the
+    ablation of MARS2-T+'s error feedback); `depth_gamma=[1.0]` turns depth guidance off.
 
     pass_at_1: the chosen answer passes all private tests; oracle: some node does."""
     team = list(agents.values()) if isinstance(agents, Mapping) else list(agents)
@@ -266,7 +268,7 @@ def search_eval(
     search = Mars2Config(
         max_nodes=max_nodes,
         expansions_per_round=expansions_per_round,
-        use_feedback=True,
+        use_feedback=use_feedback,
         stop_on_solve=stop_on_solve,
         reward="fraction",
         **gamma,

@@ -369,6 +369,16 @@ def test_tplus_picks_by_public_score_and_scores_on_private(pool):
     assert again["eval/search/pass_at_1"] == 1.0
 
 
+def test_tplus_feedback_option(pool):
+    """use_feedback=False: refinement prompts carry the previous program but no public-test feedback."""
+    problems = make_problems(2, seed=0)
+    for use_feedback in (True, False):
+        gen = CountingGenerator(tplus_script(problems))
+        search_eval(problems, [Agent("solo", "p")], gen, pool, max_nodes=4, seed=0, use_feedback=use_feedback)
+        refines = [q for _, q in gen.requests if REFINE_MARK in q]
+        assert refines and all(("Feedback on the public tests" in q) == use_feedback for q in refines)
+
+
 def test_evaluate_greedy_per_agent_and_search(pool):
     problems = make_problems(2, seed=0)
     agents = team(names=("alpha", "beta"))
