@@ -58,12 +58,11 @@ import _common as C  # noqa: E402
 
 from marljax.demo.models import ensure_models, steps_problems  # noqa: E402
 from marljax.demo.pipeline import METHODS, DemoConfig, run_config  # noqa: E402
-from marljax.demo.refine import refine_examples  # noqa: E402
+from marljax.demo.pipeline import warm_start as pipeline_warm_start  # noqa: E402
 from marljax.demo.teacher import SLIPS, slip  # noqa: E402
 from marljax.rewards import SandboxPool, extract_code  # noqa: E402
 from marljax.train.loop import Trainer  # noqa: E402
-from marljax.train.metrics import MetricsWriter  # noqa: E402
-from marljax.train.sft import reference_completion, run_sft  # noqa: E402
+from marljax.train.sft import reference_completion  # noqa: E402
 from marljax.workflows.diversity import grouped_diversity  # noqa: E402
 from marljax.workflows.mars2 import search_eval  # noqa: E402
 
@@ -139,31 +138,8 @@ def warm_start(root: Path) -> dict[str, Path]:
     s = settings(WARM_SEED, 1, 8)  # the demo's SFT settings (its RL fields are not used here)
     with SandboxPool(max_workers=1) as pool:  # one core
         bases = ensure_models(root / "models", pool, seed=WARM_SEED)
-    out = {}
-    for name, base in bases.items():
-        dest = out[name] = root / "models" / f"{name}-sft"
-        if (dest / "config.json").exists():
-            continue
-        target = functools.partial(habit_completion, kinds=HABITS[name], rate=SLIP_RATE)
-        trainer = Trainer(
-            run_config(f"sft_{name}", root / f"sft_{name}", {name: base}, {"solver": name}, s, sft=True)
-        )
-        try:
-            refine = refine_examples(
-                trainer.train_problems[: s.refine_examples],
-                trainer.agents["solver"],
-                trainer.pool,
-                WARM_SEED,
-                target,
-            )
-            with MetricsWriter(trainer.run_dir, tensorboard=False) as writer:
-                run_sft(
-                    trainer, s.sft_steps, writer, desc=f"SFT {name}", extra={"solver": refine}, target=target
-                )
-            trainer.policies[name].export(dest)
-        finally:
-            trainer.close()
-    return out
+    teachers = {n: functools.partial(habit_completion, kinds=HABITS[n], rate=SLIP_RATE) for n in bases}
+    return pipeline_warm_start(root, bases, s, targets=teachers)
 
 
 def measure(trainer: Trainer, problems: list, seed: int) -> dict:

@@ -156,21 +156,27 @@ def run_config(
     )
 
 
-def warm_start(out: Path, models: dict[str, Path], s: DemoConfig) -> dict[str, Path]:
-    """SFT each base model on the sloppy teacher's solutions (plain prompts and refinement prompts);
-    returns the exported checkpoints."""
-    exported, refine = {}, None
-    target = functools.partial(teacher_completion, rate=s.teacher_slips, seed=s.seed)
+def warm_start(
+    out: Path, models: dict[str, Path], s: DemoConfig, targets: dict[str, Any] | None = None
+) -> dict[str, Path]:
+    """SFT each base model on a teacher's solutions (plain prompts and refinement prompts); returns
+    the exported checkpoints. `targets`: a model's own teacher (a `reference_completion`-like
+    function) where given; the others learn from the demo's sloppy teacher. Models of one teacher
+    share its broken attempts for the refinement prompts."""
+    exported: dict[str, Path] = {}
+    refine: dict[Any, list] = {}  # teacher -> its refinement examples
+    sloppy = functools.partial(teacher_completion, rate=s.teacher_slips, seed=s.seed)
     for name, base in models.items():
         dest = out / "models" / f"{name}-sft"
         exported[name] = dest
         if (dest / "config.json").exists():
             continue
+        target = (targets or {}).get(name, sloppy)
         cfg = run_config(f"sft_{name}", out / f"sft_{name}", {name: base}, {"solver": name}, s, sft=True)
         trainer = Trainer(cfg)
         try:
-            if refine is None:  # the same broken attempts for both models
-                refine = refine_examples(
+            if target not in refine:
+                refine[target] = refine_examples(
                     trainer.train_problems[: s.refine_examples],
                     trainer.agents["solver"],
                     trainer.pool,
@@ -179,7 +185,12 @@ def warm_start(out: Path, models: dict[str, Path], s: DemoConfig) -> dict[str, P
                 )
             with MetricsWriter(trainer.run_dir, tensorboard=False) as writer:
                 run_sft(
-                    trainer, s.sft_steps, writer, desc=f"SFT {name}", extra={"solver": refine}, target=target
+                    trainer,
+                    s.sft_steps,
+                    writer,
+                    desc=f"SFT {name}",
+                    extra={"solver": refine[target]},
+                    target=target,
                 )
             trainer.policies[name].export(dest)
         finally:
