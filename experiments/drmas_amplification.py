@@ -18,7 +18,9 @@ so the second-moment ratio is measured on paired batches:
 * predicted: the amplification factor per problem group (review finding B3),
   averaged over steps;
 * measured: mean ||g_k(global)||^2 / mean ||g_k(agent)||^2 over steps (paired), and
-  the ratio of the advantages' second moments (what the Lemma scales);
+  the ratio of the advantages' second moments (what the Lemma scales), over all of
+  the agent's samples and over those the factor counts (problem groups where the
+  agent's own rewards vary);
 * spikes: per-update agent gradient norms logged by the trainer in each run,
   counted above 3x the median of the agent-wise runs' norms.
 
@@ -97,13 +99,19 @@ class Recorder:
             row[f"{a}/reward_std"] = float(rollout.rewards[mine].std())
             row[f"{a}/count"] = int(mine.sum())
             # samples whose problem's rewards vary while this agent's own do not: agent-wise
-            # normalisation gives them 0 and global does not, a case the factor (which counts
-            # them with ratio f, against 1) does not describe
+            # normalisation gives them 0 and global does not, a case the factor leaves out
             flat = np.array(
                 [np.ptp(rollout.rewards[mine & (adv["groups"] == g)]) == 0 for g in adv["groups"][mine]]
             )
             varies = np.array([np.ptp(rollout.rewards[adv["groups"] == g]) > 0 for g in adv["groups"][mine]])
             row[f"{a}/flat_in_varying_group"] = float(np.mean(flat & varies))
+            # the samples the factor counts: the Lemma's comparison on them alone
+            counted = np.flatnonzero(mine)[~flat]
+            row[f"{a}/counted"] = int(counted.size)
+            for mode in ("agent", "global"):
+                row[f"{a}/adv_m2_{mode}_counted"] = (
+                    float(np.mean(adv[mode][counted] ** 2)) if counted.size else 0.0
+                )
         self.rows.append(row)
         return rollout
 
@@ -189,6 +197,7 @@ def summarise(runs: list[dict]) -> dict:
                 "predicted",
                 "measured_grad",
                 "measured_adv",
+                "measured_adv_counted",
                 "flat_in_varying_group",
                 "reward_mean",
                 "reward_std",
@@ -200,12 +209,21 @@ def summarise(runs: list[dict]) -> dict:
             ]
             g_glob = np.array([row[f"{a}/grad_norm_global"] for row in rows])
             g_agent = np.array([row[f"{a}/grad_norm_agent"] for row in rows])
-            per_seed["predicted"].append(float(np.mean([row[f"{a}/predicted"] for row in rows])))
             m2_agent = np.mean([row[f"{a}/adv_m2_agent"] for row in rows])
             per_seed["measured_grad"].append(float(np.mean(g_glob**2) / max(np.mean(g_agent**2), 1e-30)))
             per_seed["measured_adv"].append(
                 float(np.mean([row[f"{a}/adv_m2_global"] for row in rows]) / max(m2_agent, 1e-30))
             )
+            # pooled over the steps' counted samples (a step with none adds nothing)
+            w = np.array([row[f"{a}/counted"] for row in rows])
+            m2 = {
+                mode: np.sum(w * np.array([row[f"{a}/adv_m2_{mode}_counted"] for row in rows]))
+                for mode in ("agent", "global")
+            }
+            per_seed["measured_adv_counted"].append(float(m2["global"] / max(m2["agent"], 1e-30)))
+            # each step's factor is a mean over its counted samples: pool the steps the same way
+            f = np.array([row[f"{a}/predicted"] for row in rows])
+            per_seed["predicted"].append(float(np.sum(w * f) / max(w.sum(), 1)))
             per_seed["flat_in_varying_group"].append(
                 float(np.mean([row[f"{a}/flat_in_varying_group"] for row in rows]))
             )
@@ -247,12 +265,14 @@ def plot(runs: list[dict], summary: dict, path: Path) -> None:
 
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
     ax = axes[0]
-    zero = 0
+    left_out = 0
     for k, a in enumerate(AGENTS):
         rows = [row for r in runs for row in r["paired"] if f"{a}/grad_norm_agent" in row]
-        zero += sum(row[f"{a}/grad_norm_agent"] == 0 for row in rows)
-        # a zero agent-wise gradient (the agent's rewards constant in every group) has no finite ratio
-        rows = [row for row in rows if row[f"{a}/grad_norm_agent"] > 0]
+        # a zero agent-wise gradient (the agent's rewards constant in every group) has no finite ratio,
+        # and no factor (no sample counted)
+        kept = [row for row in rows if row[f"{a}/grad_norm_agent"] > 0 and row[f"{a}/counted"] > 0]
+        left_out += len(rows) - len(kept)
+        rows = kept
         pred = [row[f"{a}/predicted"] for row in rows]
         meas = [row[f"{a}/grad_norm_global"] ** 2 / row[f"{a}/grad_norm_agent"] ** 2 for row in rows]
         ax.scatter(pred, meas, s=12, alpha=0.6, label=a, color=f"C{k}")
@@ -263,7 +283,7 @@ def plot(runs: list[dict], summary: dict, path: Path) -> None:
         yscale="log",
         xlabel="predicted factor (per problem group)",
         ylabel="||g_global||^2 / ||g_agent||^2 (same batch)",
-        title=f"per step, paired ({zero} agent-steps with zero agent-wise gradient left out)",
+        title=f"per step, paired ({left_out} agent-steps without a counted sample left out)",
     )
     ax.legend(fontsize=8)
     for k, a in enumerate(AGENTS):
@@ -322,7 +342,8 @@ def main(argv=None) -> None:
         sp = s["spikes"]
         print(
             f"{a}: predicted {s['predicted']['mean']:.3f}, measured grad {s['measured_grad']['mean']:.3f} "
-            f"[{s['measured_grad']['lo']:.3f}, {s['measured_grad']['hi']:.3f}], adv {s['measured_adv']['mean']:.3f}; "
+            f"[{s['measured_grad']['lo']:.3f}, {s['measured_grad']['hi']:.3f}], adv {s['measured_adv']['mean']:.3f}, "
+            f"adv on the counted samples {s['measured_adv_counted']['mean']:.3f}; "
             f"spikes global {sp['global']['updates_above_threshold']['mean']:.1f} "
             f"(max {sp['global']['max_norm']['mean']:.3g}), "
             f"agent {sp['agent']['updates_above_threshold']['mean']:.1f} (max {sp['agent']['max_norm']['mean']:.3g})"

@@ -6,10 +6,11 @@ MARS2 (arXiv 2602.07848) claims single agent < homogeneous team < heterogeneous
 team, because models of different families make different errors and one can
 repair the other's. Here the heterogeneity is made real at toy scale: the
 embedded demo's two tiny models of different families (a 4-layer Qwen3 and a
-3-layer Llama, `marljax.demo.models`, one tokenizer) are warm-started by SFT
-on two teachers with *disjoint* habits (`HABITS`): each writes the reference
+3-layer Llama, `marljax.demo.models`, one tokenizer) are warm-started as the
+demo does (`marljax.demo.pipeline.warm_start`), by SFT on two teachers with
+*disjoint* habits (`marljax.demo.teacher.HABITS`): each writes the reference
 program of a synthetic "steps" task but, in `SLIP_RATE` of the lines of *its
-own* four operation kinds, makes the demo teacher's classic slip for that kind
+own* four operation kinds, makes the classic slip for that kind
 (`marljax.demo.teacher.SLIPS`); lines of the other teacher's kinds are always
 right. So the Qwen3 learns to slip on floor division, subtraction, `max` and
 squaring, the Llama on `min`, multiplication, modulo and `abs`; the script
@@ -25,11 +26,10 @@ and after RL, on `N_EVAL` held-out tasks (one fixed set for every seed and
 setting):
 
 * (i) each policy's greedy pass@1 (all tests);
-* (ii) the team's MARS2-T+ solve rate: `marljax.workflows.mars2.search_eval`
-  (the search `marljax eval --search` runs), `NODES` nodes per task, public
-  tests guide the search and pick the answer, hidden tests score it; sampled at
-  the training temperature (1), because greedy decoding makes every fresh node
-  of one agent the same program;
+* (ii) the team's MARS2-T+ solve rate, the demo's headline measurement
+  (`marljax.demo.pipeline.team_search`): `NODES` nodes per task, public tests
+  guide the search and pick the answer, hidden tests score it, sampled at the
+  training temperature (1);
 * (iii) pass@k of `K` samples per task (a team splits them evenly over its
   agents) and their diversity (`marljax.workflows.diversity`: distinct
   programs and AST-shape buckets per task).
@@ -40,9 +40,7 @@ family serves every seed. Writes docs/fidelity/mars2_ladder.json and .png.
 
 from __future__ import annotations
 
-import functools
 import gc
-import random
 import re
 import shutil
 import sys
@@ -57,22 +55,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _common as C  # noqa: E402
 
 from marljax.demo.models import ensure_models, steps_problems  # noqa: E402
-from marljax.demo.pipeline import METHODS, DemoConfig, run_config  # noqa: E402
+from marljax.demo.pipeline import METHODS, DemoConfig, run_config, team_search  # noqa: E402
 from marljax.demo.pipeline import warm_start as pipeline_warm_start  # noqa: E402
-from marljax.demo.teacher import SLIPS, slip  # noqa: E402
+from marljax.demo.teacher import HABITS, KINDS, SLIPS, line_kind  # noqa: E402
 from marljax.rewards import SandboxPool, extract_code  # noqa: E402
 from marljax.train.loop import Trainer  # noqa: E402
-from marljax.train.sft import reference_completion  # noqa: E402
 from marljax.workflows.diversity import grouped_diversity  # noqa: E402
-from marljax.workflows.mars2 import search_eval  # noqa: E402
 
-# the operation kind of each of the demo teacher's slips, in `SLIPS` order
-KINDS = ("floordiv", "sub", "max", "min", "mul", "mod", "square", "abs")
-# each family's teacher slips only on its own kinds: two each of arithmetic and comparison-like,
-# so neither habit set is easier to notice from the tests
-HABITS = {"qwen3": ("floordiv", "sub", "max", "square"), "llama": ("min", "mul", "mod", "abs")}
-# high enough that a model mostly has its teacher's habit, low enough that RL can find the fix
-SLIP_RATE = 0.75
+SLIP_RATE = DemoConfig.teacher_slips  # the demo's habit teachers
 WARM_SEED = 0
 # held-out tasks from here: apart from RL (0..), SFT (500,000..), the demo's eval (1,000,000..) and
 # tokenizer (10,000,000..) tasks, and the same for every seed and setting
@@ -89,23 +79,9 @@ SETTINGS = {  # the demo's three, with a homogeneous team of each family
 PASS_AT_K_SEED = 500_000  # + the run's seed: the sampling seed of the pass@k samples
 
 
-def line_kind(line: str) -> str | None:
-    """The operation kind of a program line that admits a slip (the first matching pattern, as `slip`)."""
-    return next((KINDS[i] for i, (pattern, _) in enumerate(SLIPS) if re.search(pattern, line)), None)
-
-
 def task_kind(problem: Any) -> str | None:
     """The slip kind of a one-step task's operation (None: "add", which has no slip)."""
     return next(filter(None, map(line_kind, problem.fields["solution"].splitlines())), None)
-
-
-def habit_completion(problem: Any, kinds: tuple[str, ...], rate: float, seed: int = WARM_SEED) -> str | None:
-    """A teacher with habits: the reference answer with `slip` applied at `rate` to lines of `kinds` only."""
-    answer = reference_completion(problem)
-    if answer is None:
-        return None
-    rng = random.Random(f"ladder-teacher:{seed}:{'+'.join(kinds)}:{problem.id}")
-    return "\n".join(slip(s, rng, rate) if line_kind(s) in kinds else s for s in answer.split("\n"))
 
 
 def slipped_kinds(code: str, reference: str) -> list[str]:
@@ -134,12 +110,11 @@ def settings(seed: int, steps: int, batch: int) -> DemoConfig:
 
 
 def warm_start(root: Path) -> dict[str, Path]:
-    """Each family SFT'd on its own habit teacher (plain and refinement prompts), exported once."""
+    """The demo's warm start: each family SFT'd on its own habit teacher, exported once."""
     s = settings(WARM_SEED, 1, 8)  # the demo's SFT settings (its RL fields are not used here)
     with SandboxPool(max_workers=1) as pool:  # one core
         bases = ensure_models(root / "models", pool, seed=WARM_SEED)
-    teachers = {n: functools.partial(habit_completion, kinds=HABITS[n], rate=SLIP_RATE) for n in bases}
-    return pipeline_warm_start(root, bases, s, targets=teachers)
+    return pipeline_warm_start(root, bases, s)
 
 
 def measure(trainer: Trainer, problems: list, seed: int) -> dict:
@@ -173,15 +148,7 @@ def measure(trainer: Trainer, problems: list, seed: int) -> dict:
     out["pass_at_k"] = float(passed.any(axis=1).mean())
     out["sample_pass_rate"] = float(passed.mean())
     out.update(grouped_diversity([[extract_code(x).code or x for x in t] for t in texts], "diversity"))
-    out["search"] = search_eval(
-        problems,
-        agents,
-        trainer.generator,
-        trainer.verifier,
-        max_nodes=NODES,
-        expansions_per_round=2,
-        seed=seed,
-    )
+    out["search"] = team_search(trainer, problems, NODES, seed)
     return out
 
 

@@ -122,7 +122,8 @@ def main(argv: list[str] | None = None) -> int:
             p.add_argument(
                 "--search",
                 action="store_true",
-                help="add the workflow's test-time search (mars2: MARS2-T+, tree search on public tests)",
+                help="add the workflow's test-time search (mars2: MARS2-T+, tree search on public tests, "
+                "sampled as in training; workflow.eval_search_sampling=eval samples it as eval_sampling)",
             )
         p.set_defaults(fn=fn)
     p = commands.add_parser("export", help="write a policy's weights as a Hugging Face directory")

@@ -22,7 +22,8 @@ def test_demo_team_learns(capsys):
 @pytest.mark.slow
 def test_embedded_demo_quick_run(tmp_path, capsys):
     """The README's main command end to end in its smoke size (the full size is too long for CI;
-    its measured table is in the README): real HF checkpoints, SFT, three RL runs, table, PNGs.
+    its measured table is in the README): real HF checkpoints, SFT, three RL runs, each team's
+    search solve rate and each policy's pass@1 before and after RL, table, PNGs.
 
     `.ci/run` runs that command first and names its output in MARLJAX_DEMO_QUICK_OUT; the test then
     reruns the command there, which must resume from what the first run left (models, SFT exports,
@@ -47,12 +48,33 @@ def test_embedded_demo_quick_run(tmp_path, capsys):
     out = capsys.readouterr().out
     if finished:  # resumed: nothing retrained, so the same numbers
         assert json.loads((tmp_path / "results.json").read_text())["results"] == before
-    results = json.loads((tmp_path / "results.json").read_text())["results"]
+    report = json.loads((tmp_path / "results.json").read_text())
+    results, nodes = report["results"], report["settings"]["search_nodes"]
     assert [r["method"] for r in results] == ["grpo", "mars2_homogeneous", "mars2_heterogeneous"]
     assert len({r["samples"] for r in results}) == 1  # equal sample budgets
+    assert "Headline" in out.split("| method |")[0]  # the search result comes first
     for r in results:
-        assert 0.0 <= r["before"] <= 1.0 and 0.0 <= r["after"] <= 1.0
-        assert f"| {r['label']} |" in out and f"{100 * r['after']:.1f}%" in out
+        for phase in ("before", "after"):
+            search, policies = r["search"][phase], r["policies"][phase]
+            solved, oracle = search["eval/search/pass_at_1"], search["eval/search/oracle"]
+            # the chosen answer is one of the tree's nodes: some node passes whenever it does
+            assert 0.0 <= solved <= oracle <= 1.0
+            # at most the node budget per task (a tree stops at its first public-test pass), all of
+            # them written by the team's agents, and one chosen answer per task
+            assert 1.0 <= search["eval/search/nodes"] <= nodes
+            agents = list(r["agents"])
+            assert sum(search[f"eval/search/{a}/nodes"] for a in agents) == pytest.approx(
+                search["eval/search/nodes"]
+            )
+            assert sum(search[f"eval/search/{a}/chosen"] for a in agents) == pytest.approx(1.0)
+            assert set(policies) == set(r["agents"].values())
+            assert all(0.0 <= v <= 1.0 for v in policies.values())
+            # the team's pass@1 is the mean over its agents, each scoring as its policy
+            mean = np.mean([policies[p] for p in r["agents"].values()])
+            assert r["pass_at_1"][phase] == pytest.approx(mean)
+        assert f"| {r['label']} |" in out
+        assert f"{100 * r['search']['after']['eval/search/pass_at_1']:.1f}%" in out
+        assert f"{100 * r['pass_at_1']['after']:.1f}%" in out
     # two families of different sizes, as transformers reads them
     qwen, llama = (
         transformers.AutoConfig.from_pretrained(tmp_path / "models" / n) for n in ("qwen3", "llama")
@@ -69,7 +91,7 @@ def test_embedded_demo_quick_run(tmp_path, capsys):
     steps = sorted((tmp_path / "mars2_heterogeneous" / "checkpoints").iterdir(), key=lambda p: int(p.name))
     managers = {p.name for p in steps[-1].iterdir() if p.is_dir()}  # the items of the newest step
     assert {"llama", "qwen3", "loop"} <= managers
-    for name in ("reward_curves.png", "pass_at_1.png"):
+    for name in ("reward_curves.png", "held_out.png"):
         assert (tmp_path / name).stat().st_size > 1000
 
     # the RL benchmark's per-phase breakdown of the demo runs, on these warm-started models

@@ -4,16 +4,19 @@
 
 1. Creates two tiny random models of different families and sizes (a Qwen3
    and a Llama) and their tokenizer as Hugging Face checkpoints.
-2. Warm-starts each by SFT on a sloppy teacher's solutions of synthetic
-   "steps" tasks ("take the larger of x and 5"): half of the teacher's
-   programs carry a classic slip (`min` for `max`, `/` for `//`, ...), which
-   the models learn along with everything else.
+2. Warm-starts each by SFT on its own sloppy teacher's solutions of
+   synthetic "steps" tasks ("take the larger of x and 5"): each teacher makes
+   a classic slip (`min` for `max`, `/` for `//`, ...) in three quarters of
+   the lines of its own four operation kinds, disjoint from the other
+   teacher's, so the two models learn different errors.
 3. Trains, at equal sample budgets, single-agent GRPO, a homogeneous MARS2
    team (two agents on one policy) and a heterogeneous MARS2 team (one agent
    per model), each through `marljax.train.loop.Trainer`, rewarded by the
    sandbox: only the tests say which habit is right.
-4. Prints held-out pass@1 before and after RL and writes `results.md`,
-   `results.json` and PNG curves to the output directory.
+4. Before and after RL, on held-out tasks: each team's solve rate under
+   MARS2-T+ test-time search (the headline; GRPO's one agent searches alone)
+   and each policy's pass@1. Writes `results.md`, `results.json` and PNG
+   figures to the output directory.
 """
 
 from __future__ import annotations
@@ -101,14 +104,14 @@ def main(argv=None) -> int:
     results = [train_method(args.out, method, sft_models, settings, warm) for method in METHODS]
     minutes = (time.perf_counter() - start) / 60
     table = results_table(results, settings, minutes)
-    print("3/3 RL done\n\n" + table, flush=True)
+    print("3/3 RL and evaluation done\n\n" + table, flush=True)
     (args.out / "results.md").write_text(table + "\n")
     (args.out / "results.json").write_text(
         json.dumps(
             {"settings": dataclasses.asdict(settings), "minutes": minutes, "results": results}, indent=1
         )
     )
-    for png in write_plots(args.out, results):
+    for png in write_plots(args.out, results, settings):
         print(f"wrote {png}")
     return 0
 

@@ -1,4 +1,5 @@
-"""The embedded demo's stages: SFT warm start, three RL runs at equal sample budgets, evaluation.
+"""The embedded demo's stages: SFT warm start, three RL runs at equal sample budgets, evaluation
+(each team's MARS2-T+ search and each policy's pass@1, before and after RL).
 
 Every stage goes through the library's real parts: `Trainer` runs built from
 `RunConfig`s, the sandbox for every program, orbax checkpoints per policy and
@@ -18,11 +19,12 @@ from typing import Any
 import numpy as np
 
 from marljax.demo.refine import refine_examples
-from marljax.demo.teacher import teacher_completion
+from marljax.demo.teacher import HABITS, habit_completion
 from marljax.train.config import RunConfig, config_from_dict
 from marljax.train.loop import Trainer
 from marljax.train.metrics import MetricsWriter
 from marljax.train.sft import run_sft
+from marljax.workflows.mars2 import search_eval
 
 log = logging.getLogger(__name__)
 
@@ -40,11 +42,14 @@ class DemoConfig:
     mini_batches: int = 1  # optimiser steps per RL update (more made the heterogeneous team collapse)
     problems_per_step: int = 8
     samples_per_problem: int = 8  # GRPO's group size = MARS2's nodes per tree: equal budgets
-    teacher_slips: float = 0.5  # rate of the SFT teacher's classic slips (marljax.demo.teacher)
+    # each model's SFT teacher slips at this rate, on its own operation kinds only (teacher.HABITS): high
+    # enough that a model mostly has its teacher's habit, low enough that RL can find the fix
+    teacher_slips: float = 0.75
     max_steps_per_task: int = 1  # task difficulty: 1..N operations (2 needs far more SFT on a laptop)
     n_train: int = 2000
     n_eval: int = 128
     eval_samples: int = 2  # sampled answers per held-out task for pass@1
+    search_nodes: int = 8  # MARS2-T+ nodes per held-out task: as many programs as a training group
     max_new_tokens: int = 40
     reward: str = "pass"  # 1 only when every test passes ("fraction": partial credit)
     seed: int = 0
@@ -156,41 +161,34 @@ def run_config(
     )
 
 
-def warm_start(
-    out: Path, models: dict[str, Path], s: DemoConfig, targets: dict[str, Any] | None = None
-) -> dict[str, Path]:
-    """SFT each base model on a teacher's solutions (plain prompts and refinement prompts); returns
-    the exported checkpoints. `targets`: a model's own teacher (a `reference_completion`-like
-    function) where given; the others learn from the demo's sloppy teacher. Models of one teacher
-    share its broken attempts for the refinement prompts."""
+def warm_start(out: Path, models: dict[str, Path], s: DemoConfig) -> dict[str, Path]:
+    """SFT each base model (named by its family) on its own habit teacher's solutions (plain prompts
+    and refinement prompts); returns the exported checkpoints.
+
+    The two teachers slip on disjoint operation kinds (`marljax.demo.teacher.HABITS`), so the two
+    families make different errors: with one shared teacher they would make the same ones and the
+    heterogeneous team would differ from the homogeneous one only in size, while MARS2's argument for
+    heterogeneity is that one model can repair the errors the other makes."""
     exported: dict[str, Path] = {}
-    refine: dict[Any, list] = {}  # teacher -> its refinement examples
-    sloppy = functools.partial(teacher_completion, rate=s.teacher_slips, seed=s.seed)
     for name, base in models.items():
         dest = out / "models" / f"{name}-sft"
         exported[name] = dest
         if (dest / "config.json").exists():
             continue
-        target = (targets or {}).get(name, sloppy)
+        target = functools.partial(habit_completion, kinds=HABITS[name], rate=s.teacher_slips, seed=s.seed)
         cfg = run_config(f"sft_{name}", out / f"sft_{name}", {name: base}, {"solver": name}, s, sft=True)
         trainer = Trainer(cfg)
         try:
-            if target not in refine:
-                refine[target] = refine_examples(
-                    trainer.train_problems[: s.refine_examples],
-                    trainer.agents["solver"],
-                    trainer.pool,
-                    seed=s.seed,
-                    target=target,
-                )
+            refine = refine_examples(
+                trainer.train_problems[: s.refine_examples],
+                trainer.agents["solver"],
+                trainer.pool,
+                seed=s.seed,
+                target=target,
+            )
             with MetricsWriter(trainer.run_dir, tensorboard=False) as writer:
                 run_sft(
-                    trainer,
-                    s.sft_steps,
-                    writer,
-                    desc=f"SFT {name}",
-                    extra={"solver": refine[target]},
-                    target=target,
+                    trainer, s.sft_steps, writer, desc=f"SFT {name}", extra={"solver": refine}, target=target
                 )
             trainer.policies[name].export(dest)
         finally:
@@ -216,6 +214,24 @@ def pass_at_1(trainer: Trainer, s: DemoConfig, known: dict[str, float] | None = 
     return out
 
 
+def team_search(trainer: Trainer, problems: list, nodes: int, seed: int) -> dict[str, float]:
+    """The trainer's agents as one team under MARS2-T+ test-time search (`search_eval`, which
+    `marljax eval --search` runs): `nodes` nodes per task, 2 expansions per round, failed nodes
+    refined with error feedback by the next agent, public tests guide the search and pick the answer,
+    private (hidden) tests score it. Sampled at the training temperature: greedy decoding would make
+    every fresh node of one agent the same program. A one-agent team searches alone, MARS2's
+    single-agent baseline at the same node budget."""
+    return search_eval(
+        problems,
+        list(trainer.agents.values()),
+        trainer.generator,
+        trainer.verifier,
+        max_nodes=nodes,
+        expansions_per_round=2,
+        seed=seed,
+    )
+
+
 def team_score(per_policy: dict[str, float], agents: dict[str, str]) -> float:
     """A team's pass@1: the mean over its agents (an agent scores as its policy)."""
     return float(np.mean([per_policy[p] for p in agents.values()]))
@@ -224,24 +240,29 @@ def team_score(per_policy: dict[str, float], agents: dict[str, str]) -> float:
 def train_method(
     out: Path, method: str, sft_models: dict[str, Path], s: DemoConfig, warm: dict[str, float] | None = None
 ) -> dict[str, Any]:
-    """One RL run with pass@1 before and after; `warm` caches the warm-started models' pass@1
-    across methods (the same checkpoints and sampling seed give the same answers)."""
+    """One RL run with the team's search solve rate and each policy's pass@1 before and after;
+    `warm` caches the warm-started models' pass@1 across methods (the same checkpoints and sampling
+    seed give the same answers). Every team searches the same held-out tasks with the same seed."""
     agents = METHODS[method]
     trainer = Trainer(run_config(method, out / method, sft_models, agents, s))
     try:
+        problems = trainer.eval_problems
+        search_before = team_search(trainer, problems, s.search_nodes, s.seed)
         before = pass_at_1(trainer, s, warm)
         if warm is not None:
             warm.update(before)
         trainer.run()  # resumes (or skips) from an earlier invocation's checkpoint; closes the sandbox pool,
-        after = pass_at_1(trainer, s)  # which the next use reopens
+        search_after = team_search(trainer, problems, s.search_nodes, s.seed)  # which the next use reopens
+        after = pass_at_1(trainer, s)
     finally:
         trainer.close()
     return {
         "method": method,
         "label": LABELS[method],
         "agents": agents,
+        # the headline: what the team reaches under MARS2-T+ search (search_eval's metrics)
+        "search": {"before": search_before, "after": search_after},
         "policies": {"before": before, "after": after},
-        "before": team_score(before, agents),
-        "after": team_score(after, agents),
+        "pass_at_1": {"before": team_score(before, agents), "after": team_score(after, agents)},
         "samples": s.rl_steps * s.samples_per_step,
     }

@@ -1,12 +1,17 @@
-"""The warm start's teacher: the reference solutions, with classic slips at a stated rate.
+"""The warm start's teachers: the reference solutions, with classic slips at a stated rate.
 
 Imitation copies a teacher's mistakes as faithfully as its skills; a verifier
-does not. The demo's teacher writes each task's reference program, but in a
-`rate` fraction of the lines that admit one it makes a classic slip: float
-division for floor division, `min` for `max`, `c - x` for `x - c`, ... The
+does not. A teacher writes each task's reference program, but in a `rate`
+fraction of the lines that admit one it makes a classic slip: float division
+for floor division, `min` for `max`, `c - x` for `x - c`, ... The
 warm-started models inherit the slips, and only the sandbox's tests (RL's
 reward) tell them which of their two habits is right (a slipped program
 fails its tests; tests/demo checks that on real tasks).
+
+`teacher_completion` slips on every kind of line; `habit_completion` only on
+the lines of its own operation kinds (`HABITS`: each demo model's teacher has
+habits disjoint from the other's), so two models taught by the two habit
+teachers make different errors, the heterogeneity MARS2 argues a team needs.
 """
 
 from __future__ import annotations
@@ -28,6 +33,16 @@ SLIPS = (
     (r"x = x \* x", r"x = x * 2"),  # doubled, not squared
     (r"x = abs\(x\)", r"x = -x"),  # negated, not absolute
 )
+# the operation kind of each slip, in `SLIPS` order
+KINDS = ("floordiv", "sub", "max", "min", "mul", "mod", "square", "abs")
+# each demo model's teacher slips only on its own kinds: two each of arithmetic and comparison-like,
+# so neither habit set is easier to notice from the tests
+HABITS = {"qwen3": ("floordiv", "sub", "max", "square"), "llama": ("min", "mul", "mod", "abs")}
+
+
+def line_kind(line: str) -> str | None:
+    """The operation kind of a program line that admits a slip (the first matching pattern, as `slip`)."""
+    return next((KINDS[i] for i, (pattern, _) in enumerate(SLIPS) if re.search(pattern, line)), None)
 
 
 def slip(code: str, rng: random.Random, rate: float) -> str:
@@ -49,3 +64,13 @@ def teacher_completion(problem: Any, rate: float, seed: int = 0) -> str | None:
     if answer is None:
         return None
     return slip(answer, random.Random(f"marljax-teacher:{seed}:{problem.id}"), rate)
+
+
+def habit_completion(problem: Any, kinds: tuple[str, ...], rate: float, seed: int = 0) -> str | None:
+    """A teacher with habits: the reference answer with `slip` applied at `rate` to lines of `kinds` only."""
+    answer = reference_completion(problem)
+    if answer is None:
+        return None
+    # the seed string of the MARS2 ladder, where this teacher was first used: its warm starts stay the same
+    rng = random.Random(f"ladder-teacher:{seed}:{'+'.join(kinds)}:{problem.id}")
+    return "\n".join(slip(s, rng, rate) if line_kind(s) in kinds else s for s in answer.split("\n"))

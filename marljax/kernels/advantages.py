@@ -160,13 +160,18 @@ def amplification_factor(
     ``group_ids``), global normalisation gives agent ``k``'s samples the second
     moment ``f_gk = (sigma_gk^2 + (mu_gk - mu_g)^2) / sigma_g^2`` where agent-wise
     normalisation gives 1. The factor is the mean of ``f_gk`` over agent k's
-    samples, ``sum_g n_gk f_gk / sum_g n_gk``, over the groups whose rewards vary
-    (elsewhere both normalisations give zero advantages): the ratio of the two
-    gradient second moments when the score is independent of the reward noise.
-    A batch-wide ``(mu, sigma)`` over groups of different difficulty would
-    count the spread between problems, which per-problem advantages never see.
-    Population moments (ddof 0) over valid samples; an agent with no such
-    sample gets 0.
+    samples, ``sum_g n_gk f_gk / sum_g n_gk``, over the groups where agent k's
+    own rewards vary: the ratio of the two gradient second moments when the
+    score is independent of the reward noise. The Lemma assumes
+    ``sigma_gk > 0``; in a group where agent k's rewards are all equal,
+    agent-wise normalisation gives its samples zero advantage (no gradient)
+    while the shared one gives them ``(mu_gk - mu_g) / sigma_g``, an unbounded
+    ratio that no finite ``f_gk`` stands for, so those samples are left out
+    (as are groups where no reward varies: both give zero advantages). A
+    batch-wide ``(mu, sigma)`` over groups of different difficulty would count
+    the spread between problems, which per-problem advantages never see.
+    Population moments (ddof 0) over valid samples; an agent with no sample in
+    such a group gets 0.
 
     ``rewards, agent_ids, mask, group_ids: [N]``. Returns ``[K]``.
     """
@@ -174,9 +179,12 @@ def amplification_factor(
     valid = _checks.mask_or_ones(mask, rewards, "mask", "rewards")
     groups, G = _groups_or_one(rewards, group_ids, num_groups)
     K = num_agents
-    n_gk, mean_gk, var_gk = _moments(rewards, groups * K + agent_ids, G * K, valid)
+    keys = groups * K + agent_ids  # [G * K], key g * K + k
+    n_gk, mean_gk, var_gk = _moments(rewards, keys, G * K, valid)
     _, mean_g, var_g = _moments(rewards, groups, G, valid)
-    varies = jnp.repeat(var_g > 0, K)  # [G * K], key g * K + k
+    # compared exactly: a float variance of equal rewards need not be 0. The group's rewards vary too
+    high = jax.ops.segment_max(jnp.where(valid, rewards, -jnp.inf), keys, num_segments=G * K)
+    varies = high > jax.ops.segment_min(jnp.where(valid, rewards, jnp.inf), keys, num_segments=G * K)
     f = (var_gk + (mean_gk - jnp.repeat(mean_g, K)) ** 2) / jnp.where(varies, jnp.repeat(var_g, K), 1.0)
     weight = jnp.where(varies, n_gk, 0.0).reshape(G, K)
     total = jnp.sum(weight, axis=0)

@@ -275,7 +275,11 @@ class Trainer:
     def evaluate(self) -> dict[str, float]:
         if not self.eval_problems:
             return {}
-        return self.workflow.evaluate(self.eval_problems, self.agents, self.eval_generator, self.verifier)
+        # a workflow with test-time search gets the training sampling too (BaseWorkflowConfig.search_option)
+        search = {"train_generator": self.generator} if type(self.cfg.workflow).search_option else {}
+        return self.workflow.evaluate(
+            self.eval_problems, self.agents, self.eval_generator, self.verifier, **search
+        )
 
     def run(self) -> None:
         cfg, t = self.cfg, self.cfg.train

@@ -55,7 +55,8 @@ class BaseWorkflowConfig(StrictModel):
     """Base of each workflow's typed options (`kind` names the workflow in YAML)."""
 
     # the bool option that adds test-time search to evaluation (`marljax eval --search`);
-    # None: the workflow has no such search
+    # None: the workflow has no such search. A workflow with one takes `train_generator=` in
+    # `evaluate` as well (the training sampling, for a search that must not decode greedily)
     search_option: ClassVar[str | None] = None
 
     kind: str
@@ -232,7 +233,8 @@ class Workflow(abc.ABC, Generic[C]):
         generator: Generator,
         verifier: Verifier,
     ) -> dict[str, float]:
-        """Held-out metrics, keys `eval/...`; the trainer passes a greedy generator."""
+        """Held-out metrics, keys `eval/...`; the trainer passes a generator with evaluation's
+        sampling (greedy by default)."""
 
     def state_dict(self) -> dict[str, Any]:
         return {}

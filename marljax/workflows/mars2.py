@@ -137,6 +137,12 @@ class Mars2Config(BaseWorkflowConfig):
     search_option: ClassVar[str | None] = "eval_search"
     eval_search: bool = Field(False, description="also run MARS2-T+ search at evaluation")
     eval_max_nodes: int | None = Field(None, ge=2, description="T+ nodes per tree; None: max_nodes")
+    # greedy decoding (evaluation's default) makes every fresh node of one agent the same program: a
+    # search over copies, which flatters teams of several models over a single agent
+    eval_search_sampling: Literal["train", "eval"] = Field(
+        "train",
+        description="sampling of T+ search: the training sampling (sampler and agents' sampling) or eval_sampling",
+    )
 
     @field_validator("depth_gamma")
     @classmethod
@@ -378,8 +384,11 @@ class Mars2Workflow(Workflow[Mars2Config]):
         agents: Mapping[str, Agent],
         generator: Generator,
         verifier: Verifier,
+        train_generator: Generator | None = None,
     ) -> dict[str, float]:
-        """Greedy single-shot pass@1 per agent on all tests; with `eval_search`, MARS2-T+ as well."""
+        """Single-shot pass@1 per agent on all tests (`generator`: evaluation's sampling, greedy by
+        default); with `eval_search`, MARS2-T+ as well, sampled by `train_generator` (the training
+        sampling, where given) unless `eval_search_sampling` is "eval"."""
         c, team, P = self.cfg, self._team(agents), len(problems)
         gens = generator.generate([(a, a.render(p.prompt)) for a in team for p in problems], 1, 0)
         scores = verifier.score([p for _ in team for p in problems], [g[0].text for g in gens])
@@ -400,7 +409,7 @@ class Mars2Workflow(Workflow[Mars2Config]):
                 search_eval(
                     problems,
                     team,
-                    generator,
+                    train_generator if c.eval_search_sampling == "train" and train_generator else generator,
                     verifier,
                     max_nodes=c.eval_max_nodes or c.max_nodes,
                     expansions_per_round=c.expansions_per_round,

@@ -357,7 +357,8 @@ def agent_metrics(rollout: Rollout) -> dict[str, float]:
 def amplification_metrics(rollout: Rollout) -> dict[str, float]:
     """`agent/<name>/amplification` with two or more agents: Dr. MAS's factor by which one reward
     normalisation shared by all agents of a problem scales each agent's gradient second moment
-    against agent-wise normalisation (1 for every agent when they agree), per problem group."""
+    against agent-wise normalisation (1 for every agent when they agree), per problem group, over
+    the groups where that agent's own rewards vary (`kernels.amplification_factor`)."""
     names = rollout.agent_names
     if len(names) < 2:
         return {}

@@ -11,7 +11,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "experiments"))
 import mars2_ladder as L  # noqa: E402
 
 from marljax.demo.models import steps_problems  # noqa: E402
-from marljax.demo.teacher import SLIPS  # noqa: E402
+from marljax.demo.teacher import SLIPS, habit_completion  # noqa: E402
 from marljax.rewards.synthetic import _STEPS  # noqa: E402
 
 
@@ -29,7 +29,7 @@ def test_each_teacher_slips_on_its_own_kinds_only():
         seen = set()
         for p in problems:
             ref, kind = p.fields["solution"], L.task_kind(p)
-            text = L.habit_completion(p, kinds, rate=1.0)
+            text = habit_completion(p, kinds, rate=1.0)
             slipped = L.slipped_kinds(text, ref)
             # rate 1: every task of its own kinds slipped, every other task exactly the reference
             assert slipped == ([kind] if kind in kinds else []), (family, kind, text)
@@ -40,8 +40,7 @@ def test_each_teacher_slips_on_its_own_kinds_only():
         # at the experiment's rate, about SLIP_RATE of its own kinds' tasks are slipped
         own = [p for p in problems if L.task_kind(p) in kinds]
         rate = sum(
-            bool(L.slipped_kinds(L.habit_completion(p, kinds, L.SLIP_RATE), p.fields["solution"]))
-            for p in own
+            bool(L.slipped_kinds(habit_completion(p, kinds, L.SLIP_RATE), p.fields["solution"])) for p in own
         )
         assert abs(rate / len(own) - L.SLIP_RATE) < 0.1
 

@@ -103,6 +103,25 @@ def test_dr_mas_hand_computed():
     np.testing.assert_allclose(metrics["agent_count"], [3, 3])
 
 
+def test_amplification_leaves_out_groups_where_the_agents_own_rewards_are_constant():
+    # Problem 0: agent 0 scores [1, 1] (constant), agent 1 [0, 2]; problem 1: agent 0 [0, 1], agent 1
+    # [1, 1] (constant). Agent-wise normalisation gives a constant agent zero advantage while the
+    # shared one does not: Lemma 4.2's sigma_k > 0 fails there, so only the other problem counts.
+    # Problem 0: mu = 1, sigma^2 = 0.5; agent 1: (1 + 0) / 0.5 = 2.
+    # Problem 1: mu = 0.75, sigma^2 = 0.1875; agent 0: (0.25 + 0.25^2) / 0.1875 = 5/3.
+    rewards = jnp.array([1.0, 1.0, 0.0, 2.0, 0.0, 1.0, 1.0, 1.0])
+    agents = jnp.array([0, 0, 1, 1, 0, 0, 1, 1])
+    problems = jnp.array([0, 0, 0, 0, 1, 1, 1, 1])
+    factor = kernels.amplification_factor(rewards, agents, 3, group_ids=problems, num_groups=2)
+    # agent 2 never acts: 0; counting the constant groups would give agent 0 (0 + 5/3) / 2 and
+    # agent 1 (2 + 1/3) / 2
+    np.testing.assert_allclose(factor, [5 / 3, 2.0, 0.0], rtol=1e-6)
+    # equal rewards whose float32 variance is not exactly 0 (seven times 0.1: 5.6e-17) still count
+    # as constant
+    tenths = jnp.array([0.1] * 7 + [0.0, 1.0], jnp.float32)
+    assert float(kernels.amplification_factor(tenths, jnp.array([0] * 7 + [1, 1]), 2)[0]) == 0.0
+
+
 def test_dr_mas_per_agent_within_problem_groups():
     rng = np.random.default_rng(2)
     n = 48

@@ -405,6 +405,30 @@ def test_evaluate_greedy_per_agent_and_search(pool):
     assert out["eval/search/alpha/nodes"] + out["eval/search/beta/nodes"] == out["eval/search/nodes"]
 
 
+def test_eval_search_samples_with_the_training_generator_unless_told_otherwise(pool):
+    # evaluation's generator is greedy by default, under which every fresh node of one agent would be
+    # the same program: the search takes the training sampling's generator where the trainer gives it
+    problems, agents = make_problems(2, seed=0), team(names=("alpha", "beta"))
+
+    def script(agent, prompt, k, seed):
+        return WRONG  # nothing passes: every tree spends its whole budget
+
+    for option, searcher in (("train", "training"), ("eval", "evaluation")):
+        gens = {"evaluation": CountingGenerator(script), "training": CountingGenerator(script)}
+        wf = Mars2Workflow(max_nodes=4, eval_search=True, eval_search_sampling=option)
+        out = wf.evaluate(problems, agents, gens["evaluation"], pool, train_generator=gens["training"])
+        assert out["eval/search/nodes"] == 4.0
+        single_shot = 2 * len(problems)  # one answer per agent and problem
+        searched = 4 * len(problems)
+        expected = {"evaluation": single_shot, "training": 0}
+        expected[searcher] += searched
+        assert {k: len(g.requests) for k, g in gens.items()} == expected, option
+    # called without a training generator (outside a trainer), the search uses evaluation's
+    alone = CountingGenerator(script)
+    Mars2Workflow(max_nodes=4, eval_search=True).evaluate(problems, agents, alone, pool)
+    assert len(alone.requests) == 2 * len(problems) + 4 * len(problems)
+
+
 # ------------------------------------------------------------------ options
 def test_config_options_and_agent_checks():
     cfg = Mars2Config(agents=["alpha", "beta"], max_nodes=5, depth_gamma=[0.9, 0.8], prior="reward_average")

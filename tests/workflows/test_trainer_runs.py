@@ -61,10 +61,21 @@ def test_heterogeneous_mars2_tiny_config_trains_and_resumes(tmp_path):
 
 
 @pytest.mark.slow
-def test_eval_search_cli_reports_mars2_t_plus_numbers(tmp_path, capsys):
+def test_eval_search_cli_reports_mars2_t_plus_numbers(tmp_path, capsys, monkeypatch):
     import json
 
     from marljax import cli
+    from marljax.workflows import mars2
+
+    # the search samples at the training temperature, the single-shot pass@1 greedily (the default
+    # eval_sampling): record each agent's temperature in the generator the search is given
+    seen, search_eval = [], mars2.search_eval
+
+    def recording(problems, team, generator, *args, **kwargs):
+        seen.append({a.name: generator.settings(a.name).temperature for a in team})
+        return search_eval(problems, team, generator, *args, **kwargs)
+
+    monkeypatch.setattr(mars2, "search_eval", recording)
 
     code = cli.main(
         [
@@ -75,9 +86,11 @@ def test_eval_search_cli_reports_mars2_t_plus_numbers(tmp_path, capsys):
             "data.synthetic.n_eval=2",
             "sampler.max_new_tokens=8",
             "workflow.max_nodes=3",
+            "sampler.temperature=0.7",
         ]
     )
     assert code == 0
+    assert seen == [{"alice": 0.7, "bob": 0.7}]
     report = json.loads(capsys.readouterr().out)
     assert report["step"] == 0 and report["eval/search/nodes"] == 3.0
     assert 0.0 <= report["eval/search/pass_at_1"] <= report["eval/search/oracle"] <= 1.0
