@@ -137,15 +137,24 @@ def sft_on_pairs(
     trainer: Any, pairs: dict[str, Sequence[tuple[str, str]]], steps: int, batch: int
 ) -> list[float]:
     """`steps` SFT steps per policy on its agents' (prompt, reply) pairs (cycling, agents mixed),
-    then a fresh optimiser and KL reference for RL (as `marljax.train.sft.run_sft`)."""
+    then a fresh optimiser and KL reference for RL (as `marljax.train.sft.run_sft`). Each batch holds
+    pairs of similar length: a batch is padded to its longest, and the few long multi-turn prompts
+    would otherwise put most batches in twice the length bucket."""
     from marljax.train.sft import pair_samples
 
     losses: list[float] = []
     for name, policy in trainer.policies.items():
         mine = [(a, p) for a in trainer.agents.values() if a.policy == name for p in pairs.get(a.name, ())]
-        random.Random(f"marljax-tool-sft:{name}").shuffle(mine)
-        for k in range(steps):
-            chosen = [mine[(k * batch + j) % len(mine)] for j in range(batch)]
+        rng = random.Random(f"marljax-tool-sft:{name}")
+        batches: list[list] = []
+        while len(batches) < steps:
+            rng.shuffle(mine)
+            for w in range(0, len(mine), 8 * batch):  # sort windows of 8 batches by length
+                window = sorted(mine[w : w + 8 * batch], key=lambda ap: len(ap[1][0]) + len(ap[1][1]))
+                chunk = [window[j : j + batch] for j in range(0, len(window), batch)]
+                rng.shuffle(chunk)
+                batches += [c for c in chunk if len(c) == batch]
+        for chosen in batches[:steps]:
             samples = [s for a, p in chosen for s in pair_samples([p], a, policy)]
             losses.append(policy.sft_update(samples)["loss"])
         policy.reset_optimizer()

@@ -90,22 +90,31 @@ def _names(rng: random.Random, n: int, syllables: int, taken: set[str]) -> list[
     return out
 
 
+MAX_PEOPLE = 64
+
+
 def make_multihop(
     n: int, seed: int = 0, hops: Sequence[int] = (2, 3), n_people: int = 12, distractors: int = 4
 ) -> tuple[list[Problem], list[Passage]]:
     """`n` questions (hop counts cycling through `hops`) and the corpus that answers them.
 
-    World: each person was born in a city, each city lies in a country, each company was founded
-    by a person; one passage per fact. 2 hops: "In which country was <person> born?" (person ->
-    city -> country). 3 hops: "In which country was the founder of <company> born?". Each problem
-    also carries its own passages (``fields["passages"]``: the supporting ones and `distractors`
-    others, shuffled), HotpotQA's distractor setting, which the search tool indexes per problem."""
+    World: `n_people` people, as many companies, two cities for every three people and a country
+    for every three people (at least 8 cities and 4 countries); each person was born in a city,
+    each city lies in a country, each company was founded by a person; one passage per fact.
+    2 hops: "In which country was <person> born?" (person -> city -> country). 3 hops: "In which
+    country was the founder of <company> born?". Each problem also carries its own passages
+    (``fields["passages"]``: the supporting ones and `distractors` others, shuffled), HotpotQA's
+    distractor setting, which the search tool indexes per problem."""
     if not set(hops) <= {2, 3}:
         raise ValueError(f"hops must be 2 or 3, got {list(hops)}")
+    if (
+        not 1 <= n_people <= MAX_PEOPLE
+    ):  # two-syllable names (cities, first names, companies) run out beyond it
+        raise ValueError(f"n_people must be 1..{MAX_PEOPLE}, got {n_people}")
     rng = random.Random(f"multihop/{seed}")
     taken: set[str] = set()
-    countries = _names(rng, 4, 3, taken)
-    cities = _names(rng, 8, 2, taken)
+    countries = _names(rng, max(4, n_people // 3), 3, taken)
+    cities = _names(rng, max(8, 2 * n_people // 3), 2, taken)
     people = [f"{a} {b}" for a, b in zip(_names(rng, n_people, 2, taken), _names(rng, n_people, 3, taken))]
     companies = [f"{c} Works" for c in _names(rng, n_people, 2, taken)]
     country_of = {c: rng.choice(countries) for c in cities}

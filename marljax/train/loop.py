@@ -59,7 +59,7 @@ def load_split(cfg: DataConfig, split: str) -> list[Problem]:
         n, seed = (t.n_train, t.seed) if split == "train" else (t.n_eval, t.seed + 1_000_000)
         if t.task == "arithmetic":
             return make_arithmetic(n, seed=seed)
-        return make_multihop(n, seed=seed, hops=t.hops)[0]
+        return make_multihop(n, seed=seed, hops=t.hops, n_people=t.people)[0]
     if cfg.synthetic is not None:
         s = cfg.synthetic
         n, seed = (s.n_train, s.seed) if split == "train" else (s.n_eval, s.seed + 1_000_000)

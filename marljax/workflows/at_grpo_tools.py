@@ -4,10 +4,13 @@ Each problem is played for up to ``num_turns`` turns. At each turn the tool agen
 agent, samples K candidates from the same state:
 
 * tool agent: calls the task's tools (``plan``: `check_plan`, which runs a move string on the grid
-  from the current cell and says where it ends, without planning; ``math``: python and calculator)
-  and is rewarded by its tool-process reward (`tool_use.process_reward`: the share of its calls
-  that ran, and of those that returned something). Its best candidate's calls and results join
-  the notes both agents see.
+  from the current cell and says where it ends, without planning; ``math``: python and calculator).
+  Its reward is its tool-process reward (`tool_use.process_reward`: the share of its calls that
+  ran, and of those that returned something); on ``plan`` that is half of it, the other half the
+  shaped grid reward of the best move string it checked, as the reference rewards its tool agent
+  by the environment reward of the actions its tool produced (PettingLLMs' plan_path): a check of
+  one move runs as well as a check of a whole path, only the second tells the plan agent the way.
+  Its best candidate's calls and results join the notes both agents see.
 * plan agent: reads the state and the notes and commits: ``plan`` a move string (reward
   `marljax.envs.grid.plan_reward` from the current cell; the best plan moves the agent), ``math``
   an answer (``<answer>``, or the reply's last number; reward 1 when right).
@@ -136,10 +139,16 @@ class AtGrpoToolsWorkflow(Workflow[AtGrpoToolsConfig]):
         c = self.cfg.tools
         return ToolBox(self.task.tools(s.problem, extra), c.max_observation_chars)
 
-    def _tool_step(self, box: ToolBox, text: str) -> StepResult:
-        """The tool agent's candidate: its calls run; the observation and the counts of a `ToolEnv` step."""
+    def _tool_step(self, s: State, box: ToolBox, text: str) -> tuple[StepResult, float]:
+        """The tool agent's candidate: its calls run; the observation and the counts of a `ToolEnv`
+        step, and the candidate's reward (module doc)."""
         parsed = parse_tool_calls(text)
         results = [box.run(call) for call in parsed.calls[: self.cfg.tools.max_calls]]
+        checked = [
+            plan_reward(s.problem.fields, s.pos, parse_moves(f"Moves: {r.call.arguments.get('moves', '')}"))
+            for r in results
+            if r.ok and r.call.name == "check_plan" and s.pos is not None
+        ]
         lines = [f"Your call could not be parsed: {e}" for e in parsed.errors]
         lines += [f"[{r.call.name}] {r.call.arguments} -> {r.text}" for r in results]
         info = {
@@ -147,7 +156,10 @@ class AtGrpoToolsWorkflow(Workflow[AtGrpoToolsConfig]):
             "valid_calls": sum(r.ok for r in results),
             "useful_calls": sum(r.ok and r.text.strip() not in ("", "no results") for r in results),
         }
-        return StepResult("\n".join(lines) or "(no tool call)", 0.0, False, info)
+        step = StepResult("\n".join(lines) or "(no tool call)", 0.0, False, info)
+        if s.pos is None:
+            return step, process_reward([step])
+        return step, 0.5 * process_reward([step]) + 0.5 * max(checked, default=0.0)
 
     def _plan_score(self, s: State, text: str) -> tuple[float, bool, tuple[int, int] | None]:
         if s.pos is None:
@@ -174,10 +186,9 @@ class AtGrpoToolsWorkflow(Workflow[AtGrpoToolsConfig]):
             ]
             gens = generator.generate(requests, K, derive_seed(seed, 2 * t))
             for i, cands in zip(live, gens):
-                steps = [self._tool_step(boxes[i], g.text) for g in cands]
-                rewards = [process_reward([s]) for s in steps]
-                b = best_branch(rewards)
                 s = states[i]
+                steps, rewards = zip(*(self._tool_step(s, boxes[i], g.text) for g in cands))
+                b = best_branch(list(rewards))
                 out += [
                     Candidate(i, t, 0, k, s.last_node, g, r, r == 1.0)
                     for k, (g, r) in enumerate(zip(cands, rewards))

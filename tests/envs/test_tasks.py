@@ -55,6 +55,20 @@ def test_multihop_answers_follow_the_corpus():
     assert make_multihop(12, seed=4)[1] != passages
 
 
+def test_a_larger_world_has_more_people_cities_and_countries():
+    problems, passages = make_multihop(64, seed=1, hops=[2], n_people=64)
+    born, country, _ = facts(passages)
+    assert len(born) == 64 and len(country) == 2 * 64 // 3 and len(set(country.values())) <= 64 // 3
+    # the answers follow the corpus, and 64 questions over 64 people repeat few of them
+    for p in problems:
+        person = re.fullmatch(r"In which country was (.+) born\?", p.prompt)[1]
+        assert p.fields["answers"] == [country[born[person]]]
+    assert len({p.prompt for p in problems}) > 32
+    assert make_multihop(4, seed=0)[1] == make_multihop(4, seed=0, n_people=12)[1]  # the default world
+    with pytest.raises(ValueError, match="n_people must be 1..64"):
+        make_multihop(4, n_people=65)
+
+
 def test_each_hop_is_found_by_search():
     problems, passages = make_multihop(4, seed=0)
     index = BM25Index(passages)

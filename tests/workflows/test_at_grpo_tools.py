@@ -86,6 +86,29 @@ def test_grid_turn_by_hand():
     assert m["team/reward"] == 1.0 and m["team/pass_rate"] == 1.0 and m["tools/call_frac"] == 0.75
 
 
+def test_a_tool_check_is_worth_how_far_the_checked_moves_get():
+    """Plan task: half the tool agent's reward is its process reward, half the grid reward of the best
+    move string it checked (a one-move check runs as well as a whole path but scores less)."""
+    solution, d = GRID.fields["solution"], GRID.fields["distance"]
+    calls = [
+        format_tool_call("check_plan", {"moves": solution}),
+        format_tool_call("check_plan", {"moves": solution[0]}),
+        format_tool_call("check_plan", {"moves": solution[0]})
+        + format_tool_call("check_plan", {"moves": solution}),
+        format_tool_call("check_plan", {"moves": ""}),
+    ]
+
+    def script(agent, prompt, k, seed):
+        return calls[k] if agent.name == "tool_agent" else "Moves: "
+
+    out = AtGrpoToolsWorkflow(num_turns=1).rollout(
+        [GRID], AGENTS, ScriptedGenerator(script), SandboxVerifier(), 0
+    )
+    tool = [s.reward for s in out.samples if s.agent == "tool_agent"]
+    # every call ran and returned a finding (process reward 1); the best check decides the rest
+    np.testing.assert_allclose(tool, [1.0, 0.5 + 0.5 * (0.5 / d), 1.0, 0.5])
+
+
 def test_a_second_turn_starts_where_the_best_plan_ended():
     """Turn 0: the plan agent's best candidate takes the first move of the shortest path. Turn 1: the
     checker runs from the new cell, and the rest of the path solves the grid."""

@@ -387,6 +387,13 @@ class ToolTaskData(FrozenModel):
     n_train: int = Field(64, ge=1)
     n_eval: int = Field(32, ge=0)
     hops: list[int] = Field(default_factory=lambda: [2, 3], min_length=1, description="multihop: 2 and/or 3")
+    people: int = Field(
+        12,
+        ge=1,
+        le=64,
+        description="multihop: people in the made-up world (cities and countries grow with them); with "
+        "as many people as questions, a model cannot answer from a memorised world",
+    )
     seed: int = 0
 
     @field_validator("hops")
