@@ -1,9 +1,12 @@
 """The tool workflows' team reward under RL after the sloppy teacher's warm start, per seed.
 
-    python benchmarks/bench_tool_rise.py dr_mas_search --seeds 0 1 2 --rl-steps 16
+    python benchmarks/bench_tool_rise.py dr_mas_search --seeds 0 1 2 --slips 0.3 \
+        --set workflow.process_weight=0.5
 
-Prints each run's team reward per RL step and the rise (mean of the last `--window` steps minus the
-mean of the first ones); the spread across seeds sets the margin of tests/workflows/test_tool_rise.py.
+Prints each run's team reward per RL step, the tools' valid-call share at the end, and the rise (mean
+of the last `--window` steps minus the mean of the first ones); the spread across seeds is what a
+rise test's margin must exceed. `--set key=value` changes the run config (dotted key, YAML value);
+the other settings are `marljax.demo.tools.warm_started_run`'s defaults.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import yaml
 
 from marljax.demo.tools import warm_started_run
 
@@ -23,23 +27,29 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("kind", choices=["dr_mas_search", "sharp_tools", "at_grpo_tools"])
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    ap.add_argument("--rl-steps", type=int, default=16)
-    ap.add_argument("--sft-steps", type=int, default=150)
+    ap.add_argument("--rl-steps", type=int, default=20)
+    ap.add_argument("--slips", type=float, default=0.5)
     ap.add_argument("--window", type=int, default=4)
+    ap.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE")
     args = ap.parse_args()
+    changes = {k: yaml.safe_load(v) for k, v in (s.split("=", 1) for s in args.set)}
     rises = []
     for seed in args.seeds:
         t = time.time()
         with tempfile.TemporaryDirectory() as out:
             records = warm_started_run(
-                args.kind, Path(out), seed=seed, sft_steps=args.sft_steps, sft_lr=1e-2, rl_steps=args.rl_steps
+                args.kind, Path(out), seed=seed, slips=args.slips, rl_steps=args.rl_steps, changes=changes
             )
         reward = np.array([r["team/reward"] for r in records])
         rise = reward[-args.window :].mean() - reward[: args.window].mean()
         rises.append(rise)
+        valid = [
+            r.get("tools/valid_call_frac", r.get("tools/process_reward")) for r in records[-args.window :]
+        ]
         row = {
             "seed": seed,
             "rise": round(rise, 3),
+            "valid_calls_last": round(float(np.mean(valid)), 2),
             "s": round(time.time() - t),
             "reward": reward.round(3).tolist(),
         }

@@ -204,17 +204,23 @@ def warm_started_run(
     seed: int = 0,
     slips: float = 0.5,
     demo_rounds: int = 16,
-    sft_steps: int = 150,
+    sft_steps: int = 300,
     sft_batch: int = 16,
-    sft_lr: float = 3e-3,
-    rl_steps: int = 12,
-    rl_lr: float = 1e-3,
+    sft_lr: float = 1e-2,
+    rl_steps: int = 20,
+    rl_lr: float = 5e-4,
+    problems_per_step: int = 8,
+    temperature: float = 0.6,
     max_new_tokens: int = 40,
     changes: dict | None = None,
 ) -> list[dict]:
     """SFT a tiny model on workflow `kind`'s sloppy teacher (shipped tiny config, one shared policy),
     then `rl_steps` of RL; the run's metrics records (one per RL step). `changes` updates the config
-    dict (dotted keys) before both stages."""
+    dict (dotted keys) before both stages.
+
+    RL samples at `temperature` 0.6: after a few hundred SFT steps the tiny model's next-token
+    distribution over a name it should copy is still broad, and at temperature 1 most sampled
+    calls search a misspelt name, so hardly any episode succeeds and RL has nothing to reinforce."""
     import yaml
 
     from marljax.train.config import config_from_dict
@@ -224,7 +230,8 @@ def warm_started_run(
     raw = yaml.safe_load((CONFIGS / f"{kind}_tiny.yaml").read_text())
     raw.update(name=f"{kind}_rise", run_dir=str(out / "run"), seed=seed)
     # a whole tool call in one turn (the shipped tiny configs' 16 tokens cut it)
-    raw["sampler"] = dict(raw["sampler"], max_new_tokens=max_new_tokens)
+    raw["sampler"] = dict(raw["sampler"], max_new_tokens=max_new_tokens, temperature=temperature)
+    raw["data"] = dict(raw["data"], batch_size=problems_per_step)
     raw["train"] = dict(raw["train"], steps=rl_steps, save_every=rl_steps, eval_every=None)
     raw["train"].update(tensorboard=False, progress=False, keep_checkpoints=1)
     for key, value in (changes or {}).items():

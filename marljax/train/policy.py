@@ -321,6 +321,7 @@ class Policy:
         """The sampler's layout: the trainer's, another mesh, or per-process copies (multi-process).
         `_to_sampler(tree, specs)` moves a tree of parameters there, each laid out by its spec."""
         self.sampler_mesh, self._to_sampler, self._sampler_cache = self.mesh, None, None
+        self._team_cache = None
         mesh = self.mesh if sampler_mesh_cfg is None else policy_mesh(sampler_mesh_cfg)
         if jax.process_count() > 1:
             staging, self.sampler_mesh = process_local_mesh(mesh)
@@ -388,6 +389,25 @@ class Policy:
             return with_adapter(self._own_in_sampler_layout(), self.sampler_base(), spec=self.lora)
         return self._own_in_sampler_layout()
 
+    def _stacked(self, team: Sequence[Policy]) -> dict:
+        """The team's adapters stacked for one sampling call, rebuilt only when the team or one of
+        its adapters changed since the last call (a rollout samples the same team many times
+        between updates)."""
+        own = [p._own_in_sampler_layout() for p in team]
+        cached = self._team_cache
+        if (
+            cached is None
+            or len(cached[0]) != len(team)
+            or any(a is not b for a, b in zip(cached[0], team))
+            or any(a is not b for a, b in zip(cached[1], own))
+        ):
+            cached = self._team_cache = (
+                list(team),
+                own,
+                stack_adapters([(p.lora, o) for p, o in zip(team, own)]),
+            )
+        return cached[2]
+
     def generate(
         self,
         prompt_ids: Sequence[Sequence[int]],
@@ -417,8 +437,7 @@ class Policy:
         ):
             raise ValueError("a team samples together only as adapter policies on one base and sampler mesh")
         else:
-            adapters = [(p.lora, p._own_in_sampler_layout()) for p in team]
-            params = {**self.sampler_base(), "lora": stack_adapters(adapters)}
+            params = {**self.sampler_base(), "lora": self._stacked(team)}
 
         def each(key):
             values = [getattr(s, key) for s in per]
@@ -595,7 +614,7 @@ class Policy:
     def release_state(self) -> None:
         """Drop the parameters, optimiser state and reference (before `load_state` replaces them)."""
         self.params = self.opt_state = self.ref_params = None
-        self._sampler_cache = None
+        self._sampler_cache = self._team_cache = None
 
     def abstract_state(self) -> dict:
         """`state()` as ShapeDtypeStructs with shardings: the restore target."""

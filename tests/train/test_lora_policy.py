@@ -201,3 +201,34 @@ def test_adapter_dropout_trains_reproducibly():
     no_dropout.update(samples())
     diff = np.abs(np.asarray(a.params["wv"]["b"]) - np.asarray(no_dropout.params["wv"]["b"])).max()
     assert diff > 0  # dropout changed the gradient
+
+
+def test_a_team_call_stacks_its_adapters_once_per_update(monkeypatch):
+    """Sampling the same team again reuses its stacked adapters; after one adapter's update the
+    team call is rebuilt and equals that adapter sampled alone."""
+    import marljax.train.policy as policy_module
+    from marljax.train.config import SamplerConfig
+
+    bases = BaseStore()
+    team = [Policy(f"a{i}", config(lr=3e-2), bases=bases) for i in range(2)]
+    calls = []
+    real = policy_module.stack_adapters
+    # (an update and a policy alone stack their one adapter through the same function)
+    monkeypatch.setattr(policy_module, "stack_adapters", lambda a: calls.append(len(a)) or real(a))
+    greedy = SamplerConfig(max_new_tokens=4, temperature=0.0)
+    prompts, which = [[5, 9, 11], [7, 8, 9, 10]], [0, 1]
+
+    def team_call():
+        return team[0].generate(prompts, n=1, seed=0, sampler=greedy, team=team, adapter=which)
+
+    first = team_call()
+    team_call()
+    assert calls.count(2) == 1
+    team[1].update(samples())
+    updated = team_call()
+    assert calls.count(2) == 2
+    alone = team[1].generate(prompts[1:], n=1, seed=0, sampler=greedy)
+    np.testing.assert_array_equal(updated.tokens[1], alone.tokens[0])
+    np.testing.assert_allclose(updated.logprobs[1], alone.logprobs[0], atol=1e-5)
+    # the update moved adapter 1's log-probs (so a stale stack would have shown)
+    assert np.abs(np.asarray(updated.logprobs[1]) - np.asarray(first.logprobs[1])).max() > 1e-4
