@@ -107,9 +107,8 @@ def make_multihop(
     distractor setting, which the search tool indexes per problem."""
     if not set(hops) <= {2, 3}:
         raise ValueError(f"hops must be 2 or 3, got {list(hops)}")
-    if (
-        not 1 <= n_people <= MAX_PEOPLE
-    ):  # two-syllable names (cities, first names, companies) run out beyond it
+    # two-syllable names (cities, first names, companies) run out beyond MAX_PEOPLE
+    if not 1 <= n_people <= MAX_PEOPLE:
         raise ValueError(f"n_people must be 1..{MAX_PEOPLE}, got {n_people}")
     rng = random.Random(f"multihop/{seed}")
     taken: set[str] = set()
