@@ -39,15 +39,11 @@ def pytest_configure(config):
 
 
 def pytest_collection_modifyitems(config, items):
-    """Files with slow tests first, the longest (`slow(seconds=...)`) before the others: xdist hands
-    whole files to its workers in this order (`--dist loadfile`), so the long ones start early and
-    short files fill the end, instead of one worker finishing a long file alone while the other
-    waits."""
-    seconds: dict = {}
-    for item in items:
-        if marker := item.get_closest_marker("slow"):
-            seconds[item.path] = max(seconds.get(item.path, 0), marker.kwargs.get("seconds", 1))
-    items.sort(key=lambda item: -seconds.get(item.path, 0))
+    """Files with slow tests first: xdist hands whole files to its workers in this order (`--dist
+    loadfile`), so the long ones start early and short files fill the end, instead of one worker
+    finishing a long file alone while the other waits."""
+    slow = {item.path for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: item.path not in slow)
 
 
 def pytest_unconfigure(config):

@@ -57,7 +57,7 @@ def warm_started_records(kind: str, out, seed: int, rl_steps: int) -> list[dict]
     return json.loads((out / "records.json").read_text())
 
 
-@pytest.mark.slow(seconds=360)  # one core, the longest test: conftest starts it first
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", sorted(RISES))
 def test_warm_started_team_reward_rises(kind, tmp_path):
     steps, window, margin = RISES[kind]
