@@ -2,22 +2,8 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
+import magrpo_cooperation as magrpo
 import pytest
-
-SCRIPT = Path(__file__).resolve().parents[2] / "experiments" / "magrpo_cooperation.py"
-
-
-@pytest.fixture(scope="module")
-def magrpo():
-    sys.path.insert(0, str(SCRIPT.parent))
-    spec = importlib.util.spec_from_file_location("magrpo_cooperation", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def run(seed, setting, reward):
@@ -25,7 +11,7 @@ def run(seed, setting, reward):
     return {"seed": seed, "setting": setting, "after": after, "curves": []}
 
 
-def test_summary_means_and_paired_differences(magrpo):
+def test_summary_means_and_paired_differences():
     rewards = {"untrained": (0.1, 0.2, 0.3), "helper_alone": (0.2, 0.2, 0.2), "main_alone": (0.0, 0.1, 0.5)}
     rewards["joint"] = (0.4, 0.5, 0.9)
     runs = [run(seed, s, r[seed]) for s, r in rewards.items() for seed in range(3)]
@@ -41,7 +27,7 @@ def test_summary_means_and_paired_differences(magrpo):
     assert "train_reward_first" not in s["joint"]  # no curves, no training statistics
 
 
-def test_summary_training_reward_quarters(magrpo):
+def test_summary_training_reward_quarters():
     runs = [run(0, "joint", 0.5), run(1, "joint", 0.5)]
     for r, rewards in zip(runs, ([0.0, 0.2, 0.4, 0.6], [0.2, 0.2, 0.2, 1.0])):
         r["curves"] = [{"step": k + 1, "team/reward": v} for k, v in enumerate(rewards)]
@@ -50,7 +36,7 @@ def test_summary_training_reward_quarters(magrpo):
     assert s["train_reward_last"]["mean"] == pytest.approx(0.8)  # (0.6 + 1.0) / 2
 
 
-def test_summary_pairs_only_common_seeds(magrpo):
+def test_summary_pairs_only_common_seeds():
     runs = [run(0, "joint", 1.0), run(1, "joint", 0.0), run(1, "untrained", 0.5)]
     s = magrpo.summarise(runs)
     assert s["joint_minus_untrained"]["reward"]["n"] == 1

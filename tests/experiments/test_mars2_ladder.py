@@ -2,17 +2,12 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
+import mars2_ladder as L
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "experiments"))
-import mars2_ladder as L  # noqa: E402
-
-from marljax.demo.models import steps_problems  # noqa: E402
-from marljax.demo.teacher import SLIPS, habit_completion  # noqa: E402
-from marljax.rewards.synthetic import _STEPS  # noqa: E402
+from marljax.demo.models import steps_problems
+from marljax.demo.teacher import SLIPS, habit_completion
+from marljax.rewards.synthetic import _STEPS
 
 
 def test_habits_are_disjoint_and_name_the_teachers_slips():

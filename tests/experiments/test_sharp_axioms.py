@@ -2,24 +2,17 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import numpy as np
 import pytest
-
-SCRIPT = Path(__file__).resolve().parents[2] / "experiments" / "sharp_axioms.py"
+import sharp_axioms
 
 
 @pytest.fixture(scope="module")
 def axioms():
-    sys.path.insert(0, str(SCRIPT.parent))
-    spec = importlib.util.spec_from_file_location("sharp_axioms", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    module.PERMUTATIONS = (1, 4)  # two compiled shapes keep the test fast
-    return module
+    full = sharp_axioms.PERMUTATIONS
+    sharp_axioms.PERMUTATIONS = (1, 4)  # two compiled shapes keep the test fast
+    yield sharp_axioms
+    sharp_axioms.PERMUTATIONS = full
 
 
 def constructed_table(value_of) -> np.ndarray:
