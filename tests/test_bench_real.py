@@ -60,7 +60,7 @@ def test_family_tokenizers_put_specials_at_the_real_ids_and_render_the_chat_mark
     assert llama("hi")["input_ids"][0] == 128000  # plain text gets Llama 3's bos, as the real one does
 
 
-@pytest.mark.slow
+@pytest.mark.slow(seconds=180)
 def test_rehearsal_at_real_width_and_vocabulary(tmp_path):
     bench = _bench_real()
     out = bench.run(layers=1, max_new_tokens=8, repeats=1, work=tmp_path)

@@ -19,7 +19,7 @@ def test_demo_team_learns(capsys):
     assert first < 0.4 and last > 0.8, out
 
 
-@pytest.mark.slow
+@pytest.mark.slow(seconds=65)
 def test_embedded_demo_quick_run(tmp_path, capsys):
     """The README's main command end to end in its smoke size (the full size is too long for CI;
     its measured table is in the README): real HF checkpoints, SFT, three RL runs, each team's

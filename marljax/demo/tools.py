@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 import random
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -75,12 +75,12 @@ def teacher(kind: str, slips: float, seed: int = 0):
             if person in born:
                 return _answer(born[person])
             return _answer(person) if slip() else format_tool_call("search", {"query": person})
-        told = re.search(r"Worker 1: ([A-Z][a-z]+)\b", prompt)
-        city = told[1] if told else born.get(person)
-        if city is None:
-            return _answer("unknown")
+        told = re.search(r"^Worker 1: (.+)$", prompt, re.MULTILINE)
+        city = born.get(person) or (told[1] if told else person)
         if city in country:
             return _answer(city if slip() else country[city])
+        if "Observation:" in prompt:  # its one search found no city: the last turn answers what it has
+            return _answer(city)
         return format_tool_call("search", {"query": city})
 
     def grid(agent: Agent, prompt: str, k: int, s: int) -> str:
@@ -111,9 +111,15 @@ def shortest_plan_in(prompt: str) -> str:
     return shortest_plan(fields, at) or ""
 
 
-def demonstrations(cfg: Any, script, rounds: int, seed: int = 0) -> dict[str, list[tuple[str, str]]]:
+def demonstrations(
+    cfg: Any, script, rounds: int, seed: int = 0, policies: Mapping[str, Any] | None = None
+) -> dict[str, list[tuple[str, str]]]:
     """(prompt, reply) pairs per agent from `rounds` rollouts of the run config's workflow with the
-    teacher playing every agent, over its train problems batch by batch (no model needed)."""
+    teacher playing every agent, over its train problems batch by batch. Without `policies` (name ->
+    `Policy`) no model is needed, but a prompt continuing an earlier turn of an agent holds that
+    turn's bytes, not tokens: only its text is of use (a tokenizer's corpus). With them, every
+    prompt encodes as the policy will see it when it samples the same turns (the earlier turns'
+    tokens, each ending with an end-of-turn token), which SFT needs."""
     from marljax.train.loop import load_split
     from marljax.workflows.base import build_workflow
 
@@ -125,7 +131,7 @@ def demonstrations(cfg: Any, script, rounds: int, seed: int = 0) -> dict[str, li
         pairs[agent.name].append((prompt, reply))
         return reply
 
-    workflow, gen = build_workflow(cfg.workflow), ScriptedGenerator(record)
+    workflow, gen = build_workflow(cfg.workflow), ScriptedGenerator(record, policies=policies)
     problems, batch = load_split(cfg.data, "train"), cfg.data.batch_size
     for r in range(rounds):
         chosen = [problems[(r * batch + j) % len(problems)] for j in range(batch)]
@@ -195,6 +201,10 @@ def write_model(path: Path, texts: Sequence[str], seed: int = 0, vocab: int = 51
 
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+# the warm-start recipe's changes to a shipped tiny config: the grid team plays 4x4 grids (the tiny
+# model cannot plan 5x5 ones) and the same 8 each step, so the team reward measures the team, not
+# which grids a step drew (over 32 grids it swung from 0.03 to 0.54 between steps)
+RECIPE_CHANGES = {"at_grpo_tools": {"data.grid.size": 4, "data.grid.n_train": 8}}
 
 
 def warm_started_run(
@@ -216,7 +226,7 @@ def warm_started_run(
 ) -> list[dict]:
     """SFT a tiny model on workflow `kind`'s sloppy teacher (shipped tiny config, one shared policy),
     then `rl_steps` of RL; the run's metrics records (one per RL step). `changes` updates the config
-    dict (dotted keys) before both stages.
+    dict (dotted keys) before both stages, after `RECIPE_CHANGES`.
 
     RL samples at `temperature` 0.6: after a few hundred SFT steps the tiny model's next-token
     distribution over a name it should copy is still broad, and at temperature 1 most sampled
@@ -234,7 +244,7 @@ def warm_started_run(
     raw["data"] = dict(raw["data"], batch_size=problems_per_step)
     raw["train"] = dict(raw["train"], steps=rl_steps, save_every=rl_steps, eval_every=None)
     raw["train"].update(tensorboard=False, progress=False, keep_checkpoints=1)
-    for key, value in (changes or {}).items():
+    for key, value in {**RECIPE_CHANGES.get(kind, {}), **(changes or {})}.items():
         *path, last = key.split(".")
         d = raw
         for p in path:
@@ -242,14 +252,20 @@ def warm_started_run(
         d[last] = value
     (policy,) = raw["policies"]
     cfg = config_from_dict(raw, source=f"<{kind} rise>")
-    pairs = demonstrations(cfg, teacher(kind, slips, seed), demo_rounds, seed)
-    texts = [t for ps in pairs.values() for p in ps for t in p]
+    texts = [
+        t
+        for ps in demonstrations(cfg, teacher(kind, slips, seed), demo_rounds, seed).values()
+        for p in ps
+        for t in p
+    ]
     model = write_model(out / "model", texts, seed=seed)
     base = dict(raw["policies"][policy], model={"path": str(model)}, chat="off")
     sft_opt = {"lr": sft_lr, "warmup_steps": 10, "schedule": "cosine", "decay_steps": sft_steps}
     raw["policies"][policy] = dict(base, optimizer=dict(sft_opt, min_lr_ratio=0.1))
     trainer = Trainer(config_from_dict(raw, source=f"<{kind} sft>"))
     try:
+        # the same demonstrations again (a fresh teacher draws the same slips), now tokenised
+        pairs = demonstrations(cfg, teacher(kind, slips, seed), demo_rounds, seed, trainer.policies)
         losses = sft_on_pairs(trainer, pairs, sft_steps, sft_batch)
         (out / "sft_losses.json").write_text(json.dumps(losses))
         trainer.policies[policy].export(out / "model-sft")

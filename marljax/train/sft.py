@@ -47,7 +47,7 @@ def pair_samples(pairs: Sequence[tuple[str, str]], agent: Agent, policy: Any) ->
     it (chat template or raw text); the target ends with the first EOS id (a chat turn's end)."""
     tok, out = policy.tokenizer, []
     for prompt, target in pairs:
-        completion = tok(target)["input_ids"] + policy.eos_ids[:1]
+        completion = tok(target, add_special_tokens=False)["input_ids"] + policy.eos_ids[:1]
         out.append(
             Sample(
                 policy.encode_prompt(prompt),

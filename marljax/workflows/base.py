@@ -109,36 +109,52 @@ class Generator(Protocol):
 
 
 class ScriptedGenerator:
-    """Deterministic text from `script(agent, prompt, k, seed) -> str` (k: sample index),
-    tokenised as bytes; for structural tests of workflows without a model."""
+    """Deterministic text from `script(agent, prompt, k, seed) -> str` (k: sample index), for
+    structural tests of workflows without a model, tokenised as bytes; or, given `policies` (name ->
+    `marljax.train.policy.Policy`), as that policy's sampler would see and write it (prompt ids from
+    its `encode_prompt`, the text's tokens then an end-of-turn token), so that prompts continuing a
+    scripted turn (`Prompt.continued`) encode as they will when the policy samples (demonstrations)."""
 
     def __init__(
-        self, script: Callable[[Agent, str, int, int], str], versions: Mapping[str, int] | None = None
+        self,
+        script: Callable[[Agent, str, int, int], str],
+        versions: Mapping[str, int] | None = None,
+        policies: Mapping[str, Any] | None = None,
     ):
         self.script = script
         self.versions = dict(versions or {})
+        self.policies = dict(policies or {})
         self.calls: list[tuple[str, int]] = []  # (policy, number of prompts) per sampler batch
+
+    def _tokens(self, agent: Agent, prompt: str, text: str) -> tuple[np.ndarray, np.ndarray, str]:
+        policy = self.policies.get(agent.policy)
+        if policy is None:
+            return _bytes(prompt), _bytes(text), "stop"
+        completion = [*policy.tokenizer(text, add_special_tokens=False)["input_ids"], policy.eos_ids[0]]
+        return np.asarray(policy.encode_prompt(prompt), np.int32), np.asarray(completion, np.int32), "eos"
 
     def generate(self, requests: Sequence[tuple[Agent, str]], n: int, seed: int) -> list[list[Generation]]:
         policies = sorted({a.policy for a, _ in requests})
         self.calls += [(p, sum(a.policy == p for a, _ in requests)) for p in policies]
         out = []
         for agent, prompt in requests:
-            texts = [self.script(agent, prompt, k, seed) for k in range(n)]
-            out.append(
-                [
+            gens = []
+            for k in range(n):
+                text = self.script(agent, prompt, k, seed)
+                prompt_ids, completion_ids, finish = self._tokens(agent, prompt, text)
+                gens.append(
                     Generation(
-                        t,
-                        _bytes(prompt),
-                        _bytes(t),
-                        np.zeros(len(t.encode()), np.float32),
+                        text,
+                        prompt_ids,
+                        completion_ids,
+                        np.zeros(len(completion_ids), np.float32),
+                        finish,
                         agent=agent.name,
                         policy=agent.policy,
                         version=self.versions.get(agent.policy, 0),
                     )
-                    for t in texts
-                ]
-            )
+                )
+            out.append(gens)
         return out
 
 

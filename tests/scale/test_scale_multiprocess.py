@@ -30,7 +30,7 @@ def env() -> dict:
     return out
 
 
-@pytest.mark.slow
+@pytest.mark.slow(seconds=60)
 def test_two_processes_match_one_and_share_a_checkpoint(tmp_path):
     port = free_port()
     workers = [

@@ -15,7 +15,7 @@ from marljax.train.config import load_config
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 
 
-@pytest.mark.slow
+@pytest.mark.slow(seconds=70)
 def test_mars2_lora_tiny_config_trains_and_resumes(tmp_path):
     from marljax.train.loop import Trainer
 

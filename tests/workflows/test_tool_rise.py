@@ -57,7 +57,7 @@ def warm_started_records(kind: str, out, seed: int, rl_steps: int) -> list[dict]
     return json.loads((out / "records.json").read_text())
 
 
-@pytest.mark.slow
+@pytest.mark.slow(seconds=360)
 @pytest.mark.parametrize("kind", sorted(RISES))
 def test_warm_started_team_reward_rises(kind, tmp_path):
     steps, window, margin = RISES[kind]
@@ -70,3 +70,46 @@ def test_warm_started_team_reward_rises(kind, tmp_path):
     logged = [r for s in range(5, steps + 1, 5) for r in rollout_log.read_step(tmp_path / "run", s)]
     text = "\n".join(r["prompt"] + r["completion"] for r in logged)
     assert "<tool_call>" in text and RESULT[kind] in text
+
+
+def test_demonstrations_encode_later_turns_as_the_policy_will_sample_them(tmp_path):
+    """A worker's second turn continues its first: SFT must see the first turn's tokens ending with
+    the end-of-turn token, as the policy's own sampled turn will end (not the script's bytes)."""
+    import yaml
+
+    from marljax.demo.tools import CONFIGS, demonstrations, write_model
+    from marljax.train.config import config_from_dict
+    from marljax.train.loop import Trainer
+
+    raw = yaml.safe_load((CONFIGS / "sharp_tools_tiny.yaml").read_text())
+    raw.update(run_dir=str(tmp_path / "run"))
+    texts = [
+        t
+        for ps in demonstrations(config_from_dict(raw), teacher("sharp_tools", 0.3), 2).values()
+        for p in ps
+        for t in p
+    ]
+    model = write_model(tmp_path / "model", texts)
+    raw["policies"]["shared"]["model"] = {"path": str(model)}
+    raw["policies"]["shared"]["chat"] = "off"
+    cfg = config_from_dict(raw)
+    trainer = Trainer(cfg)
+    try:
+        policy = trainer.policies["shared"]
+        pairs = demonstrations(cfg, teacher("sharp_tools", 0.3), 2, policies=trainer.policies)["worker2"]
+        earlier = {str(p) + r: (p, r) for p, r in pairs}
+        later = [(p, r) for p, r in pairs if "Observation:" in p]
+        assert later
+        tok, eos = policy.tokenizer, policy.eos_ids[0]
+        for p, _ in later:
+            head = next(k for k in earlier if str(p).startswith(k))
+            p0, r0 = earlier[head]
+            expected = [
+                *tok(str(p0), add_special_tokens=False)["input_ids"],
+                *tok(r0, add_special_tokens=False)["input_ids"],
+                eos,
+                *tok(str(p)[len(head) :], add_special_tokens=False)["input_ids"],
+            ]
+            assert policy.encode_prompt(p) == expected
+    finally:
+        trainer.close()
