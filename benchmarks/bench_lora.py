@@ -154,8 +154,9 @@ def policy_configs(level: int, team: int, p: dict) -> dict:
     }
 
 
-def team_estimate(level: int, team: int, p: dict) -> int:
-    """`marljax.train.memory`'s estimate of the team on one device (bytes)."""
+def team_estimate(level: int, team: int, p: dict, platform: str | None = None) -> int:
+    """`marljax.train.memory`'s estimate of the team on one device (bytes), for `platform` (default:
+    this process's JAX backend)."""
     import jax
 
     from marljax.models import ModelConfig
@@ -171,7 +172,8 @@ def team_estimate(level: int, team: int, p: dict) -> int:
             seq_len=seq,
             lora=None if c.lora is None else c.lora.spec(),
             base_key="base" if c.lora is not None else None,
-            platform=jax.default_backend(),
+            platform=platform or jax.default_backend(),
+            sampler_slots=team * p["rows"],  # as `child_team`'s sampler
         )
         for name, c in policy_configs(level, team, p).items()
     ]

@@ -1,33 +1,52 @@
-"""Per-device memory estimate of one policy: parameters, optimiser, gradients, activations.
+"""Per-device memory estimate of one policy: what stays resident, and the larger of its two phases.
 
-Parameters, optimiser moments, gradients, the KL reference and a sampler copy
-are counted exactly from the model's shapes and the mesh's shardings (AdamW /
-Adam keep two moments in the parameter dtype; SGD none). Activations are an
-estimate of what one micro-batch keeps for the backward pass:
+A policy's device memory is its resident state plus the transient memory of whichever phase is
+running; the phases on one device run one at a time:
+
+- resident state: parameters, optimiser moments (AdamW / Adam keep two in the parameter dtype;
+  SGD none), the KL reference and a copy in the sampler's layout where it has its own; adapter
+  policies add their frozen base (below). Counted exactly from the model's shapes and the mesh's
+  shardings.
+- the update: the gradients (the accumulator and one micro-batch's, in the parameter dtype: they
+  exist only while this policy updates), the activations of one micro-batch, and the
+  compute-dtype copies of the parameters and gradients where the compute dtype is wider.
+- sampling: the weights' copies in the sampler's compute dtype where it differs from the
+  parameter dtype (two: the prefill's and the decode loop's, each a program's temporaries), the
+  KV cache of the sampler's slots, and the `[slots, vocab]` float32 logits of a step.
+
+`peak` is the resident state plus the larger transient; `team_bytes` (several policies on one
+device) is every policy's resident state, each frozen base once, and the largest transient of any
+policy in either phase.
+
+Activations are an estimate of what one micro-batch keeps for the backward pass:
 
 - remat off: every layer's intermediates, per token about
   `4 D + (3 H + 4 K) hd + 4 F` values plus `2 H T` float32 attention scores
   (D hidden, F mlp, H / K query / kv heads on this device, hd head dim);
 - remat on (`model.remat`): the layer inputs `L x D` per token, plus one
   layer's intermediates while it is recomputed;
-- plus the loss head: `[rows, 256, V]` float32 logit chunks (x3 with grads);
-- with `param_dtype` narrower than the compute dtype (bfloat16 storage, float32 compute): a copy of
-  the parameters in the compute dtype, which the step casts them to, and the gradients in the
-  compute dtype before they are cast back. Sampling holds as much: the prefill's and the
-  decode loop's copies of the weights (reported with the KV cache, not in the peak). On
-  CPU the compute dtype is float32 even for `dtype: bfloat16`: XLA:CPU converts bfloat16 matmul
-  operands to float32 and hoists the conversion of the weights out of the decode loop and the
-  backward pass, so a float32 copy of the weights exists while sampling and updating.
+- plus the loss head: `[rows, 256, V]` float32 logit chunks (x3 with grads).
+
+Compute dtype. With `param_dtype` narrower than the compute dtype (bfloat16 storage, float32
+compute) the update casts the parameters to the compute dtype and holds the gradients in it
+before they are cast back: one copy of each. On CPU the compute dtype is float32 even for `dtype:
+bfloat16`: XLA:CPU converts bfloat16 matmul operands to float32 and hoists the conversion of the
+weights out of the decode loop and the backward pass, so float32 copies of the weights exist while
+sampling and updating (measured with `memory_analysis()`, benchmarks/RESULTS.md). On a GPU with
+float32 master weights and bfloat16 compute, sampling holds two bfloat16 copies (the same rule,
+measured by the device's peak with adapter teams); the update's bfloat16 casts are not counted
+(not measured apart; see issue 28's GPU table).
 
 Adapter policies (`lora:`): the trainable parameters, optimiser moments, gradients and reference
 are the adapter's (`L x rank x (in + out)` per targeted projection, replicated on every device);
-the frozen base is counted as `base`, once per base for a team (`team_bytes`: adapter policies on
-one base share it), and its compute-dtype copy where that is wider.
+the frozen base is counted as `base`, once per base for a team (`team_bytes`), with its copy in a
+sampler layout of its own. A team of adapters on one base samples in one call: the base's
+compute-dtype copies once, plus the team's adapters stacked (`stack_adapters`) and their copies.
 
 Knobs to fit: `model.remat`, `micro_batch_size` (rows per forward/backward),
-`mesh.fsdp` / `mesh.tensor` (split parameters, moments and gradients),
-`model.param_dtype` / `dtype` (bfloat16 halves them; on CPU sampling and updates still make
-float32 copies of the weights, so it saves the resident state only).
+`mesh.fsdp` / `mesh.tensor` (split parameters, moments and gradients), `sampler.slots` (KV cache
+and logits), `model.param_dtype` / `dtype` (bfloat16 halves the state; on CPU sampling and updates
+still make float32 copies of the weights, so it saves the resident state only).
 """
 
 from __future__ import annotations
@@ -88,19 +107,22 @@ class MemoryEstimate:
     total_params: int  # bytes of all parameters (unsharded)
     params: int
     optimizer: int
-    gradients: int  # accumulator + one micro-batch's gradients
+    gradients: int  # accumulator + one micro-batch's gradients (the update only)
     reference: int
     sampler_copy: int
     activations: int  # one micro-batch, with the configured remat
-    compute_copy: int  # parameters and gradients in the compute dtype, where it is wider
+    compute_copy: int  # the update's parameters and gradients in the compute dtype, where it is wider
     activations_alt: int  # the same with remat toggled
     remat: bool
     rows: int  # rows of a micro-batch on one device
     seq_len: int
     kv_per_sequence: int  # sampler KV cache of one sequence of seq_len tokens
     slots: int = 1  # sampler slots on this device (sequences decoding at once)
-    base: int = 0  # adapter policies: the frozen base (shared by the adapters on it)
+    base: int = 0  # adapter policies: the frozen base (shared by the adapter policies on it)
     base_key: Any = None  # adapter policies with equal keys share one base
+    sampler_weights: int = 0  # the model's weights in the sampler's layout (an adapter policy's: the base's)
+    sampling_copies: float = 0.0  # compute-dtype copies a sampling call holds, per byte of its weights
+    logits_per_slot: int = 0  # a decode step's float32 logits of one slot
 
     @property
     def kv_cache(self) -> int:
@@ -108,45 +130,66 @@ class MemoryEstimate:
         return self.kv_per_sequence * self.slots
 
     @property
+    def logits(self) -> int:
+        return self.logits_per_slot * self.slots
+
+    @property
     def state(self) -> int:
-        return self.params + self.optimizer + self.gradients + self.reference + self.sampler_copy + self.base
+        """What stays resident between the phases."""
+        return self.params + self.optimizer + self.reference + self.sampler_copy + self.base
+
+    @property
+    def update(self) -> int:
+        """Transient bytes of this policy's update."""
+        return self.gradients + self.activations + self.compute_copy
+
+    @property
+    def sampling(self) -> int:
+        """Transient bytes of a sampling call of this policy alone."""
+        return sampling_bytes([self])
 
     @property
     def peak(self) -> int:
-        return self.state + self.activations + self.compute_copy
+        return self.state + max(self.update, self.sampling)
 
     def report(self, optimizer: str = "adamw", device_limit: int | None = None) -> str:
         n = self.policy
         mesh = " ".join(f"{a}={self.mesh_shape.get(a, 1)}" for a in MESH_AXES)
+        copies = self.sampling - self.kv_cache - self.logits - (self.params if self.base else 0)
         lines = [
             f"memory estimate, policy {n!r} ({_bytes(self.total_params)} of parameters; mesh {mesh}; per device):",
-            *(
-                [f"  frozen base {_bytes(self.base)} (shared by the adapter policies on it)"]
-                if self.base
-                else []
-            ),
-            f"  {'adapter' if self.base else 'parameters'} {_bytes(self.params)} + optimizer "
-            f"({optimizer}, {MOMENTS.get(optimizer, 2)} moments) "
-            f"{_bytes(self.optimizer)} + gradients {_bytes(self.gradients)} + reference {_bytes(self.reference)}"
-            f" + sampler copy {_bytes(self.sampler_copy)} = {_bytes(self.state)}",
-            f"  activations per micro-batch ({self.rows} rows x {self.seq_len} tokens): ~{_bytes(self.activations)} "
-            f"with remat {'on' if self.remat else 'off'} (~{_bytes(self.activations_alt)} with remat "
-            f"{'off' if self.remat else 'on'})"
+            f"  resident: {'adapter' if self.base else 'parameters'} {_bytes(self.params)} + optimizer "
+            f"({optimizer}, {MOMENTS.get(optimizer, 2)} moments) {_bytes(self.optimizer)} + reference "
+            f"{_bytes(self.reference)} + sampler copy {_bytes(self.sampler_copy)}"
             + (
-                f"; compute-dtype copies of parameters and gradients {_bytes(self.compute_copy)}"
+                f" + frozen base {_bytes(self.base)} (shared by the adapter policies on it)"
+                if self.base
+                else ""
+            )
+            + f" = {_bytes(self.state)}",
+            f"  update: gradients {_bytes(self.gradients)} + activations per micro-batch ({self.rows} rows x "
+            f"{self.seq_len} tokens) ~{_bytes(self.activations)} with remat {'on' if self.remat else 'off'} "
+            f"(~{_bytes(self.activations_alt)} with remat {'off' if self.remat else 'on'})"
+            + (
+                f" + compute-dtype copies of parameters and gradients {_bytes(self.compute_copy)}"
                 if self.compute_copy
                 else ""
-            ),
-            f"  peak ~{_bytes(self.peak)}; sampler KV cache {_bytes(self.kv_cache)} ({self.slots} slots x "
-            f"{_bytes(self.kv_per_sequence)})"
-            + (f" + compute-dtype weight copies {_bytes(self.compute_copy)}" if self.compute_copy else ""),
+            )
+            + f" = ~{_bytes(self.update)}",
+            f"  sampling: KV cache {_bytes(self.kv_cache)} ({self.slots} slots x {_bytes(self.kv_per_sequence)})"
+            f" + logits {_bytes(self.logits)}"
+            + (f" + compute-dtype weight copies (prefill, decode) {_bytes(copies)}" if copies else "")
+            + (f" + stacked adapter {_bytes(self.params)}" if self.base else "")
+            + f" = ~{_bytes(self.sampling)}",
+            f"  peak ~{_bytes(self.peak)} (resident + the larger phase: "
+            f"{'update' if self.update >= self.sampling else 'sampling'})",
         ]
         if device_limit:
             verdict = "fits" if self.peak <= device_limit else "DOES NOT FIT"
             lines.append(f"  device memory {_bytes(device_limit)}: {verdict}")
         lines.append(
             f"  knobs: policies.{n}.model.remat, policies.{n}.micro_batch_size, policies.{n}.mesh.fsdp / "
-            f"tensor, policies.{n}.model.param_dtype / dtype"
+            f"tensor, policies.{n}.model.param_dtype / dtype, sampler.slots"
         )
         return "\n".join(lines)
 
@@ -191,6 +234,7 @@ def estimate(
     remat = config.remat != "none" if remat is None else remat
     rows = max(1, micro_batch_size // (shape["data"] * shape["fsdp"]))
     copy = param_bytes(config, sampler_mesh_shape)[1] if sampler_mesh_shape is not None else 0
+    sampler_weights = copy or params
     compute = np.dtype(config.dtype).itemsize
     if platform == "cpu":
         compute = max(compute, 4)
@@ -236,6 +280,10 @@ def estimate(
         ),
         base=base,
         base_key=base_key,
+        sampler_weights=sampler_weights,
+        # the prefill's and the decode loop's copies, where the weights are cast
+        sampling_copies=2 * widen if widen != 1 else 0.0,
+        logits_per_slot=4 * config.vocab_size,
     )
 
 
@@ -245,12 +293,29 @@ def adapter_bytes(config: ModelConfig, lora: LoraSpec) -> int:
     return size * np.dtype(config.param_dtype).itemsize
 
 
+def sampling_bytes(estimates: Sequence[MemoryEstimate]) -> int:
+    """Transient bytes of one sampling call of `estimates` (one policy, or adapter policies on one
+    base sampled together): the compute-dtype copies of the weights it reads, the KV cache of the
+    sampler's slots and a step's logits; adapters are stacked into one array for the call."""
+    e = estimates[0]
+    adapters = sum(x.params for x in estimates) if e.base else 0
+    return adapters + int(e.sampling_copies * (e.sampler_weights + adapters)) + e.kv_cache + e.logits
+
+
 def team_bytes(estimates: Sequence[MemoryEstimate]) -> int:
-    """Peak bytes of several policies on one device: every policy's own state, each shared base
-    once, and the largest update's transient memory (updates on one device run one at a time)."""
+    """Peak bytes of several policies on one device: every policy's resident state, each shared base
+    once, and the largest transient of one phase (updates and sampling calls on one device run one
+    at a time): one policy's update, one policy's sampling call, or one call of all the adapter
+    policies on a base (the base's weight copies once, every adapter stacked)."""
     own = sum(e.state - e.base for e in estimates)
     bases = {e.base_key: e.base for e in estimates if e.base}
-    transient = max((e.activations + e.compute_copy for e in estimates), default=0)
+    teams = [[e for e in estimates if e.base and e.base_key == key] for key in bases]
+    transient = max(
+        [e.update for e in estimates]
+        + [e.sampling for e in estimates if not e.base]
+        + [sampling_bytes(team) for team in teams],
+        default=0,
+    )
     return own + sum(bases.values()) + transient
 
 
@@ -300,9 +365,10 @@ def log_estimates(policies: Mapping[str, Any], seq_len: int, log: Any, sampler_s
     for policy in policies.values():
         estimates.append(policy_estimate(policy, seq_len, sampler_slots))
         log.info(estimates[-1].report(policy.cfg.optimizer.name, limit))
-    if any(e.base for e in estimates):
+    if len(estimates) > 1:
         log.info(
-            "memory estimate, all %d policies on one device with each frozen base once: ~%s",
+            "memory estimate, all %d policies on one device: ~%s (every policy's resident state, each "
+            "frozen base once, and the largest update or sampling call)",
             len(estimates),
             _bytes(team_bytes(estimates)),
         )

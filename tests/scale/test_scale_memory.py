@@ -9,8 +9,16 @@ import jax
 import pytest
 
 from marljax.models.config import ModelConfig
+from marljax.models.lora import LoraSpec
 from marljax.train.config import PolicyConfig, load_config
-from marljax.train.memory import estimate, policy_estimate
+from marljax.train.memory import (
+    adapter_bytes,
+    estimate,
+    param_bytes,
+    policy_estimate,
+    sampling_bytes,
+    team_bytes,
+)
 from marljax.train.policy import Policy
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -84,6 +92,82 @@ def test_sampler_kv_cache_is_what_the_engine_allocates_for_its_slots():
     est = estimate(cfg, seq_len=48, sampler_slots=4)
     state = get_engine(cfg).empty_state(4, 48, 4)
     assert est.kv_cache == nbytes(state.kv) == 4 * est.kv_per_sequence
-    assert "sampler KV cache" in est.report() and "4 slots" in est.report()
+    assert "KV cache" in est.report() and "4 slots" in est.report()
     # over 2 data-parallel devices each holds half the slots
     assert estimate(cfg, seq_len=48, sampler_slots=4, mesh_shape={"data": 2}).kv_cache == est.kv_cache // 2
+
+
+# the tiny config's terms by hand: 2 layers, 2 kv heads of 32, vocabulary 512, float32 storage
+TINY_KV = 2 * 2 * 48 * 2 * 32 * 4  # keys and values x layers x positions x kv heads x head dim x bytes
+TINY_LOGITS = 512 * 4  # one slot's float32 logits
+
+
+def test_gradients_are_one_update_s_not_resident_state():
+    cfg = ModelConfig.preset("tiny-qwen3")
+    p = param_bytes(cfg)[1]
+    e = estimate(cfg, micro_batch_size=2, seq_len=48, sampler_slots=4, platform="cpu")
+    assert (e.params, e.optimizer, e.gradients) == (p, 2 * p, 2 * p)
+    assert e.state == 3 * p  # parameters and two AdamW moments; no gradients
+    assert e.update == 2 * p + e.activations  # float32 on float32: no compute copies
+    assert e.sampling == 4 * TINY_KV + 4 * TINY_LOGITS  # no weight copies either
+    assert e.update > e.sampling and e.peak == 3 * p + e.update
+    # two full policies on one device: both states, one update's gradients and activations
+    assert team_bytes([e, e]) == 2 * 3 * p + 2 * p + e.activations
+    assert team_bytes([e] * 8) == 8 * 3 * p + 2 * p + e.activations
+
+
+def test_sampling_counts_weight_copies_kv_cache_and_logits():
+    cfg = ModelConfig.preset("tiny-qwen3", dtype="bfloat16")  # float32 master weights
+    p = param_bytes(cfg)[1]
+    kv = TINY_KV // 2  # a bfloat16 cache
+    gpu = estimate(cfg, seq_len=48, sampler_slots=4, platform="gpu")
+    # two bfloat16 copies of the weights (the prefill's and the decode loop's): p bytes in all
+    assert gpu.sampling == p + 4 * kv + 4 * TINY_LOGITS
+    assert gpu.compute_copy == 0  # the update's narrower casts are not counted
+    # on CPU bfloat16 storage computes in float32: two float32 copies, 4 x the bfloat16 bytes
+    cpu_bf16 = ModelConfig.preset("tiny-qwen3", dtype="bfloat16", param_dtype="bfloat16")
+    b = param_bytes(cpu_bf16)[1]
+    cpu = estimate(cpu_bf16, seq_len=48, sampler_slots=4, platform="cpu")
+    assert b == p // 2 and cpu.sampling == 4 * b + 4 * kv + 4 * TINY_LOGITS
+    assert cpu.compute_copy == 4 * b  # the update's float32 parameters and gradients
+    # many slots: the sampling call is the larger phase, and the peak counts it
+    wide = estimate(cfg, seq_len=48, sampler_slots=4096, platform="gpu")
+    assert wide.sampling == p + 4096 * (kv + TINY_LOGITS) > wide.update
+    assert (
+        wide.peak == wide.state + wide.sampling and team_bytes([wide, wide]) == 2 * wide.state + wide.sampling
+    )
+    text = wide.report()
+    for word in (
+        "resident:",
+        "update: gradients",
+        "sampling: KV cache",
+        "logits",
+        "weight copies",
+        "(prefill, decode)",
+    ):
+        assert word in text, (word, text)
+    assert "the larger phase: sampling" in text
+
+
+def test_adapters_on_one_base_sample_with_the_base_s_copies_once():
+    cfg = ModelConfig.preset("tiny-qwen3", dtype="bfloat16")
+    base = param_bytes(cfg)[1]
+    spec = LoraSpec(rank=4, alpha=8)
+    a = adapter_bytes(cfg, spec)
+    kv = TINY_KV // 2
+
+    def adapter(key):  # 1024 slots: a sampling call larger than an update
+        return estimate(cfg, seq_len=48, sampler_slots=1024, platform="gpu", lora=spec, base_key=key)
+
+    e = adapter("b")
+    assert (e.state, e.base, e.update) == (3 * a + base, base, 2 * a + e.activations)
+    # one sampling call of three adapters: them stacked, the bfloat16 copies of base and stacked
+    # adapters (the prefill's and the decode's: half the float32 bytes each), the KV cache, the logits
+    call = 3 * a + (base + 3 * a) + 1024 * (kv + TINY_LOGITS)
+    assert sampling_bytes([e] * 3) == call
+    assert call > e.update
+    assert team_bytes([e] * 3) == 3 * 3 * a + base + call
+    # another base: its own state and its own call (the larger of the two calls)
+    assert team_bytes([e, e, adapter("c")]) == 3 * 3 * a + 2 * base + (
+        2 * a + base + 2 * a + 1024 * (kv + TINY_LOGITS)
+    )

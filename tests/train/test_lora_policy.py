@@ -168,13 +168,18 @@ def test_memory_estimate_counts_the_adapter_and_each_base_once():
     est = [memory.estimate(c, micro_batch_size=2, seq_len=64, lora=spec, base_key="b") for _ in range(4)]
     e = est[0]
     assert (e.params, e.optimizer, e.gradients, e.base) == (adapter, 2 * adapter, 2 * adapter, full.params)
-    transient = e.activations + e.compute_copy
-    assert memory.team_bytes(est) == 4 * 5 * adapter + full.params + transient
+    # resident: each adapter and its two moments (its gradients exist only while it updates), the
+    # base once; transient: the larger of one update and the team's one sampling call
+    transient = max(e.update, memory.sampling_bytes(est))
+    assert e.update == 2 * adapter + e.activations + e.compute_copy
+    assert memory.team_bytes(est) == 4 * 3 * adapter + full.params + transient
     # level 2 at rank 16: the resident state of a team grows by well under 10% of the base per agent
     assert (memory.team_bytes(est) - memory.team_bytes(est[:1])) / 3 < 0.10 * full.params
     # two bases (other keys) are two copies
     other = memory.estimate(c, micro_batch_size=2, seq_len=64, lora=spec, base_key="c")
-    assert memory.team_bytes([e, other]) == 2 * 5 * adapter + 2 * full.params + transient
+    assert memory.team_bytes([e, other]) == 2 * 3 * adapter + 2 * full.params + max(
+        e.update, memory.sampling_bytes([e])
+    )
     # a sampler layout of their own: one more copy of the base (a quarter of it per device when split
     # four ways), shared like the base, not one per adapter
     split = memory.estimate(c, micro_batch_size=2, seq_len=64, sampler_mesh_shape={"tensor": 4})
