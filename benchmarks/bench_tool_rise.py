@@ -29,6 +29,7 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--rl-steps", type=int, default=20)
     ap.add_argument("--slips", type=float, default=0.5)
+    ap.add_argument("--kl-coef", type=float, default=0.1, help="KL penalty to the warm start (0: none)")
     ap.add_argument("--window", type=int, default=4)
     ap.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE")
     args = ap.parse_args()
@@ -38,7 +39,13 @@ def main() -> None:
         t = time.time()
         with tempfile.TemporaryDirectory() as out:
             records = warm_started_run(
-                args.kind, Path(out), seed=seed, slips=args.slips, rl_steps=args.rl_steps, changes=changes
+                args.kind,
+                Path(out),
+                seed=seed,
+                slips=args.slips,
+                rl_steps=args.rl_steps,
+                kl_coef=args.kl_coef,
+                changes=changes,
             )
         reward = np.array([r["team/reward"] for r in records])
         rise = reward[-args.window :].mean() - reward[: args.window].mean()

@@ -79,9 +79,7 @@ def teacher(kind: str, slips: float, seed: int = 0):
         city = born.get(person) or (told[1] if told else person)
         if city in country:
             return _answer(city if slip() else country[city])
-        if "Observation:" in prompt:  # its one search found no city: the last turn answers what it has
-            return _answer(city)
-        return format_tool_call("search", {"query": city})
+        return format_tool_call("search", {"query": city})  # the person, then the city they were born in
 
     def grid(agent: Agent, prompt: str, k: int, s: int) -> str:
         if agent.name == "tool_agent":
@@ -222,6 +220,7 @@ def warm_started_run(
     problems_per_step: int = 8,
     temperature: float = 0.6,
     max_new_tokens: int = 40,
+    kl_coef: float = 0.1,
     changes: dict | None = None,
 ) -> list[dict]:
     """SFT a tiny model on workflow `kind`'s sloppy teacher (shipped tiny config, one shared policy),
@@ -230,7 +229,9 @@ def warm_started_run(
 
     RL samples at `temperature` 0.6: after a few hundred SFT steps the tiny model's next-token
     distribution over a name it should copy is still broad, and at temperature 1 most sampled
-    calls search a misspelt name, so hardly any episode succeeds and RL has nothing to reinforce."""
+    calls search a misspelt name, so hardly any episode succeeds and RL has nothing to reinforce.
+    RL keeps a KL penalty of `kl_coef` to the warm start: without one a team's calls can decay to
+    invalid ones and then to none, for good (benchmarks/RESULTS.md)."""
     import yaml
 
     from marljax.train.config import config_from_dict
@@ -251,6 +252,9 @@ def warm_started_run(
             d = d.setdefault(p, {})
         d[last] = value
     (policy,) = raw["policies"]
+    if kl_coef:
+        loss = dict(raw["policies"][policy].get("loss", {}), kl_coef=kl_coef)
+        raw["policies"][policy] = dict(raw["policies"][policy], reference=True, loss=loss)
     cfg = config_from_dict(raw, source=f"<{kind} rise>")
     texts = [
         t

@@ -1,29 +1,10 @@
-"""Warm-started tool teams improve under RL: after SFT on a sloppy teacher (marljax.demo.tools) a
-short RL run raises the team's reward above the first steps' level by more than the run-to-run
-spread measured across seeds (benchmarks/RESULTS.md); the logged rollouts show the tool calls and
-what the tools answered."""
+"""The tool workflows' warm start (marljax.demo.tools): the sloppy teachers and their demonstrations.
+The rise under RL after it: the `test_tool_rise_*` files (`tool_rise.py`)."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-
-import numpy as np
-import pytest
-
 from marljax.demo.tools import teacher
-from marljax.train import rollout_log
 from marljax.workflows.base import Agent
-
-# workflow -> (RL steps, first/last window, margin). dr_mas_search (benchmarks/RESULTS.md, 2026-11-26,
-# warm_started_run's defaults): rises +0.46, +0.31, +0.19 at seeds 0, 1, 2 (std 0.11); the margin is
-# above that spread and below every seed's rise. sharp_tools and at_grpo_tools: no rise shown yet
-# (RESULTS.md), so no test of theirs here.
-RISES = {"dr_mas_search": (20, 4, 0.15)}
-# what a tool result looks like in each workflow's logged rollouts
-RESULT = {"dr_mas_search": "[search] [1]", "sharp_tools": "[search] [1]", "at_grpo_tools": "[check_plan]"}
 
 
 def test_teachers_slip_at_their_rate():
@@ -37,39 +18,6 @@ def test_teachers_slip_at_their_rate():
     assert set(answers) == {"<answer>Belten</answer>", "<answer>Vo</answer>"}
     assert 0.4 < answers.count("<answer>Vo</answer>") / 400 < 0.6
     assert teacher("dr_mas_search", 0.0)(Agent("answerer", "p"), prompt, 0, 0) == "<answer>Belten</answer>"
-
-
-def warm_started_records(kind: str, out, seed: int, rl_steps: int) -> list[dict]:
-    """`warm_started_run` in a child process compiled at XLA's default optimisation level: this
-    run is execution-bound, and the test suite's level-0 compiles (tests/conftest.py) double it."""
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-    code = (
-        "import json, sys; from pathlib import Path; from marljax.demo.tools import warm_started_run; "
-        "r = warm_started_run(sys.argv[1], Path(sys.argv[2]), seed=int(sys.argv[3]), rl_steps=int(sys.argv[4])); "
-        "Path(sys.argv[2], 'records.json').write_text(json.dumps(r))"
-    )
-    subprocess.run(
-        [sys.executable, "-c", code, kind, str(out), str(seed), str(rl_steps)],
-        env=env,
-        check=True,
-        timeout=1200,
-    )
-    return json.loads((out / "records.json").read_text())
-
-
-@pytest.mark.slow(seconds=360)
-@pytest.mark.parametrize("kind", sorted(RISES))
-def test_warm_started_team_reward_rises(kind, tmp_path):
-    steps, window, margin = RISES[kind]
-    records = warm_started_records(kind, tmp_path, seed=0, rl_steps=steps)
-    reward = np.array([r["team/reward"] for r in records])
-    assert len(reward) == steps
-    first, last = reward[:window].mean(), reward[-window:].mean()
-    assert first < 1.0 - margin, reward  # the warm start leaves room to rise
-    assert last - first > margin, reward
-    logged = [r for s in range(5, steps + 1, 5) for r in rollout_log.read_step(tmp_path / "run", s)]
-    text = "\n".join(r["prompt"] + r["completion"] for r in logged)
-    assert "<tool_call>" in text and RESULT[kind] in text
 
 
 def test_demonstrations_encode_later_turns_as_the_policy_will_sample_them(tmp_path):
