@@ -201,8 +201,12 @@ def write_model(path: Path, texts: Sequence[str], seed: int = 0, vocab: int = 51
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 # the warm-start recipe's changes to a shipped tiny config: the grid team plays 4x4 grids (the tiny
 # model cannot plan 5x5 ones) and the same 8 each step, so the team reward measures the team, not
-# which grids a step drew (over 32 grids it swung from 0.03 to 0.54 between steps)
-RECIPE_CHANGES = {"at_grpo_tools": {"data.grid.size": 4, "data.grid.n_train": 8}}
+# which grids a step drew (over 32 grids it swung from 0.03 to 0.54 between steps); SHARP's workers
+# get a third turn, so that worker 2 told a person rather than a city can still find the country
+RECIPE_CHANGES = {
+    "at_grpo_tools": {"data.grid.size": 4, "data.grid.n_train": 8},
+    "sharp_tools": {"workflow.tools.max_turns": 3},
+}
 
 
 def warm_started_run(
@@ -240,8 +244,17 @@ def warm_started_run(
 
     raw = yaml.safe_load((CONFIGS / f"{kind}_tiny.yaml").read_text())
     raw.update(name=f"{kind}_rise", run_dir=str(out / "run"), seed=seed)
-    # a whole tool call in one turn (the shipped tiny configs' 16 tokens cut it)
-    raw["sampler"] = dict(raw["sampler"], max_new_tokens=max_new_tokens, temperature=temperature)
+    # a whole tool call in one turn (the shipped tiny configs' 16 tokens cut it); few batch and
+    # prompt shapes: multi-turn episodes and counterfactual re-runs sample batches of every size and
+    # length, and compiling a sampler program for each cost most of the RL run (the tokens do not
+    # depend on the padding)
+    raw["sampler"] = dict(
+        raw["sampler"],
+        max_new_tokens=max_new_tokens,
+        temperature=temperature,
+        min_batch_bucket=16,
+        min_prompt_bucket=256,
+    )
     raw["data"] = dict(raw["data"], batch_size=problems_per_step)
     raw["train"] = dict(raw["train"], steps=rl_steps, save_every=rl_steps, eval_every=None)
     raw["train"].update(tensorboard=False, progress=False, keep_checkpoints=1)
