@@ -20,6 +20,28 @@ def test_teachers_slip_at_their_rate():
     assert teacher("dr_mas_search", 0.0)(Agent("answerer", "p"), prompt, 0, 0) == "<answer>Belten</answer>"
 
 
+def test_sharp_teachers_worker_2_finds_the_country_from_whatever_it_was_told():
+    """Told the city, worker 2 searches it and answers its country; told the person (worker 1's slip),
+    it searches the person, then the city it finds, then answers; it answers only after a city fact."""
+    script = teacher("sharp_tools", 0.0)
+    head = (
+        "In which country was Kalo Mira born?\n\nAnswers of the workers before you:\nWorker 1: {}\n\n"
+        "You are worker 2 of 2."
+    )
+    w2 = Agent("worker2", "p")
+
+    def call(query):
+        return f'<tool_call>\n{{"name": "search", "arguments": {{"query": "{query}"}}}}\n</tool_call>'
+
+    born = "\n\nObservation:\n[search] [1] Kalo Mira: Kalo Mira was born in Vo."
+    city = "\n\nObservation:\n[search] [1] Vo: Vo is a city in Belten."
+    assert script(w2, head.format("Vo"), 0, 0) == call("Vo")
+    assert script(w2, head.format("Vo") + city, 0, 0) == "<answer>Belten</answer>"
+    assert script(w2, head.format("Kalo Mira"), 0, 0) == call("Kalo Mira")
+    assert script(w2, head.format("Kalo Mira") + born, 0, 0) == call("Vo")
+    assert script(w2, head.format("Kalo Mira") + born + city, 0, 0) == "<answer>Belten</answer>"
+
+
 def test_demonstrations_encode_later_turns_as_the_policy_will_sample_them(tmp_path):
     """A worker's second turn continues its first: SFT must see the first turn's tokens ending with
     the end-of-turn token, as the policy's own sampled turn will end (not the script's bytes)."""
