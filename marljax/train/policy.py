@@ -317,6 +317,11 @@ class Policy:
                 return ids
         return encode_prompt(self.tokenizer, prompt, chat=self.chat, where=where)
 
+    def encode_completion(self, text: str) -> list[int]:
+        """The token ids of `text` written as this policy's turn: no BOS, ending with its first EOS id
+        (a chat turn's end), as a completion it sampled to its end."""
+        return [*self.tokenizer(text, add_special_tokens=False)["input_ids"], *self.eos_ids[:1]]
+
     def _sampler_setup(self, sampler_mesh_cfg: Any) -> None:
         """The sampler's layout: the trainer's, another mesh, or per-process copies (multi-process).
         `_to_sampler(tree, specs)` moves a tree of parameters there, each laid out by its spec."""

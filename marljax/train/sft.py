@@ -45,9 +45,9 @@ def sft_samples(
 def pair_samples(pairs: Sequence[tuple[str, str]], agent: Agent, policy: Any) -> list[Sample]:
     """SFT samples of `agent` from (prompt, target text) pairs, the prompt encoded as the sampler gets
     it (chat template or raw text); the target ends with the first EOS id (a chat turn's end)."""
-    tok, out = policy.tokenizer, []
+    out = []
     for prompt, target in pairs:
-        completion = tok(target, add_special_tokens=False)["input_ids"] + policy.eos_ids[:1]
+        completion = policy.encode_completion(target)
         out.append(
             Sample(
                 policy.encode_prompt(prompt),

@@ -126,22 +126,22 @@ class ScriptedGenerator:
         self.policies = dict(policies or {})
         self.calls: list[tuple[str, int]] = []  # (policy, number of prompts) per sampler batch
 
-    def _tokens(self, agent: Agent, prompt: str, text: str) -> tuple[np.ndarray, np.ndarray, str]:
-        policy = self.policies.get(agent.policy)
-        if policy is None:
-            return _bytes(prompt), _bytes(text), "stop"
-        completion = [*policy.tokenizer(text, add_special_tokens=False)["input_ids"], policy.eos_ids[0]]
-        return np.asarray(policy.encode_prompt(prompt), np.int32), np.asarray(completion, np.int32), "eos"
-
     def generate(self, requests: Sequence[tuple[Agent, str]], n: int, seed: int) -> list[list[Generation]]:
         policies = sorted({a.policy for a, _ in requests})
         self.calls += [(p, sum(a.policy == p for a, _ in requests)) for p in policies]
         out = []
         for agent, prompt in requests:
+            policy = self.policies.get(agent.policy)
+            prompt_ids = (
+                _bytes(prompt) if policy is None else np.asarray(policy.encode_prompt(prompt), np.int32)
+            )
             gens = []
             for k in range(n):
                 text = self.script(agent, prompt, k, seed)
-                prompt_ids, completion_ids, finish = self._tokens(agent, prompt, text)
+                if policy is None:
+                    completion_ids, finish = _bytes(text), "stop"
+                else:
+                    completion_ids, finish = np.asarray(policy.encode_completion(text), np.int32), "eos"
                 gens.append(
                     Generation(
                         text,
