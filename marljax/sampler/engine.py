@@ -27,7 +27,8 @@ so a request's tokens do not depend on its slot, its batch or the slot count.
 
 Static (recompiling) shapes: the slot count `B` (powers of two, halved in the tail), the cache
 length `C` (prompt bucket + new-token bucket), the decode window `W` and chunk, the insert batch
-and its token and window buckets, greedy vs sampling, whether sampling log-probs are kept, and
+and its token and window buckets, greedy vs sampling, whether any row truncates (top-k or
+top-p), whether sampling log-probs are kept, and
 the EOS / stop-table sizes. Temperature, top-k, top-p, seeds, budgets, EOS ids and stop
 sequences are traced arrays. `Engine.stats` counts compilations (incremented in the traced
 bodies, so only when JAX traces), calls, slot-steps and shared prefix tokens.
@@ -175,10 +176,12 @@ class Engine:
         self._empty_jit = jax.jit(self._empty, static_argnames=("slots", "capacity", "stop_len"))
         # the slot state (its KV cache above all) is donated: each call updates it in place
         # instead of holding a second copy of the cache
-        self._insert_jit = jax.jit(self._insert, static_argnames=("window", "greedy"), donate_argnums=1)
+        self._insert_jit = jax.jit(
+            self._insert, static_argnames=("window", "greedy", "truncate"), donate_argnums=1
+        )
         self._decode_jit = jax.jit(
             self._decode,
-            static_argnames=("windows", "chunk", "greedy", "want_sampling_lp", "pad_id"),
+            static_argnames=("windows", "chunk", "greedy", "truncate", "want_sampling_lp", "pad_id"),
             donate_argnums=1,
         )
         self._compact_jit = jax.jit(self._compact)  # (a smaller state: nothing to update in place)
@@ -260,7 +263,7 @@ class Engine:
         return NamedSharding(self.mesh, logical_to_spec(names, x.shape, self.mesh))
 
     # --------------------------------------------------------------- compiled
-    def _choose(self, logits, state: SlotState, tables: Tables, busy, *, greedy: bool):
+    def _choose(self, logits, state: SlotState, tables: Tables, busy, *, greedy: bool, truncate: bool):
         """Token `state.step` of every slot from its `logits` `[B, V]`: the token, its log-prob
         under softmax(logits / T) (what the trainer recomputes; T = 1 for greedy rows), its
         log-prob under the sampled distribution, the new recent window, and whether and why the
@@ -277,6 +280,7 @@ class Engine:
             top_k=state.top_k,
             top_p=state.top_p,
             greedy=greedy,
+            truncate=truncate,
             bound=self.topk_bound,
         )
         scale = jnp.where(state.temperature > 0, state.temperature, 1.0)
@@ -335,6 +339,7 @@ class Engine:
         *,
         window: int,
         greedy: bool,
+        truncate: bool,
     ):
         """Put `Bn` requests into `slots`: row j copies positions `< starts[j]` of slot
         `source[j]`'s cache (all as they were before this call), then runs its `lengths[j]`
@@ -364,7 +369,9 @@ class Engine:
             adapter=adapter,
         )
         busy = jnp.ones((Bn,), bool)
-        tok, lp, slp, recent, ends, why = self._choose(logits, new, tables, busy, greedy=greedy)
+        tok, lp, slp, recent, ends, why = self._choose(
+            logits, new, tables, busy, greedy=greedy, truncate=truncate
+        )
         new = new._replace(last_token=tok, step=jnp.ones((Bn,), jnp.int32), done=ends, recent=recent)
         kv = tuple(
             x.at[_positions(self.layout, i, x.ndim, slots, slice(window))].set(r, mode="drop")
@@ -385,6 +392,7 @@ class Engine:
         windows: tuple[int, ...],
         chunk: int,
         greedy: bool,
+        truncate: bool,
         want_sampling_lp: bool,
         pad_id: int,
     ):
@@ -422,7 +430,9 @@ class Engine:
                 layout=self.layout,
             )
             state = state._replace(kv=kv)
-            tok, lp, slp, recent, ends, why = self._choose(logits, state, tables, busy, greedy=greedy)
+            tok, lp, slp, recent, ends, why = self._choose(
+                logits, state, tables, busy, greedy=greedy, truncate=truncate
+            )
 
             def put(buf, x):
                 return lax.dynamic_update_slice(buf, x[:, None], (0, i))

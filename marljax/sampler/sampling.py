@@ -185,6 +185,7 @@ def sample_tokens(
     top_k=0,
     top_p=1.0,
     greedy: bool = False,
+    truncate: bool = True,
     bound: int = DEFAULT_BOUND,
     method: str = "auto",
 ):
@@ -193,6 +194,8 @@ def sample_tokens(
     logits: `[B, V]`; keys: `[B]` PRNG keys (new-style) or `[B, 2]` uint32 raw keys;
     temperature/top_k/top_p: scalars or `[B]` (see `truncation_mask`); rows with
     temperature 0 take the argmax. greedy (static): argmax for every row, keys unused.
+    truncate (static): False when no row has top-k or top-p on, which skips the truncation
+    search (the same tokens; a smaller program to compile and run).
     Returns `(tokens [B] int32, sampling_logprobs [B] float32)`; the sampling
     log-prob of an argmax choice is 0 (a point mass).
     """
@@ -202,9 +205,13 @@ def sample_tokens(
     if greedy:
         return argmax, jnp.zeros((B,), jnp.float32)
     temperature = _as_rows(temperature, B, jnp.float32)
-    x, keep = truncation_mask(
-        logits, temperature=temperature, top_k=top_k, top_p=top_p, bound=bound, method=method
-    )
+    if truncate:
+        x, keep = truncation_mask(
+            logits, temperature=temperature, top_k=top_k, top_p=top_p, bound=bound, method=method
+        )
+    else:
+        x = logits / jnp.where(temperature > 0, temperature, 1.0)[:, None]
+        keep = jnp.ones_like(x, bool)
     m = jnp.max(x, axis=1, keepdims=True)
     w = jnp.where(keep, jnp.exp(x - m), 0.0)
     cdf = jnp.cumsum(w, axis=1)

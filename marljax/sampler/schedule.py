@@ -143,6 +143,7 @@ class HostLoop:
         self.requests = list(requests)
         self.schedule, self.want_slp, self.pad_id = schedule, bool(want_sampling_lp), int(pad_id)
         self.greedy = all(r.temperature == 0 for r in self.requests)
+        self.truncate = any(r.top_k > 0 or r.top_p < 1 for r in self.requests)
         N = len(self.requests)
         self.capacity = e.prompt_bucket(max(len(r.prompt) for r in self.requests)) + e.new_tokens_bucket(
             max(r.max_new for r in self.requests)
@@ -277,6 +278,7 @@ class HostLoop:
             ),
             window=window,
             greedy=self.greedy,
+            truncate=self.truncate,
         )
         tok, lp, slp, reason = jax.device_get(first)
         for j, (r, slot, _, _) in enumerate(group):
@@ -315,6 +317,7 @@ class HostLoop:
             windows=tuple(windows),
             chunk=chunk,
             greedy=self.greedy,
+            truncate=self.truncate,
             want_sampling_lp=self.want_slp,
             pad_id=self.pad_id,
         )

@@ -238,7 +238,10 @@ def test_new_parameters_and_sampling_settings_do_not_recompile(qwen3):
     params = get_params(model)
     engine = get_engine(config)
     prompts = _prompts(seed=6)
+    # one program each for greedy calls, sampled calls, and sampled calls where some row truncates
+    # (top-k or top-p); the settings' values are traced
     generate(model, prompts, max_new_tokens=MAX_NEW, temperature=0.7, top_p=0.9, seed=0)
+    generate(model, prompts, max_new_tokens=MAX_NEW, temperature=0.7, seed=0)
     greedy = generate(model, prompts, max_new_tokens=MAX_NEW, temperature=0.0)
     compiles = engine.stats.compiles
     other = jax.tree.map(lambda x: x * 1.05 + 0.01, params)  # another agent's parameters

@@ -20,7 +20,7 @@ PATHS = [("auto", 64), ("auto", 2), ("bisect", 64), ("sort", 64)]
 
 # jitted once per shape and path; sampling parameters are traced arguments
 _mask_jit = jax.jit(truncation_mask, static_argnames=("bound", "method"))
-_sample_jit = jax.jit(sample_tokens, static_argnames=("greedy", "bound", "method"))
+_sample_jit = jax.jit(sample_tokens, static_argnames=("greedy", "truncate", "bound", "method"))
 
 
 def _mask(logits, temperature=1.0, top_k=0, top_p=1.0, **static):
@@ -225,3 +225,20 @@ def test_sampling_parameters_are_traced_not_static():
     for t, k, p in [(1.0, 0, 1.0), (0.5, 3, 0.9), (2.0, 31, 0.2)]:
         draw(logits, keys, jnp.float32(t), jnp.int32(k), jnp.float32(p))
     assert len(traces) == 1
+
+
+def test_without_truncation_the_same_tokens_and_logprobs_as_through_it():
+    """`truncate=False` (no row has top-k or top-p on, so the engine compiles no truncation search)
+    draws what the full path draws with both filters off: the search keeps every token there."""
+    rng = np.random.default_rng(5)
+    logits = jnp.asarray(rng.standard_normal((32, 300)).astype(np.float32) * 3)
+    keys = jax.random.split(jax.random.key(11), 32)
+    temps = jnp.asarray(np.r_[np.zeros(4), np.linspace(0.3, 1.5, 28)].astype(np.float32))
+    for bound in (64, 2):  # the list, and a list so short that the bisection fallback runs
+        tok, slp = _sample(logits, keys, temps, bound=bound)
+        tok_plain, slp_plain = _sample(logits, keys, temps, truncate=False, bound=bound)
+        np.testing.assert_array_equal(tok_plain, tok)
+        np.testing.assert_allclose(slp_plain, slp, atol=2e-6)  # other fusions: float32 rounding
+    # and the draws follow softmax(logits / T): the chosen tokens' log-probs are the rows' own
+    expected = jax.nn.log_softmax(logits[4:] / temps[4:, None])[jnp.arange(28), tok[4:]]
+    np.testing.assert_allclose(slp[4:], expected, atol=1e-5)
