@@ -52,6 +52,10 @@ def test_embedded_demo_quick_run(tmp_path, capsys):
     results, nodes = report["results"], report["settings"]["search_nodes"]
     assert [r["method"] for r in results] == ["grpo", "mars2_homogeneous", "mars2_heterogeneous"]
     assert len({r["samples"] for r in results}) == 1  # equal sample budgets
+    for r in results:  # the evaluations a rerun reads back instead of repeating them
+        saved = json.loads((tmp_path / r["method"] / "evaluation.json").read_text())
+        assert saved["after"]["step"] == QUICK["rl_steps"]
+        assert {phase: saved[phase]["search"] for phase in ("before", "after")} == r["search"]
     assert "Headline" in out.split("| method |")[0]  # the search result comes first
     for r in results:
         for phase in ("before", "after"):

@@ -5,14 +5,17 @@ Every stage goes through the library's real parts: `Trainer` runs built from
 `RunConfig`s, the sandbox for every program, orbax checkpoints per policy and
 `Policy.export` for the warm-started Hugging Face checkpoints. Stages that
 finished in an earlier invocation are not redone: the warm-started models are
-reused and a finished RL run resumes from its last checkpoint.
+reused, a finished RL run resumes from its last checkpoint, and evaluations it
+finished are read back (`<method>/evaluation.json`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 import logging
+import os
 from pathlib import Path
 from typing import Any
 
@@ -232,6 +235,14 @@ def team_search(trainer: Trainer, problems: list, nodes: int, seed: int) -> dict
     )
 
 
+def write_json(path: Path, value: Any) -> None:
+    """`value` as JSON at `path`, whole or not at all (an interrupt leaves the old file)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(value, indent=1))
+    os.replace(tmp, path)
+
+
 def team_score(per_policy: dict[str, float], agents: dict[str, str]) -> float:
     """A team's pass@1: the mean over its agents (an agent scores as its policy)."""
     return float(np.mean([per_policy[p] for p in agents.values()]))
@@ -245,23 +256,32 @@ def train_method(
     seed give the same answers). Every team searches the same held-out tasks with the same seed."""
     agents = METHODS[method]
     trainer = Trainer(run_config(method, out / method, sft_models, agents, s))
+    # evaluations an earlier invocation finished: before RL, and after RL at the step it reached
+    # (the output directory's settings are this run's, see __main__.same_settings)
+    saved = out / method / "evaluation.json"
+    done = json.loads(saved.read_text()) if saved.is_file() else {}
     try:
         problems = trainer.eval_problems
-        search_before = team_search(trainer, problems, s.search_nodes, s.seed)
-        before = pass_at_1(trainer, s, warm)
+        if "before" not in done:
+            search = team_search(trainer, problems, s.search_nodes, s.seed)
+            done["before"] = {"search": search, "policies": pass_at_1(trainer, s, warm)}
+            write_json(saved, done)
         if warm is not None:
-            warm.update(before)
+            warm.update(done["before"]["policies"])
         trainer.run()  # resumes (or skips) from an earlier invocation's checkpoint; closes the sandbox pool,
-        search_after = team_search(trainer, problems, s.search_nodes, s.seed)  # which the next use reopens
-        after = pass_at_1(trainer, s)
+        if done.get("after", {}).get("step") != trainer.step:  # which the next use reopens
+            search = team_search(trainer, problems, s.search_nodes, s.seed)
+            done["after"] = {"step": trainer.step, "search": search, "policies": pass_at_1(trainer, s)}
+            write_json(saved, done)
     finally:
         trainer.close()
+    before, after = done["before"]["policies"], done["after"]["policies"]
     return {
         "method": method,
         "label": LABELS[method],
         "agents": agents,
         # the headline: what the team reaches under MARS2-T+ search (search_eval's metrics)
-        "search": {"before": search_before, "after": search_after},
+        "search": {"before": done["before"]["search"], "after": done["after"]["search"]},
         "policies": {"before": before, "after": after},
         "pass_at_1": {"before": team_score(before, agents), "after": team_score(after, agents)},
         "samples": s.rl_steps * s.samples_per_step,

@@ -1,8 +1,9 @@
 """The warm-started rise check the `test_tool_rise_*` files share: after SFT on a sloppy teacher
 (`marljax.demo.tools.warm_started_run`) a short RL run raises the team's reward above the first
 steps' level by more than the run-to-run spread measured across seeds (benchmarks/RESULTS.md), and
-the logged rollouts show the tool calls and what the tools answered. One file per workflow: xdist
-hands whole files to a worker, so the runs of several minutes each go to different workers."""
+the logged rollouts show the tool calls and what the tools answered. xdist hands whole files to a
+worker: the two search workflows share one file and one process (the second reuses most of the
+first's compiled sampler programs), the grid workflow runs in another file, on the other worker."""
 
 from __future__ import annotations
 
@@ -19,28 +20,32 @@ from marljax.train import rollout_log
 RESULT = {"dr_mas_search": "[search] [1]", "sharp_tools": "[search] [1]", "at_grpo_tools": "[check_plan]"}
 
 
-def warm_started_records(kind: str, out, seed: int, rl_steps: int) -> list[dict]:
-    """`warm_started_run` in a child process compiled at XLA's default optimisation level: this
-    run is execution-bound, and the test suite's level-0 compiles (tests/conftest.py) double it."""
+def warm_started_records(kinds: list[str], out, seed: int, rl_steps: int) -> dict[str, list[dict]]:
+    """`warm_started_run` of each workflow in `kinds`, one after the other into `out/<kind>`, in one
+    child process compiled at XLA's default optimisation level: these runs are execution-bound, and
+    the test suite's level-0 compiles (tests/conftest.py) double them. The runs share no state but
+    JAX's compiled programs, so each one's rewards are those of a run alone."""
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
     code = (
-        "import json, sys; from pathlib import Path; from marljax.demo.tools import warm_started_run; "
-        "r = warm_started_run(sys.argv[1], Path(sys.argv[2]), seed=int(sys.argv[3]), rl_steps=int(sys.argv[4])); "
-        "Path(sys.argv[2], 'records.json').write_text(json.dumps(r))"
+        "import json, sys; from pathlib import Path; from marljax.demo.tools import warm_started_run\n"
+        "for kind in sys.argv[1].split(','):\n"
+        "    out = Path(sys.argv[2], kind)\n"
+        "    r = warm_started_run(kind, out, seed=int(sys.argv[3]), rl_steps=int(sys.argv[4]))\n"
+        "    (out / 'records.json').write_text(json.dumps(r))"
     )
     subprocess.run(
-        [sys.executable, "-c", code, kind, str(out), str(seed), str(rl_steps)],
+        [sys.executable, "-c", code, ",".join(kinds), str(out), str(seed), str(rl_steps)],
         env=env,
         check=True,
-        timeout=1200,
+        timeout=1500,
     )
-    return json.loads((out / "records.json").read_text())
+    return {kind: json.loads((out / kind / "records.json").read_text()) for kind in kinds}
 
 
-def check_rise(kind: str, out, *, seed: int, steps: int, window: int, margin: float) -> None:
-    """The team reward's mean over the last `window` RL steps exceeds the first `window` steps' by
-    `margin`, and the rollouts logged every 5 steps hold tool calls and tool results."""
-    records = warm_started_records(kind, out, seed=seed, rl_steps=steps)
+def check_rise(kind: str, records: list[dict], out, *, steps: int, window: int, margin: float) -> None:
+    """The team reward's mean over the last `window` RL steps of `kind`'s run (its `records`, its
+    directory `out`) exceeds the first `window` steps' by `margin`, and the rollouts logged every
+    5 steps hold tool calls and tool results."""
     reward = np.array([r["team/reward"] for r in records])
     assert len(reward) == steps
     first, last = reward[:window].mean(), reward[-window:].mean()
