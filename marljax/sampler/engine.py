@@ -27,11 +27,11 @@ so a request's tokens do not depend on its slot, its batch or the slot count.
 
 Static (recompiling) shapes: the slot count `B` (powers of two, halved in the tail), the cache
 length `C` (prompt bucket + new-token bucket), the decode window `W` and chunk, the insert batch
-and its token and window buckets, greedy vs sampling, whether any row truncates (top-k or
-top-p), whether sampling log-probs are kept, and
-the EOS / stop-table sizes. Temperature, top-k, top-p, seeds, budgets, EOS ids and stop
-sequences are traced arrays. `Engine.stats` counts compilations (incremented in the traced
-bodies, so only when JAX traces), calls, slot-steps and shared prefix tokens.
+and its token and window buckets, greedy vs sampling, whether any row truncates (top-k or top-p),
+whether sampling log-probs are kept, and the EOS / stop-table sizes. Temperature, top-k, top-p,
+seeds, budgets, EOS ids and stop sequences are traced arrays. `Engine.stats` counts compilations
+(incremented in the traced bodies, so only when JAX traces), calls, slot-steps and shared prefix
+tokens.
 """
 
 from __future__ import annotations
