@@ -15,7 +15,6 @@ import dataclasses
 import functools
 import json
 import logging
-import os
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +23,7 @@ import numpy as np
 from marljax.demo.refine import refine_examples
 from marljax.demo.teacher import HABITS, habit_completion
 from marljax.train.config import RunConfig, config_from_dict
+from marljax.train.files import write_atomically
 from marljax.train.loop import Trainer
 from marljax.train.metrics import MetricsWriter
 from marljax.train.sft import run_sft
@@ -235,14 +235,6 @@ def team_search(trainer: Trainer, problems: list, nodes: int, seed: int) -> dict
     )
 
 
-def write_json(path: Path, value: Any) -> None:
-    """`value` as JSON at `path`, whole or not at all (an interrupt leaves the old file)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(value, indent=1))
-    os.replace(tmp, path)
-
-
 def team_score(per_policy: dict[str, float], agents: dict[str, str]) -> float:
     """A team's pass@1: the mean over its agents (an agent scores as its policy)."""
     return float(np.mean([per_policy[p] for p in agents.values()]))
@@ -265,14 +257,14 @@ def train_method(
         if "before" not in done:
             search = team_search(trainer, problems, s.search_nodes, s.seed)
             done["before"] = {"search": search, "policies": pass_at_1(trainer, s, warm)}
-            write_json(saved, done)
+            write_atomically(saved, json.dumps(done, indent=1))
         if warm is not None:
             warm.update(done["before"]["policies"])
         trainer.run()  # resumes (or skips) from an earlier invocation's checkpoint; closes the sandbox pool,
         if done.get("after", {}).get("step") != trainer.step:  # which the next use reopens
             search = team_search(trainer, problems, s.search_nodes, s.seed)
             done["after"] = {"step": trainer.step, "search": search, "policies": pass_at_1(trainer, s)}
-            write_json(saved, done)
+            write_atomically(saved, json.dumps(done, indent=1))
     finally:
         trainer.close()
     before, after = done["before"]["policies"], done["after"]["policies"]

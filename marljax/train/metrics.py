@@ -35,6 +35,8 @@ from typing import Any
 
 import numpy as np
 
+from marljax.train.files import write_atomically
+
 METRICS_FILE = "metrics.jsonl"
 _NONFINITE = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
 # TensorBoard event file names carry only whole seconds and the host: a per-process counter keeps
@@ -139,12 +141,7 @@ class MetricsWriter:
         """Replace metrics.jsonl with `records`, atomically (a crash leaves the old or the new file)."""
         if self._file is not None:
             self._file.close()
-        tmp = self.path.with_name(self.path.name + ".tmp")
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.writelines(_dumps(r) for r in records)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self.path)
+        write_atomically(self.path, "".join(_dumps(r) for r in records))
         if self._file is not None:
             self._file = open(self.path, "a", encoding="utf-8")
 

@@ -37,6 +37,7 @@ from typing import Any
 
 import numpy as np
 
+from marljax.train.files import write_atomically
 from marljax.workflows.types import Rollout
 
 ROLLOUTS_DIR = "rollouts"
@@ -89,13 +90,7 @@ def _plain(value: Any) -> Any:
 def write_step(run_dir: str | os.PathLike, step: int, records: list[dict[str, Any]]) -> Path:
     """Write one step's records atomically (a crash leaves no file or the whole file)."""
     path = step_path(run_dir, step)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in records)
-        f.flush()
-        os.fsync(f.fileno())  # else a power cut can leave the renamed file empty
-    os.replace(tmp, path)
+    write_atomically(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
     return path
 
 
