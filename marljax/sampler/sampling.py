@@ -129,6 +129,11 @@ def _as_rows(a, B, dtype):
     return jnp.broadcast_to(a, (B,)) if a.ndim == 0 else a
 
 
+def _scaled(logits: jax.Array, temperature: jax.Array) -> jax.Array:
+    """`logits / temperature` per row `[B]`; rows with temperature 0 (greedy) scaled by 1."""
+    return logits / jnp.where(temperature > 0, temperature, 1.0)[:, None]
+
+
 def truncation_mask(
     logits: jax.Array,
     *,
@@ -155,7 +160,7 @@ def truncation_mask(
     temperature = _as_rows(temperature, B, jnp.float32)
     top_k = _as_rows(top_k, B, jnp.int32)
     top_p = _as_rows(top_p, B, jnp.float32)
-    x = logits / jnp.where(temperature > 0, temperature, 1.0)[:, None]
+    x = _scaled(logits, temperature)
     k_active = (top_k > 0) & (top_k < V)
     p_active = top_p < 1.0
 
@@ -210,7 +215,7 @@ def sample_tokens(
             logits, temperature=temperature, top_k=top_k, top_p=top_p, bound=bound, method=method
         )
     else:
-        x = logits / jnp.where(temperature > 0, temperature, 1.0)[:, None]
+        x = _scaled(logits, temperature)
         keep = jnp.ones_like(x, bool)
     m = jnp.max(x, axis=1, keepdims=True)
     w = jnp.where(keep, jnp.exp(x - m), 0.0)
