@@ -30,8 +30,8 @@ _ARCH_OF_TYPE = {v: k for k, v in SUPPORTED_ARCHITECTURES.items()}
 
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
 DTYPES = ("float32", "bfloat16", "float16")
-REMAT_POLICIES = ("none", "full", "dots")
-ATTENTION_IMPLS = (None, "xla", "cudnn")
+REMAT_POLICIES = ("none", "full", "dots", "save_qkv_proj", "minimal")
+ATTENTION_IMPLS = (None, "xla", "cudnn", "splash")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,10 +45,13 @@ class ModelConfig:
     - `dtype`: compute dtype of activations ("float32" | "bfloat16" | "float16");
       logits and log-probs are always returned in float32.
     - `param_dtype`: storage dtype of the parameters.
-    - `remat`: "none", "full" (recompute each layer in the backward pass) or
-      "dots" (save matmul outputs only).
-    - `attention_impl`: passed to `jax.nn.dot_product_attention`
-      (None lets JAX choose; "cudnn" forces the fused GPU kernel).
+    - `remat`: what each layer keeps for the backward pass (`marljax.models.decoder.REMAT_SAVES`):
+      "none" (everything), "full" (only its input; the layer is recomputed), "save_qkv_proj"
+      (the q/k/v projections), "dots" (every weight matmul's output), "minimal" (those and the
+      attention output: only elementwise work is recomputed).
+    - `attention_impl`: training and prefill attention (`marljax.models.attention`): None or
+      "xla" (XLA's, from a dense mask), "cudnn" (GPU fused flash attention, causal with per-row
+      lengths: rows right-padded), "splash" (TPU Pallas splash attention).
     - `scan_layers`: run the layers under one `lax.scan` (compile time independent
       of depth) or, when False, as one unrolled block per layer: XLA then keeps
       each layer's activations as they are instead of writing them into stacked

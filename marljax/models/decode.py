@@ -178,7 +178,9 @@ def extend_step(
         if layout == "bskh":
             keys = kv[2 * i].at[rows, slots].set(k, mode="drop")
             values = kv[2 * i + 1].at[rows, slots].set(v, mode="drop")
-            attn = _attend_bskh(q, keys, values, starts, mask, c.attention_impl)
+            # cuDNN's kernel where asked; the training-only kernels (splash) have no decode form
+            impl = "cudnn" if c.attention_impl == "cudnn" else None
+            attn = _attend_bskh(q, keys, values, starts, mask, impl)
         else:
             keys = kv[2 * i].at[rows, :, :, slots].set(k, mode="drop")
             values = kv[2 * i + 1].at[rows, :, slots, :].set(v, mode="drop")

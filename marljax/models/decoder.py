@@ -52,9 +52,11 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 from flax import nnx
+from jax.ad_checkpoint import checkpoint_name
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from marljax.kernels.losses_terms import entropy_from_logits, logprobs_from_logits
+from marljax.models.attention import causal_attention
 from marljax.models.config import ModelConfig
 from marljax.models.lora import LayerLora, lora_delta
 from marljax.models.rope import apply_rope, inverse_frequencies
@@ -357,9 +359,10 @@ def project_qkv(
 
 def attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, *, config: ModelConfig) -> jax.Array:
     """Grouped-query attention `[B, T, N, H]` of queries `[B, T, N, H]` over keys and values
-    `[B, S, K, H]`, where `mask` `[B, 1, T, S]` is set (query head n reads kv head n // (N / K))."""
+    `[B, S, K, H]`, where `mask` `[B, 1, T, S]` is set (query head n reads kv head n // (N / K)).
+    XLA's attention: the cache path's offset masks are not causal from slot 0."""
     return jax.nn.dot_product_attention(
-        q, k, v, mask=mask, scale=1.0 / math.sqrt(config.head_dim), implementation=config.attention_impl
+        q, k, v, mask=mask, scale=1.0 / math.sqrt(config.head_dim), implementation="xla"
     )
 
 
@@ -391,21 +394,37 @@ def out_and_mlp(
 
 
 def _layer(p: Params, x: jax.Array, kv, lora, *, config: ModelConfig, positions, mask, inv_freq):
+    """One decoder layer. Without a cache `mask` is `(valid [B, T], segment_ids or None)` for
+    `causal_attention`; with one, `kv` is `(k_cache, v_cache, index)` and `mask` `[B, 1, T, S]`."""
     q, k, v = project_qkv(p, x, positions, config=config, inv_freq=inv_freq, lora=lora)
+    q, k, v = (checkpoint_name(y, name) for y, name in ((q, "q_proj"), (k, "k_proj"), (v, "v_proj")))
     new_kv = None
-    if kv is not None:
+    if kv is None:
+        valid, segment_ids = mask
+        attn = causal_attention(
+            q, k, v, valid=valid, segment_ids=segment_ids, implementation=config.attention_impl
+        )
+    else:
         k_cache, v_cache, index = kv
         k_cache = jax.lax.dynamic_update_slice(k_cache, k.astype(k_cache.dtype), (0, index, 0, 0))
         v_cache = jax.lax.dynamic_update_slice(v_cache, v.astype(v_cache.dtype), (0, index, 0, 0))
         new_kv = (k_cache, v_cache)
-        k, v = k_cache.astype(x.dtype), v_cache.astype(x.dtype)
-    attn = attend(q, k, v, mask, config=config)
+        attn = attend(q, k_cache.astype(x.dtype), v_cache.astype(x.dtype), mask, config=config)
+    attn = checkpoint_name(attn, "context")
     return out_and_mlp(p, x, attn, config=config, lora=lora), new_kv
 
 
-_REMAT_POLICY = {
-    "full": jax.checkpoint_policies.nothing_saveable,
-    "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+_policies = jax.checkpoint_policies
+# What one layer keeps for the backward pass (`ModelConfig.remat`); the rest is recomputed.
+# Names are the `checkpoint_name` tags of `_layer`; "dots" are the weight matmuls (no batch dims),
+# not attention's score matmuls.
+REMAT_SAVES = {
+    "full": _policies.nothing_saveable,
+    "save_qkv_proj": _policies.save_only_these_names("q_proj", "k_proj", "v_proj"),
+    "dots": _policies.dots_with_no_batch_dims_saveable,
+    "minimal": _policies.save_from_both_policies(
+        _policies.dots_with_no_batch_dims_saveable, _policies.save_only_these_names("context")
+    ),
 }
 
 
@@ -452,10 +471,7 @@ def hidden_states(
         positions = jnp.broadcast_to(offset + jnp.arange(T, dtype=jnp.int32), (B, T))
 
     if cache is None:
-        t = jnp.arange(T)
-        mask = (t[:, None] >= t[None, :])[None] & valid[:, None, :]  # [B, T, T]
-        if segment_ids is not None:
-            mask &= segment_ids[:, :, None] == segment_ids[:, None, :]
+        mask = (valid, segment_ids)
         new_mask = None
     else:
         if segment_ids is not None:
@@ -465,14 +481,13 @@ def hidden_states(
         S = cache.k.shape[2]
         new_mask = jax.lax.dynamic_update_slice(cache.mask, valid, (0, cache.index))
         slot, q_slot = jnp.arange(S), cache.index + jnp.arange(T)
-        mask = (slot[None, :] <= q_slot[:, None])[None] & new_mask[:, None, :]  # [B, T, S]
-    mask = mask[:, None]  # [B, 1, T, S]: broadcast over heads
+        mask = ((slot[None, :] <= q_slot[:, None])[None] & new_mask[:, None, :])[:, None]  # [B, 1, T, S]
 
     layer = functools.partial(
         _layer, config=config, positions=positions, mask=mask, inv_freq=inverse_frequencies(config)
     )
     if config.remat != "none":
-        layer = jax.checkpoint(layer, policy=_REMAT_POLICY[config.remat])
+        layer = jax.checkpoint(layer, policy=REMAT_SAVES[config.remat])
 
     def layer_lora(weights, i):
         if weights is None:

@@ -76,14 +76,13 @@ def load_model(spec: Any, mesh=None, where: str = "model") -> tuple[ModelConfig,
     A preset without a `tokenizer` directory gets marljax's tiny byte-level
     BPE tokenizer (its vocabulary fits every tiny preset).
     """
-    remat = "full" if spec.remat else "none"
     if spec.path is not None:
         model, config = from_pretrained(
             spec.path,
             dtype=spec.dtype,
             param_dtype=spec.param_dtype,
             mesh=mesh,
-            remat=remat,
+            remat=spec.remat,
             attention_impl=spec.attention_impl,
             scan_layers=spec.scan_layers,
         )
@@ -99,7 +98,7 @@ def load_model(spec: Any, mesh=None, where: str = "model") -> tuple[ModelConfig,
             spec.preset,
             dtype=spec.dtype,
             param_dtype=spec.param_dtype,
-            remat=remat,
+            remat=spec.remat,
             attention_impl=spec.attention_impl,
             scan_layers=spec.scan_layers,
             eos_token_id=tokenizer.eos_token_id,

@@ -105,7 +105,7 @@ def test_qwen_config_values():
 def test_defaults():
     cfg = config_from_dict(MINIMAL)
     pol = cfg.policies["main"]
-    assert (pol.model.dtype, pol.model.param_dtype, pol.model.remat) == ("float32", "float32", False)
+    assert (pol.model.dtype, pol.model.param_dtype, pol.model.remat) == ("float32", "float32", "none")
     assert pol.optimizer == OptimizerConfig()
     assert (pol.optimizer.name, pol.optimizer.lr, pol.optimizer.max_grad_norm) == ("adamw", 1e-6, 1.0)
     assert (pol.loss.type, pol.loss.agg_mode, pol.loss.kl_estimator, pol.loss.tis_level) == (
@@ -372,7 +372,7 @@ def test_overrides_parse_values(tmp_path):
     assert pol.optimizer.lr == 1e-6 and isinstance(pol.optimizer.lr, float)
     assert pol.mesh.devices == [0]
     assert pol.optimizer.max_grad_norm is None
-    assert pol.model.remat is True
+    assert pol.model.remat == "full"  # true: the named policy "full"
     assert cfg.train.steps == 7
     assert cfg.agents["solver"].template == "{role}: {problem}"
 

@@ -23,7 +23,7 @@ from pydantic_core import PydanticCustomError
 from marljax.kernels.losses import AGG_MODES, LOSS_TYPES
 from marljax.kernels.losses_terms import KL_KINDS
 from marljax.kernels.losses_tis import TIS_LEVELS, TIS_MODES
-from marljax.models.config import PRESETS
+from marljax.models.config import PRESETS, REMAT_POLICIES
 from marljax.models.lora import TARGETS, LoraSpec
 from marljax.settings import StrictModel
 from marljax.train.distributed import DistributedConfig
@@ -108,17 +108,28 @@ class PolicyModelConfig(FrozenModel):
     param_dtype: Literal["float32", "bfloat16"] = Field("float32", description="parameter storage dtype")
     tokenizer: str | None = Field(None, description="tokenizer directory; default: path")
     seed: int = Field(0, description="init seed for presets")
-    remat: bool = Field(False, description="rematerialise decoder layers to save memory")
-    attention_impl: Literal["xla", "cudnn"] | None = Field(
+    remat: Literal[REMAT_POLICIES] = Field(
+        "none",
+        description="what each decoder layer keeps for the backward pass: none (everything), full "
+        "(its input only), save_qkv_proj, dots (weight matmul outputs), minimal (those and the "
+        "attention output); true / false mean full / none",
+    )
+    attention_impl: Literal["xla", "cudnn", "splash"] | None = Field(
         None,
-        description="jax.nn.dot_product_attention's implementation in training and in the sampler's "
-        "one-token steps on accelerators; cudnn: the fused GPU kernel (bfloat16)",
+        description="attention in training and prefill: xla (default), cudnn (GPU fused flash "
+        "attention; also the sampler's one-token steps), splash (TPU Pallas splash attention)",
     )
     scan_layers: bool = Field(
         True,
         description="run the layers under lax.scan (compiles independent of depth); "
         "false unrolls them: faster steps on CPU, longer compiles",
     )
+
+    @field_validator("remat", mode="before")
+    @classmethod
+    def _remat_bool(cls, v):
+        # configs written before the named policies said `remat: true`
+        return {True: "full", False: "none"}.get(v, v) if isinstance(v, bool) else v
 
     @field_validator("preset")
     @classmethod
