@@ -20,6 +20,8 @@ that carry `logical_axes`. The decoder's own helpers (`param_dict_shardings`,
 
 from __future__ import annotations
 
+import functools
+import logging
 import math
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -52,26 +54,86 @@ LOGICAL_AXIS_RULES: dict[str, str | tuple[str, ...] | None] = {
 
 
 def make_mesh(
-    data: int = 1, fsdp: int = 1, tensor: int = 1, devices: Sequence[jax.Device] | None = None
+    data: int = 1,
+    fsdp: int = 1,
+    tensor: int = 1,
+    devices: Sequence[Any] | None = None,
+    *,
+    dcn: Mapping[str, int] | None = None,
 ) -> Mesh:
-    """A `Mesh` of shape `(data, fsdp, tensor)` with axis names `MESH_AXES`.
+    """A `Mesh` with axis names `MESH_AXES`: `data`, `fsdp`, `tensor` devices inside one slice
+    (ICI), times `dcn` (e.g. `{"data": 2}`) across slices, so each axis has size ici x dcn.
 
-    Uses the first `data * fsdp * tensor` of `devices` (default `jax.devices()`),
-    with `tensor` the fastest-varying axis (neighbouring devices), so tensor
-    parallelism stays inside a host / ICI ring.
+    Uses the first `data * fsdp * tensor * prod(dcn)` of `devices` (default `jax.devices()`;
+    abstract devices of a TPU topology work too). The order comes from `jax.experimental.mesh_utils`
+    (`mesh_device_grid`): on TPU it follows the ICI torus, with `tensor` the fastest-varying axis
+    (nearest chips); on CPU the devices keep their listed order. With `dcn`, each slice (each
+    process where devices carry no `slice_index`) fills one block of the mesh, so only the `dcn`
+    axes' collectives cross the slower data-centre network.
     """
-    sizes = {"data": data, "fsdp": fsdp, "tensor": tensor}
-    for name, size in sizes.items():
-        if not isinstance(size, int) or size < 1:
-            raise ValueError(f"mesh axis {name!r} must be a positive int, got {size!r}")
+    ici = {"data": data, "fsdp": fsdp, "tensor": tensor}
+    dcn = dict(dcn or {})
+    unknown = sorted(set(dcn) - set(MESH_AXES))
+    if unknown:
+        raise ValueError(f"dcn axes {unknown} are not mesh axes {MESH_AXES}")
+    for where, sizes in (("mesh axis", ici), ("dcn axis", dcn)):
+        for name, size in sizes.items():
+            if not isinstance(size, int) or size < 1:
+                raise ValueError(f"{where} {name!r} must be a positive int, got {size!r}")
+    ici_shape = tuple(ici[a] for a in MESH_AXES)
+    dcn_shape = tuple(dcn.get(a, 1) for a in MESH_AXES)
     devices = list(jax.devices() if devices is None else devices)
-    n = data * fsdp * tensor
+    n = math.prod(ici_shape) * math.prod(dcn_shape)
     if n > len(devices):
-        raise ValueError(
-            f"mesh data={data} x fsdp={fsdp} x tensor={tensor} needs {n} devices, "
-            f"only {len(devices)} available"
+        shown = " x ".join(f"{a}={s}" for a, s in ici.items())
+        shown += "".join(f" x dcn {a}={s}" for a, s in dcn.items())
+        raise ValueError(f"mesh {shown} needs {n} devices, only {len(devices)} available")
+    return Mesh(mesh_device_grid(ici_shape, dcn_shape, devices[:n]), MESH_AXES)
+
+
+def mesh_device_grid(
+    ici_shape: Sequence[int], dcn_shape: Sequence[int], devices: Sequence[Any]
+) -> np.ndarray:
+    """`devices` arranged in an array of shape `ici_shape * dcn_shape` (elementwise) by
+    `mesh_utils.create_device_mesh` (one slice) or `create_hybrid_device_mesh` (several: one
+    block per slice; per process off TPU, unless the devices are on several slices). A TPU
+    shape that the torus cannot hold without splitting a physical axis is split
+    (`allow_split_physical_axes`), and one it cannot hold at all (e.g. devices that are no
+    whole box of chips) keeps the listed order, with a warning."""
+    from jax.experimental import mesh_utils
+
+    if math.prod(dcn_shape) == 1:
+        build = functools.partial(mesh_utils.create_device_mesh, ici_shape, devices)
+    else:
+        slices = {getattr(d, "slice_index", None) for d in devices}
+        by_slice = None not in slices and (len(slices) > 1 or devices[0].platform == "tpu")
+        build = functools.partial(
+            mesh_utils.create_hybrid_device_mesh,
+            ici_shape,
+            dcn_shape,
+            devices,
+            process_is_granule=not by_slice,
         )
-    return Mesh(np.array(devices[:n]).reshape(data, fsdp, tensor), MESH_AXES)
+        granules = {d.slice_index if by_slice else d.process_index for d in devices}
+        if len(granules) != math.prod(dcn_shape):
+            unit = "slices" if by_slice else "processes"
+            raise ValueError(
+                f"dcn shape {tuple(dcn_shape)} needs {math.prod(dcn_shape)} {unit}, "
+                f"the devices are on {len(granules)}"
+            )
+    try:
+        return build()
+    except (ValueError, NotImplementedError, AssertionError):
+        pass
+    try:
+        return build(allow_split_physical_axes=True)
+    except (ValueError, NotImplementedError, AssertionError) as err:
+        if math.prod(dcn_shape) > 1:
+            raise
+        logging.getLogger(__name__).warning(
+            "mesh %s: no topology-aware device order (%s); using the devices in listed order", ici_shape, err
+        )
+        return np.array(devices, dtype=object).reshape(ici_shape)
 
 
 def logical_to_spec(
@@ -184,19 +246,20 @@ def reshard(tree: Any, shardings: Any) -> Any:
 def process_local_mesh(mesh: Mesh) -> tuple[Mesh, Mesh]:
     """(staging, local) meshes for per-process copies of arrays laid out on `mesh`.
 
-    `mesh` (axes `MESH_AXES`) spans several processes, each owning a
-    contiguous block of its devices (as `make_mesh` arranges them).
-    `staging` has the same devices in the same order arranged
-    `("process", *MESH_AXES)`, one row per process; `local` is this process's
-    row as a plain `MESH_AXES` mesh. An array placed on `staging` with a spec
-    that leaves `process` out is replicated per process, and its addressable
-    shards form an array on `local` (see `to_local`).
+    `mesh` (axes `MESH_AXES`) spans several processes, each owning the same
+    number of its devices, in any order (a topology-aware TPU mesh interleaves
+    hosts). `staging` has the same devices grouped by process, in mesh order
+    within each, arranged `("process", *MESH_AXES)`, one row per process;
+    `local` is this process's row as a plain `MESH_AXES` mesh. An array placed
+    on `staging` with a spec that leaves `process` out is replicated per
+    process, and its addressable shards form an array on `local` (see `to_local`).
     """
-    devices = list(mesh.devices.flat)
-    owners = [d.process_index for d in devices]
-    blocks = [p for i, p in enumerate(owners) if i == 0 or p != owners[i - 1]]
-    if len(blocks) != len(set(blocks)) or len(devices) % len(blocks):
-        raise ValueError("a process-local mesh needs each process's devices contiguous and equal in number")
+    blocks = list(dict.fromkeys(d.process_index for d in mesh.devices.flat))
+    devices = [d for p in blocks for d in mesh.devices.flat if d.process_index == p]
+    if len(devices) % len(blocks) or any(
+        sum(d.process_index == p for d in devices) != len(devices) // len(blocks) for p in blocks
+    ):
+        raise ValueError("a process-local mesh needs the same number of devices of every process")
     per = len(devices) // len(blocks)
     tensor = math.gcd(mesh.shape["tensor"], per)
     grid = np.array(devices, dtype=object).reshape(len(blocks), per // tensor, 1, tensor)

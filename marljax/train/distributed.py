@@ -25,12 +25,14 @@ cross-process collectives use gloo (`cpu_collectives`).
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
 from collections.abc import Mapping
-from typing import Literal
+from typing import Any, Literal
 
+import numpy as np
 from pydantic import Field
 
 from marljax.settings import StrictModel
@@ -170,3 +172,28 @@ def is_primary() -> bool:
     import jax
 
     return jax.process_index() == 0
+
+
+def allgather_objects(obj: Any) -> list:
+    """Every process's `obj` (JSON-serialisable), in process order; `[obj]` on a single process.
+
+    A collective: every process must call it at the same point of the program, as for any
+    computation over devices of several processes.
+    """
+    import jax
+
+    if jax.process_count() == 1:
+        return [obj]
+    from jax.experimental import multihost_utils
+
+    data = np.frombuffer(json.dumps(obj).encode(), np.uint8)
+    sizes = multihost_utils.process_allgather(np.array([data.size], np.int64)).reshape(-1)
+    padded = np.zeros(int(sizes.max()), np.uint8)
+    padded[: data.size] = data
+    rows = multihost_utils.process_allgather(padded).reshape(len(sizes), -1)
+    return [json.loads(bytes(row[: int(n)])) for row, n in zip(rows, sizes)]
+
+
+def all_processes(flag: bool) -> bool:
+    """True when `flag` is True on every process (a collective, like `allgather_objects`)."""
+    return all(allgather_objects(bool(flag)))

@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import jax
 import numpy as np
 
 from marljax.envs.grid import make_grid_problems
@@ -157,12 +158,48 @@ class Trainer:
         return SandboxVerifier(self.pool)
 
     def loop_state(self) -> dict[str, Any]:
-        return {
-            "step": self.step,
+        """The step, and this process's data position, buffers and workflow state. On several
+        processes each holds its own: all of them go in `processes` (in process order; a
+        collective, so every process saves at the same steps), process 0's at the top level."""
+        own = {
             "data": self.stream.get_state(),
             "buffers": {n: b.state_dict() for n, b in self.buffers.items()},
             "workflow": self.workflow.state_dict(),
         }
+        state = {"step": self.step, **own}
+        if jax.process_count() > 1:
+            state["processes"] = distributed.allgather_objects(own)
+        return state
+
+    def _load_loop_state(self, loop: dict[str, Any]) -> None:
+        """This process's part of a saved loop state. Saved by another number of processes, the
+        buffered samples are dealt out to the processes now running (oldest first, round robin),
+        each data stream resumes at the same fraction of its epoch, and every process takes
+        process 0's workflow state."""
+        saved = loop.get("processes") or [{k: loop[k] for k in ("data", "buffers", "workflow")}]
+        pid, count = jax.process_index(), jax.process_count()
+        if len(saved) == count:
+            own = saved[pid]
+            self.stream.set_state(own["data"])
+            buffers, workflow = own["buffers"], own["workflow"]
+        else:
+            log.warning("checkpoint of %d processes resumed on %d: buffers re-dealt", len(saved), count)
+            data = self.stream.get_state()
+            data["next_index"] = round(sum(s["data"]["next_index"] for s in saved) / count)
+            self.stream.set_state(data)
+            buffers = {}
+            for name in saved[0]["buffers"]:
+                parts = [s["buffers"][name] for s in saved]
+                pooled = sorted((x for part in parts for x in part["samples"]), key=lambda x: x["version"])
+                totals = {
+                    k: sum(part[k] for part in parts) if pid == 0 else 0
+                    for k in ("added", "taken", "dropped")
+                }
+                buffers[name] = {"samples": pooled[pid::count], **totals}
+            workflow = saved[0]["workflow"]
+        for name, state in buffers.items():
+            self.buffers[name].load_state_dict(state)
+        self.workflow.load_state_dict(workflow)
 
     def save(self) -> None:
         self.checkpointer.save(self.step, {n: p.state() for n, p in self.policies.items()}, self.loop_state())
@@ -185,24 +222,32 @@ class Trainer:
         step, states, loop = got
         for name, state in states.items():
             self.policies[name].load_state(state)
-        self.stream.set_state(loop["data"])
-        for name, state in loop["buffers"].items():
-            self.buffers[name].load_state_dict(state)
-        self.workflow.load_state_dict(loop["workflow"])
+        self._load_loop_state(loop)
         self.step = int(loop["step"])
         log.info("resumed %s at step %d", self.run_dir, step)
         return True
 
     # ---------------------------------------------------------------- steps
+    def sync_samplers(self) -> None:
+        """Multi-process runs: every policy's per-process sampler copy, made now on every process
+        in the same order (`Policy.sync_sampler`), so sampling needs no collective."""
+        for policy in self.policies.values():
+            policy.sync_sampler()
+
     def update_ready_policies(self) -> dict[str, float]:
         """Update every policy whose buffer is full, as often as it is full. All updates are
-        dispatched before any metric is read, so policies on disjoint devices overlap."""
+        dispatched before any metric is read, so policies on disjoint devices overlap.
+
+        On several processes an update is one computation over all of them: a policy updates
+        when the buffers of all processes are full (each contributes `threshold` samples), so
+        every process makes the same number of updates even when their rollouts differ in size;
+        the fuller buffers keep their extra samples for the next update."""
         out: dict[str, float] = {}
         pending: dict[str, list] = {}
         dropped_before = {name: buf.dropped for name, buf in self.buffers.items()}
         for name, policy in self.policies.items():
             buf, pending[name] = self.buffers[name], []
-            while buf.ready(policy.version):
+            while distributed.all_processes(buf.ready(policy.version)):
                 batch, stats = buf.take(policy.version)
                 diagnose = {"agents": self.grad_norm_agents[name]} if name in self.grad_norm_agents else {}
                 pending[name].append((policy.start_update(batch, **diagnose), stats))
@@ -229,10 +274,12 @@ class Trainer:
                     out[f"{prefix}/{key}"] = float(np.mean(values))
             if history and any(h["skipped"] for h in history):
                 log.warning("policy %s: non-finite loss or gradient, update skipped", name)
+        self.sync_samplers()
         return out
 
     def train_step(self) -> dict[str, float]:
         t0 = time.perf_counter()
+        self.sync_samplers()
         seed = derive_seed(self.cfg.seed, self.step)
         rollout = self.workflow.rollout(next(self.stream), self.agents, self.generator, self.verifier, seed)
         sampling = {}
@@ -275,6 +322,7 @@ class Trainer:
     def evaluate(self) -> dict[str, float]:
         if not self.eval_problems:
             return {}
+        self.sync_samplers()
         # a workflow with test-time search gets the training sampling too (BaseWorkflowConfig.search_option)
         search = {"train_generator": self.generator} if type(self.cfg.workflow).search_option else {}
         return self.workflow.evaluate(

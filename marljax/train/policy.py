@@ -65,9 +65,14 @@ def policy_mesh(mesh_cfg: Any):
         if bad:
             raise ValueError(f"mesh.devices {bad} out of range: {len(all_devices)} devices")
         devices = [all_devices[d] for d in mesh_cfg.devices]
-    if mesh_cfg.data * mesh_cfg.fsdp * mesh_cfg.tensor == 1 and devices is None:
+    dcn = getattr(mesh_cfg, "dcn", None)
+    dcn = {} if dcn is None else {"data": dcn.data, "fsdp": dcn.fsdp}
+    if (
+        mesh_cfg.data * mesh_cfg.fsdp * mesh_cfg.tensor * int(np.prod(list(dcn.values()))) == 1
+        and devices is None
+    ):
         return None
-    return make_mesh(mesh_cfg.data, mesh_cfg.fsdp, mesh_cfg.tensor, devices=devices)
+    return make_mesh(mesh_cfg.data, mesh_cfg.fsdp, mesh_cfg.tensor, devices=devices, dcn=dcn)
 
 
 def load_model(spec: Any, mesh=None, where: str = "model") -> tuple[ModelConfig, dict, Any]:
@@ -254,7 +259,7 @@ class Policy:
                 f"policies.{name}: no model (it names base {cfg.base!r}; pass that policy's model)"
             )
         self.mesh = policy_mesh(cfg.mesh)
-        rows = cfg.mesh.data * cfg.mesh.fsdp
+        rows = 1 if self.mesh is None else self.mesh.shape["data"] * self.mesh.shape["fsdp"]
         if cfg.micro_batch_size % rows:
             raise ValueError(
                 f"policies.{name}.micro_batch_size={cfg.micro_batch_size} must be a multiple of "
@@ -386,6 +391,14 @@ class Policy:
         return self._bases.sampler_copy(
             self.base_params, self.sampler_mesh, lambda base: self._to_sampler(base, self._model_specs())
         )
+
+    def sync_sampler(self) -> None:
+        """Multi-process runs: make the sampler's per-process copy of the current parameters now.
+        Making it is a collective (an all-gather over the processes): made lazily by `generate`,
+        it would hang as soon as one process samples this policy and another does not, so the
+        trainer calls this on every process at the same points."""
+        if jax.process_count() > 1 and self._to_sampler is not None:
+            self.sampler_params()
 
     def sampler_params(self) -> dict:
         """The parameters in the sampler's layout (an adapter policy: its base with its adapter)."""

@@ -232,13 +232,31 @@ class BufferConfig(FrozenModel):
     )
 
 
+class DcnMeshConfig(FrozenModel):
+    """Mesh axes split across slices (TPU multislice) or processes (elsewhere): the slow network."""
+
+    data: int = Field(1, ge=1, description="slices (or processes) along the data axis")
+    fsdp: int = Field(1, ge=1, description="slices (or processes) along the fsdp axis")
+
+
 class MeshConfig(FrozenModel):
+    """A policy's mesh (`marljax.models.sharding.make_mesh`): `data`, `fsdp`, `tensor` devices
+    inside a slice, times `dcn` across slices; each axis's size is its ICI size x its DCN size."""
+
     data: int = Field(1, ge=1)
     fsdp: int = Field(1, ge=1)
     tensor: int = Field(1, ge=1)
+    dcn: DcnMeshConfig | None = Field(
+        None, description="sizes across slices, e.g. {data: 2}: each slice holds one block of the mesh"
+    )
     devices: list[Annotated[int, Field(ge=0)]] | None = Field(
         None, description="device ids for this policy; None = all devices (shared)"
     )
+
+    def axis_sizes(self) -> dict[str, int]:
+        """The mesh's size along each axis: ICI x DCN."""
+        dcn = self.dcn or DcnMeshConfig()
+        return {"data": self.data * dcn.data, "fsdp": self.fsdp * dcn.fsdp, "tensor": self.tensor}
 
     @model_validator(mode="after")
     def _devices_fill_mesh(self):
@@ -246,9 +264,10 @@ class MeshConfig(FrozenModel):
             found = []
             if len(set(self.devices)) != len(self.devices):
                 found.append((("devices",), "device ids repeat", self.devices))
-            size = self.data * self.fsdp * self.tensor
+            sizes = self.axis_sizes()
+            size = sizes["data"] * sizes["fsdp"] * sizes["tensor"]
             if len(self.devices) != size:
-                found.append((("devices",), f"need data*fsdp*tensor = {size} devices", self.devices))
+                found.append((("devices",), f"need data*fsdp*tensor (x dcn) = {size} devices", self.devices))
             _problems(found)
         return self
 

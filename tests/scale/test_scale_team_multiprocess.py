@@ -1,0 +1,64 @@
+"""Four real JAX processes x 2 CPU devices (jax.distributed, gloo) train a heterogeneous team
+through the trainer, one policy with FSDP over all 8 devices: the metrics equal one process's
+with 8 devices, the checkpoint resumes on 2 processes x 4 devices, and processes whose rollouts
+differ in size (and in which policies they sample) neither hang nor disagree on updates."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from test_scale_multiprocess import env, free_port
+
+SCRIPT = Path(__file__).with_name("_scale_team_multiprocess.py")
+TIMEOUT_S = 600  # a run takes minutes on 2 busy cores; a hang ends here as a failure
+
+
+def run_workers(out: Path, nproc: int, mode: str) -> None:
+    port = free_port()
+    workers = [
+        subprocess.Popen(
+            [sys.executable, str(SCRIPT), "worker", str(pid), str(port), str(out), str(nproc), mode],
+            env=env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for pid in range(nproc)
+    ]
+    logs = []
+    try:
+        for w in workers:
+            logs.append(w.communicate(timeout=TIMEOUT_S)[0])
+    except subprocess.TimeoutExpired:
+        for w in workers:
+            w.kill()
+        pytest.fail(
+            f"{mode}: {nproc} workers did not finish within {TIMEOUT_S} s (a hang):\n"
+            + "\n".join(w.communicate()[0][-2000:] for w in workers)
+        )
+    for pid, (w, log) in enumerate(zip(workers, logs)):
+        assert w.returncode == 0 and f"worker {pid} {mode}: OK" in log, log[-6000:]
+
+
+@pytest.mark.slow(seconds=600)
+def test_four_processes_train_a_team_like_one_and_resume_on_two(tmp_path):
+    run_workers(tmp_path, 4, "train")
+    single = subprocess.run(
+        [sys.executable, str(SCRIPT), "single", str(tmp_path)],
+        env=env(),
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+    )
+    assert single.returncode == 0 and "single process: OK" in single.stdout, (
+        single.stdout[-3000:] + single.stderr[-6000:]
+    )
+    run_workers(tmp_path, 2, "resume")
+
+
+@pytest.mark.slow(seconds=300)
+def test_processes_with_different_sample_counts_agree(tmp_path):
+    run_workers(tmp_path, 4, "ragged")
