@@ -4,14 +4,30 @@ One entry point, `causal_attention`, dispatching on `ModelConfig.attention_impl`
 
 - None / "xla": `jax.nn.dot_product_attention` over a dense `[B, 1, T, T]` mask (causal, real
   keys, same segment). Any padding and packed sequences; float32 `[B, N, T, T]` scores.
+- "cudnn": cuDNN's fused flash attention (GPU), causal with per-row lengths
+  (`length_attention`). Rows must be right-padded (`valid` a prefix of ones); no packing.
+- "splash": Pallas splash attention (TPU; `splash_attention`). Padding on either side and
+  packing, through segment ids; no `[T, T]` array is materialised.
+
+All three agree on the real (valid) query positions; what they put at pad positions differs
+and is never read (pad keys are masked for every real query).
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import math
+from collections.abc import Iterator
 
 import jax
 import jax.numpy as jnp
+from jax.experimental.pallas.ops.tpu import splash_attention as splash
+from jax.sharding import PartitionSpec as P
+
+from marljax.models import sharding as _sharding
+
+IMPLEMENTATIONS = (None, "xla", "cudnn", "splash")
 
 
 def dense_mask(valid: jax.Array, segment_ids: jax.Array | None) -> jax.Array:
@@ -36,9 +52,197 @@ def causal_attention(
 ) -> jax.Array:
     """Grouped-query causal attention `[B, T, N, H]` of queries `[B, T, N, H]` over keys and values
     `[B, T, K, H]` of the same tokens (query head n reads kv head n // (N / K)), scaled by
-    `1 / sqrt(H)`. valid: `[B, T]` bool, the real tokens; segment_ids: `[B, T]` (packing)."""
-    if implementation not in (None, "xla"):
-        raise ValueError(f"unknown attention implementation {implementation!r}")
-    return jax.nn.dot_product_attention(
-        q, k, v, mask=dense_mask(valid, segment_ids), scale=1.0 / math.sqrt(q.shape[-1]), implementation="xla"
+    `1 / sqrt(H)`. valid: `[B, T]` bool, the real tokens; segment_ids: `[B, T]` (packing).
+    implementation: one of `IMPLEMENTATIONS` (see the module docstring)."""
+    if implementation in (None, "xla"):
+        return jax.nn.dot_product_attention(
+            q,
+            k,
+            v,
+            mask=dense_mask(valid, segment_ids),
+            scale=1.0 / math.sqrt(q.shape[-1]),
+            implementation="xla",
+        )
+    if implementation == "cudnn":
+        return length_attention(q, k, v, valid=valid, segment_ids=segment_ids, implementation="cudnn")
+    if implementation == "splash":
+        return splash_attention(q, k, v, valid=valid, segment_ids=segment_ids)
+    raise ValueError(f"unknown attention implementation {implementation!r}; known: {IMPLEMENTATIONS}")
+
+
+# ------------------------------------------------------------------ cuDNN (GPU)
+def length_attention(
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    *,
+    valid: jax.Array,
+    segment_ids: jax.Array | None = None,
+    implementation: str = "cudnn",
+) -> jax.Array:
+    """`causal_attention` for right-padded rows, as cuDNN's fused attention takes it: `is_causal`
+    plus per-row lengths `valid.sum(-1)` for both queries and keys (query t of row b reads keys
+    `s <= t` with `s < length_b`, which is the dense mask when `valid[b]` is a prefix of ones).
+
+    implementation: "cudnn" on a GPU; "xla" runs the same arguments through XLA (what a CPU test
+    checks). Queries and keys share their lengths, so cuDNN's top-left and bottom-right causal
+    alignments coincide.
+
+    Output at pad query positions is 0. A row whose `valid` is not a prefix of ones (left
+    padding, holes) cannot be expressed by a length: its output is NaN, loudly, rather than
+    silently wrong. Refused (ValueError): `segment_ids` (packing); for "cudnn" also a dtype other
+    than bfloat16/float16 and a head dim that is not a multiple of 8 up to 256 (cuDNN's flash
+    limits; 128 before Hopper, which JAX checks when it compiles for the GPU).
+    """
+    if segment_ids is not None:
+        raise ValueError(
+            "cuDNN attention takes per-row lengths, not segment ids: packed rows need "
+            "attention_impl None/'xla' (dense mask) or 'splash'"
+        )
+    if implementation not in ("cudnn", "xla"):
+        raise ValueError(f"length_attention implementation must be 'cudnn' or 'xla', got {implementation!r}")
+    H = q.shape[-1]
+    if implementation == "cudnn":
+        if q.dtype not in (jnp.bfloat16, jnp.float16):
+            raise ValueError(
+                f"cuDNN flash attention takes bfloat16 or float16 (ModelConfig.dtype), got {q.dtype}"
+            )
+        if H % 8 or H > 256:
+            raise ValueError(
+                f"cuDNN flash attention needs a head dim that is a multiple of 8, <= 256; got {H}"
+            )
+    T = q.shape[1]
+    lengths = valid.sum(-1, dtype=jnp.int32)
+    out = jax.nn.dot_product_attention(
+        q,
+        k,
+        v,
+        scale=1.0 / math.sqrt(H),
+        is_causal=True,
+        query_seq_lengths=lengths,
+        key_value_seq_lengths=lengths,
+        implementation=implementation,
     )
+    is_prefix = jnp.all(valid == (jnp.arange(T) < lengths[:, None]), axis=-1)
+    out = jnp.where(valid[:, :, None, None], out, jnp.zeros((), out.dtype))
+    return jnp.where(is_prefix[:, None, None, None], out, jnp.full((), jnp.nan, out.dtype))
+
+
+# ------------------------------------------------------------------ splash (TPU)
+SPLASH_BLOCKS = (512, 256, 128)  # tile sizes tried, largest first; the kernel needs multiples of 128
+
+_SPLASH_INTERPRET: contextvars.ContextVar[bool | None] = contextvars.ContextVar(
+    "splash_interpret", default=None
+)
+
+
+@contextlib.contextmanager
+def splash_interpret(interpret: bool | None) -> Iterator[None]:
+    """While tracing inside this block, `splash_attention` (and so `causal_attention` with
+    "splash", as the decoder calls it) runs in Pallas interpret mode (True), as the TPU kernel
+    (False), or by the platform (None). For an ahead-of-time TPU compile on a CPU host without a
+    multi-device mesh (nothing then says the program is for a TPU), and for tests."""
+    token = _SPLASH_INTERPRET.set(interpret)
+    try:
+        yield
+    finally:
+        _SPLASH_INTERPRET.reset(token)
+
+
+def _activation_mesh():
+    """`(mesh, rules)` of the enclosing `marljax.models.sharding.activation_sharding`, or None
+    (also where that module has no activation mesh)."""
+    current = getattr(_sharding, "_ACTIVATION_MESH", None)
+    return None if current is None else current.get()
+
+
+def splash_attention(
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    *,
+    valid: jax.Array,
+    segment_ids: jax.Array | None = None,
+    interpret: bool | None = None,
+) -> jax.Array:
+    """`causal_attention` `[B, T, N, H]` by Pallas splash attention (a TPU flash-attention kernel).
+
+    Masking: a static causal mask and_ed with segment ids, pad tokens (`~valid`) in one segment
+    of their own, so left padding, right padding and packing are all exact on real queries (a
+    pad query reads only pad keys; every row keeps at least its diagonal, so no softmax is
+    empty). `segment_ids` are any int32 values; the pad segment is one below their minimum.
+
+    Shapes: the kernel takes one row `[N, T, H]` with keys `[K, T, H]` and is vmapped over the
+    batch. Grouped-query attention is the kernel's own: query head n reads kv head
+    n // (N / K) (the MHA kernel indexes kv blocks by that head and sums dk/dv over the group),
+    so k/v are neither repeated in memory nor the kernel split per kv head. q is scaled by
+    `1 / sqrt(H)` here (the kernel does not scale). T is padded with pad tokens to a multiple
+    of 128 and tiled by the largest of `SPLASH_BLOCKS` dividing it.
+
+    Sharding: inside `marljax.models.sharding.activation_sharding(mesh)` the kernel runs under
+    `shard_map`, rows over the batch axes and heads over `tensor` (by the rule table). If the
+    kv heads do not divide `tensor` but the query heads do, k/v are repeated to N heads so the
+    heads still split; if neither does, heads stay whole on every device.
+
+    interpret: run the kernel in Pallas interpret mode (plain XLA ops; for CPU tests). Default:
+    that of an enclosing `splash_interpret`, else by the platform the program is for (the
+    activation mesh's devices, else the default backend): False on TPU, True on CPU; refused on
+    GPU (use "cudnn").
+    """
+    B, T, N, H = q.shape
+    K = k.shape[2]
+    seg = jnp.zeros((B, T), jnp.int32) if segment_ids is None else segment_ids.astype(jnp.int32)
+    pad_id = seg.min() - 1
+    seg = jnp.where(valid, seg, pad_id)
+    Tp = -(-T // 128) * 128
+    if Tp != T:
+        grow = ((0, 0), (0, Tp - T), (0, 0), (0, 0))
+        q, k, v = (jnp.pad(x, grow) for x in (q, k, v))
+        seg = jnp.pad(seg, ((0, 0), (0, Tp - T)), constant_values=pad_id)
+    block = next(b for b in SPLASH_BLOCKS if Tp % b == 0)
+    q = (q * (1.0 / math.sqrt(H))).astype(q.dtype)
+    q, k, v = (x.transpose(0, 2, 1, 3) for x in (q, k, v))  # [B, heads, T, H]
+
+    current = _activation_mesh()
+    mesh, rules = current if current is not None else (None, None)
+    if interpret is None:
+        interpret = _SPLASH_INTERPRET.get()
+    if interpret is None:
+        platform = mesh.devices.flat[0].platform if mesh is not None else jax.default_backend()
+        if platform not in ("tpu", "cpu"):
+            raise ValueError(
+                f"splash attention is a TPU kernel; on {platform} use attention_impl 'cudnn' or 'xla'"
+            )
+        interpret = platform != "tpu"
+
+    def rows(q, k, v, seg):
+        mask = splash.MultiHeadMask([splash.CausalMask((Tp, Tp)) for _ in range(q.shape[1])])
+        sizes = splash.BlockSizes(
+            block_q=block,
+            block_kv=block,
+            block_kv_compute=block,
+            block_q_dkv=block,
+            block_kv_dkv=block,
+            block_kv_dkv_compute=block,
+            block_q_dq=block,
+            block_kv_dq=block,
+        )
+        kernel = splash.make_splash_mha(
+            mask, block_sizes=sizes, head_shards=1, q_seq_shards=1, interpret=interpret
+        )
+        return jax.vmap(lambda q, k, v, s: kernel(q, k, v, splash.SegmentIds(q=s, kv=s)))(q, k, v, seg)
+
+    if mesh is None:
+        out = rows(q, k, v, seg)
+    else:
+        batch, q_heads, kv_heads = (
+            (*_sharding.logical_to_spec((name,), (size,), mesh, rules), None)[0]
+            for name, size in (("batch", B), ("act_heads", N), ("act_kv_heads", K))
+        )
+        if q_heads is not None and kv_heads != q_heads:  # kv heads do not split so: one per query head
+            k, v = (jnp.repeat(x, N // K, axis=1) for x in (k, v))
+        spec = P(batch, q_heads, None, None)
+        out = jax.shard_map(
+            rows, mesh=mesh, in_specs=(spec, spec, spec, P(batch, None)), out_specs=spec, check_vma=False
+        )(q, k, v, seg)
+    return out[:, :, :T].transpose(0, 2, 1, 3)
