@@ -26,6 +26,9 @@ def pytest_configure(config):
     layout) and the matmul libraries are the same at every level, so only the generated loops of
     elementwise code run slower (benchmarks/RESULTS.md has the A/B)."""
     os.environ.setdefault("XLA_FLAGS", "--xla_backend_optimization_level=0")
+    # libtpu (the test extra's, for compiling TPU programs ahead of time) takes a machine-wide lock
+    # when a process initialises it; the workers and their children each need it
+    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
     if os.environ.get("JAX_COMPILATION_CACHE_DIR"):
         return
     path = tempfile.mkdtemp(prefix="marljax-test-xla-cache-")

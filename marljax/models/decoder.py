@@ -60,13 +60,25 @@ from marljax.models.attention import causal_attention
 from marljax.models.config import ModelConfig
 from marljax.models.lora import LayerLora, lora_delta
 from marljax.models.rope import apply_rope, inverse_frequencies
-from marljax.models.sharding import LogicalRules, batch_sharding, logical_to_spec, param_shardings
+from marljax.models.sharding import (
+    LogicalRules,
+    batch_sharding,
+    constrain,
+    logical_to_spec,
+    param_shardings,
+)
 
 Params = dict[str, Any]
 
 
 def _dtype(name: str):
     return jnp.dtype(name)
+
+
+def _pin(x: jax.Array, *feature_axes: str | None) -> jax.Array:
+    """An activation `[B, T, *features]` (or `[B, *features]`) pinned to the mesh of the enclosing
+    `activation_sharding`: rows over the data axes, features by their logical names."""
+    return constrain(x, ("batch", "seq")[: x.ndim - len(feature_axes)] + feature_axes)
 
 
 # --------------------------------------------------------------------- module
@@ -351,6 +363,7 @@ def project_qkv(
         if c.qkv_bias:
             q, k, v = q + w("bq"), k + w("bk"), v + w("bv")
     q, k, v = (_plus_lora(y, lora, name, h) for y, name in ((q, "wq"), (k, "wk"), (v, "wv")))
+    q, k, v = _pin(q, "act_heads", None), _pin(k, "act_kv_heads", None), _pin(v, "act_kv_heads", None)
     if c.qk_norm:
         q = rms_norm(q, p["q_norm"], c.rms_norm_eps)
         k = rms_norm(k, p["k_norm"], c.rms_norm_eps)
@@ -377,11 +390,11 @@ def out_and_mlp(
     def w(name):
         return p[name].astype(x.dtype)
 
-    flat = attn.reshape(*attn.shape[:-2], -1)
+    flat = _pin(attn, "act_heads", None).reshape(*attn.shape[:-2], -1)
     out = _plus_lora(_matmul(flat, w("wo").reshape(-1, c.hidden_size)), lora, "wo", flat)
     if c.o_bias:
         out = out + w("bo")
-    x = x + out
+    x = _pin(x + out, "act_embed")
 
     h = rms_norm(x, p["mlp_norm"], c.rms_norm_eps)
     if "w_gate_up" in p:
@@ -389,8 +402,8 @@ def out_and_mlp(
     else:
         gate, up = _matmul(h, w("w_gate")), _matmul(h, w("w_up"))
     gate, up = _plus_lora(gate, lora, "w_gate", h), _plus_lora(up, lora, "w_up", h)
-    act = jax.nn.silu(gate) * up
-    return x + _plus_lora(_matmul(act, w("w_down")), lora, "w_down", act)
+    act = _pin(jax.nn.silu(_pin(gate, "act_mlp")) * _pin(up, "act_mlp"), "act_mlp")
+    return _pin(x + _plus_lora(_matmul(act, w("w_down")), lora, "w_down", act), "act_embed")
 
 
 def _layer(p: Params, x: jax.Array, kv, lora, *, config: ModelConfig, positions, mask, inv_freq):
@@ -464,7 +477,7 @@ def hidden_states(
         if arr is not None and arr.shape != (B, T):
             raise ValueError(f"{name} must have the shape of input_ids {(B, T)}, got {arr.shape}")
     cd = _dtype(config.dtype)
-    x = jnp.take(params["embed"], input_ids, axis=0).astype(cd)
+    x = _pin(jnp.take(params["embed"], input_ids, axis=0).astype(cd), "act_embed")
     valid = jnp.ones((B, T), bool) if attention_mask is None else attention_mask.astype(bool)
     offset = 0 if cache is None else cache.index
     if positions is None:
@@ -596,13 +609,14 @@ def logprobs_from_hidden(
     n = -(-T // C)
     pad = n * C - T
     hs = jnp.pad(hidden, ((0, 0), (0, pad), (0, 0))).reshape(B, n, C, D).swapaxes(0, 1)
+    hs = constrain(hs, (None, "batch", None, "act_embed"))  # [chunks, B, C, D]
     ls = jnp.pad(labels.astype(jnp.int32), ((0, 0), (0, pad))).reshape(B, n, C).swapaxes(0, 1)
     head = {"embed": params["embed"]} if config.tie_word_embeddings else {"lm_head": params["lm_head"]}
 
     @jax.checkpoint
     def chunk_logprobs(head, h, lab, temperature):
         # the temperature may be traced, so it scales the logits here, not inside the kernels
-        logits = unembed(head, h) / temperature
+        logits = constrain(unembed(head, h) / temperature, ("batch", None, "act_vocab"))
         picked = logprobs_from_logits(logits, lab)
         return (picked, entropy_from_logits(logits)) if return_entropy else picked
 

@@ -7,7 +7,16 @@ three-axis mesh `("data", "fsdp", "tensor")`:
 - `vocab`, `q_heads`, `kv_heads`, `mlp` -> `tensor` (Megatron-style splits)
 - `embed` -> `fsdp` (parameters gathered per layer, ZeRO-3 style)
 - `batch` (activations, caches) -> `("data", "fsdp")`
+- activations: `act_heads`, `act_kv_heads`, `act_mlp`, `act_vocab` -> `tensor`; their
+  `act_embed` (the residual stream's width) and `seq` replicated
 - everything else replicated.
+
+Activations. Parameters alone do not decide how XLA splits the activations: with `embed` on
+`fsdp`, the partitioner may keep the weights split and replicate every activation of the global
+batch (all-reducing partial sums). So the model pins its activations with `constrain(x, axes)`
+at layer boundaries, inside attention and the MLP and at the log-prob head. It acts only inside
+`activation_sharding(mesh)`, entered by whoever traces a program for a mesh (the update step,
+the sampler's programs); elsewhere it returns `x` unchanged.
 
 A dimension whose size does not divide the mesh axis (e.g. one kv head on
 `tensor=2`) is replicated instead of failing, so one rule table serves every
@@ -20,10 +29,12 @@ that carry `logical_axes`. The decoder's own helpers (`param_dict_shardings`,
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
 import logging
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -50,6 +61,11 @@ LOGICAL_AXIS_RULES: dict[str, str | tuple[str, ...] | None] = {
     "batch": ("data", "fsdp"),
     "seq": None,
     "cache_seq": None,
+    "act_embed": None,
+    "act_heads": "tensor",
+    "act_kv_heads": "tensor",
+    "act_mlp": "tensor",
+    "act_vocab": "tensor",
 }
 
 
@@ -288,3 +304,30 @@ def to_local(tree: Any, local_specs: Any, staging: Mesh, local: Mesh) -> Any:
 def batch_sharding(mesh: Mesh, ndim: int = 2, rules: LogicalRules | None = None) -> NamedSharding:
     """Sharding of a `[B, ...]` activation / token array: batch over `("data", "fsdp")`."""
     return NamedSharding(mesh, logical_to_spec(("batch",) + (None,) * (ndim - 1), None, mesh, rules))
+
+
+_ACTIVATION_MESH: contextvars.ContextVar[tuple[Mesh, LogicalRules | None] | None] = contextvars.ContextVar(
+    "activation_mesh", default=None
+)
+
+
+@contextlib.contextmanager
+def activation_sharding(mesh: Mesh | None, rules: LogicalRules | None = None) -> Iterator[None]:
+    """While tracing inside this block, `constrain` pins activations to `mesh` by `rules`.
+    A None or one-device mesh turns the constraints off."""
+    token = _ACTIVATION_MESH.set(None if mesh is None or mesh.size == 1 else (mesh, rules))
+    try:
+        yield
+    finally:
+        _ACTIVATION_MESH.reset(token)
+
+
+def constrain(x: jax.Array, logical_axes: Sequence[str | None]) -> jax.Array:
+    """`x` constrained to the sharding of its `logical_axes` (one name per dimension) on the mesh
+    of the enclosing `activation_sharding`; `x` itself outside one."""
+    current = _ACTIVATION_MESH.get()
+    if current is None:
+        return x
+    mesh, rules = current
+    spec = logical_to_spec(logical_axes, x.shape, mesh, rules)
+    return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec))

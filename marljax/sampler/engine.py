@@ -60,7 +60,7 @@ from marljax.models.decode import (
     init_decode_cache,
     position_axis,
 )
-from marljax.models.sharding import batch_sharding, logical_to_spec
+from marljax.models.sharding import activation_sharding, batch_sharding, logical_to_spec
 from marljax.sampler.sampling import DEFAULT_BOUND, sample_tokens
 from marljax.sampler.schedule import (
     EOS,
@@ -75,6 +75,17 @@ from marljax.sampler.schedule import (
     Tables,
     next_bucket,
 )
+
+
+def _under_mesh(method):
+    """`method` traced inside `activation_sharding(self.mesh)`: its activations stay split by rows."""
+
+    @functools.wraps(method)
+    def traced(self, *args, **kwargs):
+        with activation_sharding(self.mesh):
+            return method(self, *args, **kwargs)
+
+    return traced
 
 
 @dataclasses.dataclass
@@ -320,6 +331,7 @@ class Engine:
             return weights
         return decode_weights(weights, self.config, fuse=False)
 
+    @_under_mesh
     def _insert(
         self,
         weights,
@@ -381,6 +393,7 @@ class Engine:
         state = self._constrain(SlotState(kv, *rest))
         return state, (tok, lp, slp, jnp.where(ends, why, UNFINISHED))
 
+    @_under_mesh
     def _decode(
         self,
         weights,

@@ -33,7 +33,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import NamedSharding, PartitionSpec
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from marljax.models.chat import encode_continuation, encode_prompt, generation_eos_ids, use_chat
 from marljax.models.config import ModelConfig
@@ -198,10 +198,11 @@ def _step_functions(
     loss: LossConfig,
     use_old_logp: bool,
     lora: LoraSpec | None = None,
+    mesh: Mesh | None = None,
 ):
-    """(optimizer, rl update, sft update, log-probs), the updates jitted; shared by policies with equal
-    settings (the frozen configs are the cache key), so a team of agents of one architecture compiles
-    each shape once, not once per agent. optax optimisers keep no state of their own, so sharing one
+    """(optimizer, rl update, sft update, log-probs), the updates jitted and traced under `mesh`;
+    shared by policies with equal settings (the frozen configs and the mesh are the cache key), so a
+    team of agents of one architecture compiles each shape once, not once per agent. optax optimisers keep no state of their own, so sharing one
     is safe. With `lora`, the updates train the adapter on a frozen base (`update(adapter, opt_state,
     batch, base)`)."""
     optimizer, schedule = make_optimizer(optimizer_cfg), make_schedule(optimizer_cfg)
@@ -213,6 +214,7 @@ def _step_functions(
         loss.agg_mode,
         schedule,
         combine,
+        mesh,
     )
     sft = make_update_fn(
         functools.partial(sft_loss, config=config, lora_dropout=dropout),
@@ -220,12 +222,15 @@ def _step_functions(
         "token-mean",
         schedule,
         combine,
+        mesh,
     )
-    return optimizer, rl, sft, make_logprob_fn(config)
+    return optimizer, rl, sft, make_logprob_fn(config, mesh)
 
 
 @functools.lru_cache(maxsize=32)
-def _agent_norm_function(config: ModelConfig, loss: LossConfig, use_old_logp: bool, lora: LoraSpec | None):
+def _agent_norm_function(
+    config: ModelConfig, loss: LossConfig, use_old_logp: bool, lora: LoraSpec | None, mesh: Mesh | None
+):
     """The jitted per-agent gradient-norm diagnostic of the RL loss (`make_agent_grad_norm_fn`);
     built on first use only, so runs without the diagnostic compile nothing more."""
     combine = None if lora is None else functools.partial(with_adapter, spec=lora)
@@ -234,6 +239,7 @@ def _agent_norm_function(config: ModelConfig, loss: LossConfig, use_old_logp: bo
         functools.partial(rl_loss, config=config, loss=loss, use_old_logp=use_old_logp, lora_dropout=dropout),
         loss.agg_mode,
         combine,
+        mesh,
     )
 
 
@@ -300,7 +306,7 @@ class Policy:
         self.seed = seed
         self.version = 0  # completed RL updates
         self.optimizer, self._rl_update, self._sft_update, self._logprobs = _step_functions(
-            self.config, cfg.optimizer, self.loss, cfg.mini_batches > 1, self.lora
+            self.config, cfg.optimizer, self.loss, cfg.mini_batches > 1, self.lora, self.mesh
         )
         self.reset_optimizer()
 
@@ -562,7 +568,7 @@ class Policy:
         index = {a: k for k, a in enumerate(agents)}
         rows[: len(names)] = [index.get(a, -1) for a in names]
         rows = jax.device_put(rows.reshape(batch["advantages"].shape), batch["advantages"].sharding)
-        fn = _agent_norm_function(self.config, self.loss, self.cfg.mini_batches > 1, self.lora)
+        fn = _agent_norm_function(self.config, self.loss, self.cfg.mini_batches > 1, self.lora, self.mesh)
         norms = fn(self.params, batch, rows, len(agents), *self._frozen())
         return {f"agent_grad_norm/{a}": norms[index[a]] for a in dict.fromkeys(names) if a in index}
 

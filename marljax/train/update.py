@@ -8,6 +8,10 @@ tokens for "token-mean", valid sequences otherwise), so the result equals the
 gradient of the loss over the whole batch at once. A step whose loss or
 gradient is not finite is skipped (`guarded_step`: parameters and optimiser
 state are kept) and reports `skipped = 1`, so one bad batch never ends a run.
+
+With a `mesh`, each function is traced inside `activation_sharding(mesh)`: the model pins its
+activations to rows over the data axes (`marljax.models.sharding`), so every device holds only its
+rows' activations whatever the parameters' layout.
 """
 
 from __future__ import annotations
@@ -17,10 +21,12 @@ from collections.abc import Callable
 import jax
 import jax.numpy as jnp
 import optax
+from jax.sharding import Mesh
 
 from marljax import kernels
 from marljax.models.config import ModelConfig
 from marljax.models.decoder import hidden_states, logprobs_from_hidden
+from marljax.models.sharding import activation_sharding
 from marljax.train.config import LossConfig
 from marljax.train.optim import step_metrics
 
@@ -169,6 +175,7 @@ def make_update_fn(
     agg_mode: str,
     schedule: optax.Schedule | None = None,
     combine: Callable | None = None,
+    mesh: Mesh | None = None,
 ):
     """Jitted `update(params, opt_state, batch, frozen=None) -> (params, opt_state, metrics)`;
     params and optimiser state buffers are donated. The metrics include `skipped`, and `lr`
@@ -181,7 +188,8 @@ def make_update_fn(
 
     def update(params, opt_state, batch, frozen=None):
         fn = loss_fn if combine is None else (lambda p, mb: loss_fn(combine(p, frozen), mb))
-        loss, grads, metrics = accumulate(fn, params, batch, agg_mode)
+        with activation_sharding(mesh):
+            loss, grads, metrics = accumulate(fn, params, batch, agg_mode)
         params, opt_state, grad_norm, skipped = guarded_step(optimizer, params, opt_state, grads, loss)
         return (
             params,
@@ -192,7 +200,9 @@ def make_update_fn(
     return jax.jit(update, donate_argnums=(0, 1))
 
 
-def make_agent_grad_norm_fn(loss_fn: Callable, agg_mode: str, combine: Callable | None = None):
+def make_agent_grad_norm_fn(
+    loss_fn: Callable, agg_mode: str, combine: Callable | None = None, mesh: Mesh | None = None
+):
     """Jitted `norms(params, batch, agent_rows, num_agents, frozen=None) -> [num_agents]`: a
     diagnostic, the global norm of the gradient of the loss of each agent's rows alone.
 
@@ -213,12 +223,13 @@ def make_agent_grad_norm_fn(loss_fn: Callable, agg_mode: str, combine: Callable 
             return optax.tree.norm(grads)
 
         # lax.map, not a Python loop: one compiled body whatever the number of agents
-        return jax.lax.map(one, jnp.arange(num_agents))
+        with activation_sharding(mesh):
+            return jax.lax.map(one, jnp.arange(num_agents))
 
     return jax.jit(norms, static_argnums=(3,))
 
 
-def make_logprob_fn(config: ModelConfig):
+def make_logprob_fn(config: ModelConfig, mesh: Mesh | None = None):
     """Jitted `logprobs(params, batch) -> [M, mb, T]`: log-probs of `labels`, no gradient."""
 
     def logprobs(params, batch):
@@ -229,6 +240,7 @@ def make_logprob_fn(config: ModelConfig):
                 lambda: jnp.zeros(mb["labels"].shape, jnp.float32),
             )
 
-        return jax.lax.map(one, batch)
+        with activation_sharding(mesh):
+            return jax.lax.map(one, batch)
 
     return jax.jit(logprobs)

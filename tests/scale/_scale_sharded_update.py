@@ -4,6 +4,7 @@ parameters and optimiser moments really split over the mesh."""
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 
@@ -18,6 +19,18 @@ from marljax.train.memory import policy_estimate  # noqa: E402
 from marljax.train.policy import Policy  # noqa: E402
 
 assert jax.device_count() == 8, jax.devices()
+
+
+# every mesh axis alone and mixed; the model's activations are pinned to rows over data x fsdp
+MESHES = ({"fsdp": 8}, {"data": 8}, {"fsdp": 4, "tensor": 2}, {"data": 2, "fsdp": 2, "tensor": 2})
+
+
+def _trimmed(spec) -> tuple:
+    """A spec's entries without trailing Nones (how `logical_to_spec` writes them)."""
+    entries = list(spec)
+    while entries and entries[-1] is None:
+        entries.pop()
+    return tuple(entries)
 
 
 def device0_bytes(tree) -> int:
@@ -42,22 +55,33 @@ def main():
     assert moved > MIN_CHANGE, f"the update barely moved the parameters ({moved})"
     assert metrics1["skipped"] == 0 and np.isfinite(metrics1["loss"]), metrics1
 
-    for mesh in ({"fsdp": 4, "tensor": 2}, {"data": 2, "fsdp": 2, "tensor": 2}):
+    for mesh in MESHES:
         name = " ".join(f"{k}={v}" for k, v in mesh.items())
-        pol = Policy("p", policy_config(mesh))
+        pol = Policy("p", policy_config(mesh, micro_batch_size=8))  # rows split 8 ways at most
         assert max_diff(host(pol.params), init) == 0.0, "sharded init differs from single-device init"
-        # really split: rule-table specs, 8 devices, each holding a fraction of every matrix
-        specs = {k: pol.params["layers"][k].sharding.spec for k in ("wq", "w_down")}
-        assert specs == {"wq": P(None, "fsdp", "tensor"), "w_down": P(None, "tensor", "fsdp")}, specs
-        assert pol.params["embed"].sharding.spec == P("tensor", "fsdp"), pol.params["embed"].sharding
+        # really split: rule-table specs (a mesh axis of size 1 splits nothing), 8 devices, each
+        # holding a fraction of every matrix
+        fsdp = "fsdp" if mesh.get("fsdp", 1) > 1 else None
+        tensor = "tensor" if mesh.get("tensor", 1) > 1 else None
+        specs = {k: pol.params["layers"][k].sharding.spec for k in ("wq", "w_down", "w_up")}
+        want_specs = {
+            "wq": P(None, fsdp, tensor),
+            "w_down": P(None, tensor, fsdp),
+            "w_up": P(None, fsdp, tensor),
+        }
+        assert specs == {k: P(*_trimmed(v)) for k, v in want_specs.items()}, specs
+        assert pol.params["embed"].sharding.spec == P(*_trimmed(P(tensor, fsdp))), pol.params[
+            "embed"
+        ].sharding
         for path, x in jax.tree_util.tree_leaves_with_path(pol.params):
             assert len(x.sharding.device_set) == 8, path
-            if "norm" not in str(path[-1]):  # norm weights are replicated by the rules; matrices are split
-                assert not x.sharding.is_fully_replicated, (path, x.sharding)
-                split = mesh.get("fsdp", 1) * mesh.get("tensor", 1)  # replicated over `data`
-                assert x.addressable_shards[0].data.size * split == x.size, (path, x.sharding)
+            # each device holds 1 / (product of the spec's mesh axes) of the array
+            split = math.prod(
+                pol.mesh.shape[a] for e in x.sharding.spec if e for a in (e if isinstance(e, tuple) else (e,))
+            )
+            assert x.addressable_shards[0].data.size * split == x.size, (path, x.sharding)
         mu = pol.opt_state[1][0].mu  # clip -> adamw chain: (ScaleByAdamState, ...)
-        assert mu["layers"]["wq"].sharding.spec == P(None, "fsdp", "tensor"), mu["layers"]["wq"].sharding
+        assert mu["layers"]["wq"].sharding.spec == specs["wq"], mu["layers"]["wq"].sharding
         # the memory estimate's per-device parameter and optimiser bytes are what device 0 holds
         est = policy_estimate(pol, 64)
         got_p, got_o = device0_bytes(pol.params), device0_bytes(pol.opt_state)
@@ -72,7 +96,7 @@ def main():
                 metrics[k],
                 metrics1[k],
             )
-        assert pol.params["layers"]["wq"].sharding.spec == P(None, "fsdp", "tensor")  # layout kept
+        assert pol.params["layers"]["wq"].sharding.spec == specs["wq"]  # layout kept
         print(f"sharded update {name}: OK (max diff {diff:.2e}, parameters moved {moved:.2e})")
 
 
