@@ -202,9 +202,9 @@ def _step_functions(
 ):
     """(optimizer, rl update, sft update, log-probs), the updates jitted and traced under `mesh`;
     shared by policies with equal settings (the frozen configs and the mesh are the cache key), so a
-    team of agents of one architecture compiles each shape once, not once per agent. optax optimisers keep no state of their own, so sharing one
-    is safe. With `lora`, the updates train the adapter on a frozen base (`update(adapter, opt_state,
-    batch, base)`)."""
+    team of agents of one architecture compiles each shape once, not once per agent. optax optimisers
+    keep no state of their own, so sharing one is safe. With `lora`, the updates train the adapter on
+    a frozen base (`update(adapter, opt_state, batch, base)`)."""
     optimizer, schedule = make_optimizer(optimizer_cfg), make_schedule(optimizer_cfg)
     combine = None if lora is None else functools.partial(with_adapter, spec=lora)
     dropout = 0.0 if lora is None else lora.dropout
