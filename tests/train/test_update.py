@@ -328,6 +328,9 @@ def test_skewed_rates_fast_policy_updates_while_slow_waits():
         def finish_update(pending):
             return {"loss": float(pending[0]), "skipped": 0.0}
 
+        def sync_sampler(self):  # one process: nothing to copy
+            pass
+
     t = Trainer.__new__(Trainer)  # only the buffer routing, no models
     t.policies = {"fast": Counting(), "slow": Counting()}
     t.buffers = {"fast": ExperienceBuffer(4), "slow": ExperienceBuffer(3)}
