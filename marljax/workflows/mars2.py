@@ -35,6 +35,7 @@ from __future__ import annotations
 import functools
 import itertools
 import re
+import string
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar, Literal
 
@@ -177,6 +178,16 @@ def split_fractions(score: Score) -> dict[str, float]:
     }
 
 
+def _own_paragraph(template: str, slot: str, text: str) -> str:
+    """`text` for the template's `{slot}`, starting a paragraph of its own where the template puts
+    the slot right after another one (`{problem}{feedback}`: the problem ends with a sentence);
+    text the template writes before a slot (`<F>{feedback}`) is the template's own separator."""
+    for literal, name, _, _ in string.Formatter().parse(template):
+        if name == slot and text and not literal:
+            return "\n\n" + text
+    return text
+
+
 def refine_prompt(agent: Agent, problem: Problem, code: str, feedback: str) -> str:
     """The CONT prompt: problem, previous program, feedback. Placed in the template's {history} /
     {feedback} slots when it has them, else appended to the problem text."""
@@ -191,7 +202,11 @@ def refine_prompt(agent: Agent, problem: Problem, code: str, feedback: str) -> s
         + ([fb] if fb and "feedback" not in fields else [])
         + [REFINE_NOTE]
     )
-    return agent.render("\n\n".join(parts), feedback=fb, history=history)
+    return agent.render(
+        "\n\n".join(parts),
+        feedback=_own_paragraph(agent.template, "feedback", fb),
+        history=_own_paragraph(agent.template, "history", history),
+    )
 
 
 def run_search(

@@ -222,6 +222,13 @@ def test_refine_prompt_uses_template_slots():
     )
 
 
+def test_refine_prompt_feedback_right_after_the_problem_is_its_own_paragraph():
+    # the shipped configs' "{role}{problem}{feedback}": the problem part ends with the refine note
+    p = make_problems(1)[0]
+    prompt = refine_prompt(Agent("a", "p", "", "{problem}{feedback}"), p, "CODE", "FB")
+    assert "Reply with the complete program.\n\nFeedback on the public tests:\nFB" in prompt, prompt
+
+
 def test_max_nodes_ids_and_one_group_per_tree(pool):
     """alpha writes the reference solution (reward 1), beta a wrong program (0); no early stop."""
     problems = make_problems(3)
