@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import os
 from collections.abc import Sequence
 
@@ -50,6 +51,9 @@ class BM25Index:
 
     def __init__(self, passages: Sequence[Passage]):
         import bm25s  # imported here: only runs with a search tool pay for it
+
+        # bm25s sets its own logger to DEBUG: a line per index built would reach the console
+        logging.getLogger("bm25s").setLevel(logging.WARNING)
 
         if not passages:
             raise ValueError("a BM25 index needs at least one passage")

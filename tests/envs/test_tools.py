@@ -203,3 +203,10 @@ def test_corpus_errors_name_file_and_line(tmp_path):
     path.write_text("{oops\n")
     with pytest.raises(ValueError, match=r"bad.jsonl:1: not JSON"):
         load_corpus(path)
+
+
+def test_building_an_index_logs_nothing_below_warning(caplog):
+    # bm25s sets its own logger to DEBUG: a run's console got a line per index built and query
+    with caplog.at_level("DEBUG"):
+        BM25Index(CORPUS).search("capital of France")
+    assert not [r for r in caplog.records if r.name.startswith("bm25s") and r.levelno < 30], caplog.text
