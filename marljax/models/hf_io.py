@@ -397,10 +397,24 @@ def save_pretrained(
     return path
 
 
+# a tokenizer's vocabulary, in one of the files transformers reads it from
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json")
+
+
 def load_tokenizer(path: str | os.PathLike):
-    """`transformers.AutoTokenizer` from a checkpoint directory (chat template included)."""
+    """`transformers.AutoTokenizer` from a checkpoint directory (chat template included). A
+    directory holding none of `TOKENIZER_FILES` is an error: transformers would otherwise build a
+    tokenizer with an empty vocabulary from the config files alone."""
     import transformers
 
+    folder = Path(path)
+    if not folder.is_dir():
+        raise CheckpointError(f"{path}: not a directory (tokenizer)")
+    if not any((folder / name).is_file() for name in TOKENIZER_FILES):
+        raise CheckpointError(
+            f"{path}: no tokenizer files (one of {', '.join(TOKENIZER_FILES)}); copy them from the "
+            "checkpoint's repository or set the model's `tokenizer:` to a directory that has them"
+        )
     try:
         return transformers.AutoTokenizer.from_pretrained(str(path))
     except Exception as e:

@@ -110,6 +110,21 @@ def test_sharded_save_and_load(checkpoint, tmp_path):
     assert sorted(a) == sorted(b) and all(np.array_equal(a[n], b[n]) for n in a)
 
 
+def test_a_directory_without_tokenizer_files_is_an_error_naming_them(checkpoint, tmp_path):
+    # transformers builds a tokenizer from tokenizer_config.json alone, with an empty vocabulary
+    src = checkpoint("qwen3-tied-gqa2")
+    bare = tmp_path / "bare"
+    shutil.copytree(src, bare)
+    for name in ("tokenizer.json", "vocab.json", "merges.txt", "tokenizer.model"):
+        (bare / name).unlink(missing_ok=True)
+    assert (bare / "tokenizer_config.json").exists()
+    with pytest.raises(CheckpointError, match=r"bare: no tokenizer files \(one of tokenizer.json"):
+        load_tokenizer(bare)
+    with pytest.raises(CheckpointError, match="nope: not a directory"):
+        load_tokenizer(tmp_path / "nope")
+    assert len(load_tokenizer(src)) > 100
+
+
 def test_tokenizer_and_chat_template(checkpoint):
     tok = load_tokenizer(checkpoint("qwen3-tied-gqa2"))
     text = tok.apply_chat_template(
