@@ -51,7 +51,9 @@ train: {{steps: {steps}, save_every: 2, tensorboard: false, progress: false}}
 """
 
 
-def make_trainer(out: Path, run: str, *, steps: int, threshold: int = THRESHOLD, batch_size: int = 1, per=4):
+def make_trainer(
+    out: Path, run: str, *, steps: int, threshold: int = THRESHOLD, batch_size: int = 1, per=lambda problem: 4
+):
     """A Trainer whose workflow writes `per(problem)` samples per agent of each problem."""
     from marljax.train.config import load_config
     from marljax.train.loop import Trainer
