@@ -22,7 +22,6 @@ from collections.abc import Iterator
 
 import jax
 import jax.numpy as jnp
-from jax.experimental.pallas.ops.tpu import splash_attention as splash
 from jax.sharding import PartitionSpec as P
 
 from marljax.models import sharding as _sharding
@@ -149,13 +148,6 @@ def splash_interpret(interpret: bool | None) -> Iterator[None]:
         _SPLASH_INTERPRET.reset(token)
 
 
-def _activation_mesh():
-    """`(mesh, rules)` of the enclosing `marljax.models.sharding.activation_sharding`, or None
-    (also where that module has no activation mesh)."""
-    current = getattr(_sharding, "_ACTIVATION_MESH", None)
-    return None if current is None else current.get()
-
-
 def splash_attention(
     q: jax.Array,
     k: jax.Array,
@@ -189,6 +181,9 @@ def splash_attention(
     activation mesh's devices, else the default backend): False on TPU, True on CPU; refused on
     GPU (use "cudnn").
     """
+    # imported here: Pallas takes half a second to import, and only splash runs need it
+    from jax.experimental.pallas.ops.tpu import splash_attention as splash
+
     B, T, N, H = q.shape
     K = k.shape[2]
     seg = jnp.zeros((B, T), jnp.int32) if segment_ids is None else segment_ids.astype(jnp.int32)
@@ -203,7 +198,7 @@ def splash_attention(
     q = (q * (1.0 / math.sqrt(H))).astype(q.dtype)
     q, k, v = (x.transpose(0, 2, 1, 3) for x in (q, k, v))  # [B, heads, T, H]
 
-    current = _activation_mesh()
+    current = _sharding.current_activation_mesh()
     mesh, rules = current if current is not None else (None, None)
     if interpret is None:
         interpret = _SPLASH_INTERPRET.get()

@@ -322,6 +322,12 @@ def activation_sharding(mesh: Mesh | None, rules: LogicalRules | None = None) ->
         _ACTIVATION_MESH.reset(token)
 
 
+def current_activation_mesh() -> tuple[Mesh, LogicalRules | None] | None:
+    """`(mesh, rules)` of the enclosing `activation_sharding`, or None outside one (or for a
+    one-device mesh): for code that must place work by hand (a kernel under `shard_map`)."""
+    return _ACTIVATION_MESH.get()
+
+
 def constrain(x: jax.Array, logical_axes: Sequence[str | None]) -> jax.Array:
     """`x` constrained to the sharding of its `logical_axes` (one name per dimension) on the mesh
     of the enclosing `activation_sharding`; `x` itself outside one."""
