@@ -35,7 +35,7 @@ from marljax.train import data as data_lib
 from marljax.train import distributed, dynamic_sampling, memory, rollout_log
 from marljax.train.buffer import ExperienceBuffer
 from marljax.train.checkpoint import RunCheckpointer
-from marljax.train.config import DataConfig, RunConfig, dump_config
+from marljax.train.config import DataConfig, RunConfig, config_to_record, dump_config
 from marljax.train.generation import PolicyGenerator
 from marljax.train.metrics import MetricsWriter, Progress
 from marljax.train.policy import BaseStore, Policy
@@ -331,10 +331,23 @@ class Trainer:
 
     def run(self) -> None:
         cfg, t = self.cfg, self.cfg.train
+        # a config of another run is refused before anything in the directory changes; a new one
+        # is written only when this run has steps to do
+        now = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        if distributed.is_primary():  # one writer of run files on multi-host runs
-            dump_config(cfg, self.run_dir / "config.yaml")
+        record = config_to_record(cfg, self.run_dir, now)
         resumed = self.restore()
+        if self.step >= t.steps:
+            log.warning(
+                "%s is already at step %d >= train.steps=%d: nothing to do (raise train.steps to go on)",
+                self.run_dir,
+                self.step,
+                t.steps,
+            )
+        elif record is not None and distributed.is_primary():
+            dump_config(cfg, record)
+            if record.name != "config.yaml":
+                log.info("settings changed since the last run: recorded in %s", record)
         if distributed.is_primary():  # the steps after the restored one will be redone
             rollout_log.prune_after(self.run_dir, self.step)
         with MetricsWriter(self.run_dir, tensorboard=t.tensorboard) as writer:

@@ -475,3 +475,31 @@ def test_loss_config_gives_the_policy_loss_options():
     }
     # the norm constant goes only where the aggregation divides by it
     assert LossConfig(norm_constant=64.0).policy_loss_options()["norm_constant"] is None
+
+
+def test_a_run_directory_keeps_its_configs_and_refuses_another_runs(tmp_path):
+    from marljax.train.config import config_to_record
+
+    run = tmp_path / "run"
+    run.mkdir()
+    first = config_from_dict(with_(**{"train.steps": 5}))
+    assert config_to_record(first, run, "T1") == run / "config.yaml"  # a new run: its starting config
+    dump_config(first, run / "config.yaml")
+    assert config_to_record(first, run, "T2") is None  # the same settings: nothing to record
+    # more steps resume the same run: recorded beside the original, which stays as it was
+    longer = config_from_dict(with_(**{"train.steps": 9}))
+    assert config_to_record(longer, run, "T3") == run / "config-T3.yaml"
+    dump_config(longer, run / "config-T3.yaml")
+    assert config_to_record(longer, run, "T4") is None  # compared with the newest recorded one
+    other = config_from_dict(
+        with_(**{"train.steps": 9, "policies.main.model.preset": "tiny-llama", "seed": 2})
+    )
+    with pytest.raises(ConfigError) as e:
+        config_to_record(other, run, "T5")
+    problems = e.value.problems
+    assert (
+        f"{run}: policies.main.model.preset: 'tiny-qwen3' in the run's config-T3.yaml, 'tiny-llama' now"
+        in problems
+    )
+    assert f"{run}: seed: 0 in the run's config-T3.yaml, 2 now" in problems
+    assert sorted(p.name for p in run.iterdir()) == ["config-T3.yaml", "config.yaml"]

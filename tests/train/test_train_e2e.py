@@ -89,6 +89,25 @@ def test_grpo_mean_reward_rises(grpo_run):
 
 
 @pytest.mark.slow
+def test_rerunning_a_finished_run_says_so_and_another_config_is_refused(grpo_run, caplog):
+    from marljax.train.config import ConfigError
+    from marljax.train.loop import Trainer
+
+    trainer, run_dir = grpo_run
+    cfg, before = trainer.cfg, (run_dir / "config.yaml").read_text()
+    fewer = cfg.model_copy(update={"train": cfg.train.model_copy(update={"steps": 5})})
+    with caplog.at_level("WARNING"):
+        Trainer(fewer).run()
+    assert f"{run_dir} is already at step 30 >= train.steps=5: nothing to do" in caplog.text
+    # a run that did nothing records no settings
+    assert (run_dir / "config.yaml").read_text() == before and not list(run_dir.glob("config-*"))
+    with pytest.raises(ConfigError, match=r"seed: 0 in the run's config.yaml, 1 now"):
+        Trainer(cfg.model_copy(update={"seed": 1})).run()
+    assert (run_dir / "config.yaml").read_text() == before
+    assert sorted(os.listdir(run_dir / "checkpoints")) == ["10", "20", "30"]
+
+
+@pytest.mark.slow
 def test_export_loads_in_transformers_with_the_trained_logits(grpo_run, tmp_path):
     from marljax.models.decoder import forward
     from marljax.models.testing import torch_logits

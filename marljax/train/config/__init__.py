@@ -1,6 +1,13 @@
 """Typed run configuration: the schema (`schema.py`) and loading it from YAML with overrides (`load.py`)."""
 
-from marljax.train.config.load import ConfigError, apply_overrides, config_from_dict, dump_config, load_config
+from marljax.train.config.load import (
+    ConfigError,
+    apply_overrides,
+    config_from_dict,
+    config_to_record,
+    dump_config,
+    load_config,
+)
 from marljax.train.config.schema import (
     AgentConfig,
     BufferConfig,
@@ -47,5 +54,6 @@ __all__ = [
     "apply_overrides",
     "config_from_dict",
     "dump_config",
+    "config_to_record",
     "load_config",
 ]

@@ -199,3 +199,60 @@ def dump_config(cfg: RunConfig, path: str | Path) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False, default_flow_style=False))
+
+
+# settings a run can change and still resume as the same run: how long it goes and what it logs
+RESUMABLE_CHANGES = (
+    "train.steps",
+    "train.save_every",
+    "train.keep_checkpoints",
+    "train.async_checkpoint",
+    "train.log_every",
+    "train.eval_every",
+    "train.tensorboard",
+    "train.progress",
+    "train.log_rollouts",
+    "train.agent_grad_norms",
+)
+
+
+def _flat(tree: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(tree, dict) and tree:
+        return {k: v for key, sub in tree.items() for k, v in _flat(sub, f"{prefix}{key}.").items()}
+    return {prefix[:-1]: tree}
+
+
+def config_changes(old: dict, new: dict) -> list[tuple[str, Any, Any]]:
+    """`(dotted key, old value, new value)` for every setting that differs between two dumped
+    configs (`cfg.model_dump(mode="json")`); a key only one of them has counts with value None."""
+    a, b = _flat(old), _flat(new)
+    return [(k, a.get(k), b.get(k)) for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
+
+
+def config_to_record(cfg: RunConfig, run_dir: str | Path, now: str) -> Path | None:
+    """Where to record `cfg` in a run directory that keeps its history of configs: `config.yaml`
+    holds the config the run started with, and a rerun whose changes resume safely
+    (`RESUMABLE_CHANGES`) adds `config-<now>.yaml`; None when `cfg` is the newest recorded config
+    (the one a rerun is compared with). Any other change is a ConfigError listing the
+    differences: the caller checks before it touches the directory and writes (`dump_config`)
+    once the run really starts."""
+    run_dir = Path(run_dir)
+    recorded = sorted(run_dir.glob("config-*.yaml"))
+    latest = recorded[-1] if recorded else run_dir / "config.yaml"
+    if not latest.exists():
+        return latest
+    changes = config_changes(yaml.safe_load(latest.read_text()) or {}, cfg.model_dump(mode="json"))
+    if not changes:
+        return None
+    refused = [c for c in changes if c[0] not in RESUMABLE_CHANGES]
+    if refused:
+        raise ConfigError(
+            [
+                f"{run_dir}: {key}: {old!r} in the run's {latest.name}, {value!r} now"
+                for key, old, value in refused
+            ]
+            + [
+                f"{run_dir}: <root>: a changed run needs its own run_dir (or restore {latest.name}'s settings)"
+            ]
+        )
+    return run_dir / f"config-{now}.yaml"
