@@ -208,6 +208,13 @@ def _step_functions(
     optimizer, schedule = make_optimizer(optimizer_cfg), make_schedule(optimizer_cfg)
     combine = None if lora is None else functools.partial(with_adapter, spec=lora)
     dropout = 0.0 if lora is None else lora.dropout
+    # the trainable parameters' layout, which the gradient accumulator keeps: the rule table's
+    # for a full policy, replicated for an adapter
+    shardings = None
+    if mesh is not None:
+        shardings = (
+            param_dict_shardings(config, mesh) if lora is None else NamedSharding(mesh, PartitionSpec())
+        )
     rl = make_update_fn(
         functools.partial(rl_loss, config=config, loss=loss, use_old_logp=use_old_logp, lora_dropout=dropout),
         optimizer,
@@ -215,6 +222,7 @@ def _step_functions(
         schedule,
         combine,
         mesh,
+        shardings,
     )
     sft = make_update_fn(
         functools.partial(sft_loss, config=config, lora_dropout=dropout),
@@ -223,6 +231,7 @@ def _step_functions(
         schedule,
         combine,
         mesh,
+        shardings,
     )
     return optimizer, rl, sft, make_logprob_fn(config, mesh)
 

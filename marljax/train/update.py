@@ -21,7 +21,7 @@ from collections.abc import Callable
 import jax
 import jax.numpy as jnp
 import optax
-from jax.sharding import Mesh
+from jax.sharding import Mesh, NamedSharding
 
 from marljax import kernels
 from marljax.models.config import ModelConfig
@@ -120,17 +120,27 @@ def micro_weights(loss_mask: jax.Array, agg_mode: str) -> tuple[jax.Array, jax.A
     return share(tokens if agg_mode == "token-mean" else seqs), share(tokens)
 
 
-def accumulate(loss_fn: Callable, params, batch: dict, agg_mode: str):
-    """(loss, grads, metrics) of the whole batch, one micro-batch at a time."""
+def accumulate(loss_fn: Callable, params, batch: dict, agg_mode: str, shardings=None):
+    """(loss, grads, metrics) of the whole batch, one micro-batch at a time. `shardings` (a tree
+    like `params`, or one sharding for all): the gradient accumulator's layout, which the
+    partitioner would otherwise guess (it may split a layer axis the parameters do not split,
+    then move the whole array back every micro-batch)."""
     loss_w, token_w = micro_weights(batch["loss_mask"], agg_mode)
     grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+
+    def pinned(tree):
+        if shardings is None:
+            return tree
+        if isinstance(shardings, NamedSharding):
+            return jax.tree.map(lambda x: jax.lax.with_sharding_constraint(x, shardings), tree)
+        return jax.lax.with_sharding_constraint(tree, shardings)
 
     def add(acc, mb, lw, tw):
         (loss, metrics), grads = grad_fn(params, mb)
         g_acc, l_acc, m_acc = acc
         # in the parameter dtype: a float32 weight times bfloat16 gradients promotes to float32,
         # and the scan's carry must keep its dtype (bfloat16 parameters could not train otherwise)
-        g_acc = jax.tree.map(lambda a, g: (a + lw * g).astype(a.dtype), g_acc, grads)
+        g_acc = pinned(jax.tree.map(lambda a, g: (a + lw * g).astype(a.dtype), g_acc, pinned(grads)))
         m_acc = {k: m_acc[k] + tw * v for k, v in metrics.items()}
         return g_acc, l_acc + lw * loss, m_acc
 
@@ -140,7 +150,7 @@ def accumulate(loss_fn: Callable, params, batch: dict, agg_mode: str):
 
     _, metrics_shape = jax.eval_shape(loss_fn, params, jax.tree.map(lambda x: x[0], batch))
     zeros = (
-        jax.tree.map(jnp.zeros_like, params),
+        pinned(jax.tree.map(jnp.zeros_like, params)),
         jnp.zeros((), jnp.float32),
         {k: jnp.zeros((), jnp.float32) for k in metrics_shape},
     )
@@ -176,6 +186,7 @@ def make_update_fn(
     schedule: optax.Schedule | None = None,
     combine: Callable | None = None,
     mesh: Mesh | None = None,
+    shardings=None,
 ):
     """Jitted `update(params, opt_state, batch, frozen=None) -> (params, opt_state, metrics)`;
     params and optimiser state buffers are donated. The metrics include `skipped`, and `lr`
@@ -184,12 +195,13 @@ def make_update_fn(
     With `combine`, `params` are only the trainable part and the loss sees
     `combine(params, frozen)` (adapter policies: the frozen base with the adapter): gradients,
     optimiser state and the step cover `params` alone, and `frozen` is neither donated nor
-    changed."""
+    changed. `mesh`: the activations' (see the module doc); `shardings`: the parameters', which
+    the gradient accumulator keeps (`accumulate`)."""
 
     def update(params, opt_state, batch, frozen=None):
         fn = loss_fn if combine is None else (lambda p, mb: loss_fn(combine(p, frozen), mb))
         with activation_sharding(mesh):
-            loss, grads, metrics = accumulate(fn, params, batch, agg_mode)
+            loss, grads, metrics = accumulate(fn, params, batch, agg_mode, shardings)
         params, opt_state, grad_norm, skipped = guarded_step(optimizer, params, opt_state, grads, loss)
         return (
             params,
