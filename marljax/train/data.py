@@ -48,7 +48,8 @@ def load_problems(path, schema: str = "auto") -> list[Problem]:
     """Problems of a JSONL file (``.gz`` is decompressed); blank lines are skipped.
 
     Raises :class:`DataError` naming ``path:line`` for invalid JSON, a row that
-    does not fit its schema, or an id seen before (naming both lines).
+    does not fit its schema, or an id seen before (naming both lines), and naming the file when
+    it holds no rows.
     """
     path = os.fspath(path)
     problems, first_seen = [], {}
@@ -73,6 +74,8 @@ def load_problems(path, schema: str = "auto") -> list[Problem]:
         raise DataError(f"{path}: no such file") from None
     except (OSError, EOFError, UnicodeDecodeError) as e:  # a truncated or non-gzip .gz, bad bytes
         raise DataError(f"{path}: cannot read: {e}") from None
+    if not problems:
+        raise DataError(f"{path}: no problems (the file is empty or holds only blank lines)")
     return problems
 
 

@@ -244,6 +244,11 @@ def test_load_errors(tmp_path):
     with pytest.raises(DataError, match=rf"^{fake_gz}: cannot read"):
         load_problems(fake_gz)
 
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("\n  \n")
+    with pytest.raises(DataError, match=rf"^{empty}: no problems"):
+        load_problems(empty)
+
 
 def test_humaneval_real_data():
     if not HUMANEVAL.exists():
