@@ -302,7 +302,7 @@ def test_unknown_workflow_kind(tmp_path):
 
 def test_mesh_devices_must_fill_mesh(tmp_path):
     msg = only_problem(tmp_path, with_(**{"policies.main.mesh.fsdp": 2, "policies.main.mesh.devices": [0]}))
-    assert ": policies.main.mesh.devices: need data*fsdp*tensor = 2 devices" in msg
+    assert ": policies.main.mesh.devices: need data*fsdp*tensor (x dcn) = 2 devices" in msg
 
 
 def test_multiple_errors_reported_together(tmp_path):
@@ -384,6 +384,16 @@ def test_override_adds_new_policy(tmp_path):
     # a new entry is validated like any other, and its errors are blamed on the overrides
     msg = only_problem(tmp_path, MINIMAL, ["policies.critic.model.presetx=tiny-qwen2"])
     assert msg.startswith("<overrides>: policies.critic.model.presetx: unknown key"), msg
+
+
+def test_override_of_a_misspelt_policy_or_agent_names_the_real_one(tmp_path):
+    msg = only_problem(tmp_path, MINIMAL, ["policies.mian.optimizer.lr=1e-5"])
+    assert msg == (
+        "<overrides>: policies.mian: no policy 'mian' in the config; did you mean 'main'? "
+        "(a new one needs a name unlike the others')"
+    ), msg
+    msg = only_problem(tmp_path, MINIMAL, ["agents.solvr.policy=main"])
+    assert msg.startswith("<overrides>: agents.solvr: no agent 'solvr' in the config; did you mean 'solver'?")
 
 
 def test_override_errors_blame_overrides(tmp_path):

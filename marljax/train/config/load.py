@@ -48,8 +48,14 @@ def _split_override(item: str) -> tuple[tuple[str, ...], Any]:
     return parts, value
 
 
+# top-level mappings of named entries, where a key of an override may add an entry
+NAMED_ENTRIES = {"policies": "policy", "agents": "agent"}
+
+
 def apply_overrides(data: Mapping[str, Any], overrides: Sequence[str]) -> dict:
-    """A copy of `data` with each `dotted.key=value` set in order (value parsed as YAML)."""
+    """A copy of `data` with each `dotted.key=value` set in order (value parsed as YAML). A key
+    that would add a policy or agent named almost like one the config has is an error naming
+    that one (a typo would otherwise make a half-defined entry and a misleading message)."""
     out = copy.deepcopy(dict(data))
     errors = []
     for item in overrides:
@@ -58,6 +64,15 @@ def apply_overrides(data: Mapping[str, Any], overrides: Sequence[str]) -> dict:
         except ValueError as e:
             errors.append(f"{OVERRIDES}: {item.partition('=')[0] or '<empty>'}: {e} (got {item!r})")
             continue
+        if len(parts) > 2 and parts[0] in NAMED_ENTRIES and isinstance(out.get(parts[0]), dict):
+            names = out[parts[0]]
+            close = difflib.get_close_matches(parts[1], list(names), n=1)
+            if parts[1] not in names and close:  # a typo, which would add a half-defined entry
+                errors.append(
+                    f"{OVERRIDES}: {parts[0]}.{parts[1]}: no {NAMED_ENTRIES[parts[0]]} {parts[1]!r} in the "
+                    f"config; did you mean {close[0]!r}? (a new one needs a name unlike the others')"
+                )
+                continue
         node = out
         for i, part in enumerate(parts[:-1]):
             child = node.get(part)
