@@ -5,6 +5,8 @@ marljax eval CONFIG [--search] [key=value ...]  held-out evaluation of the newes
 marljax export RUN_DIR --policy NAME OUT_DIR a policy's trained weights as an HF directory (adapters: PEFT)
 marljax plot RUN_DIR                         metric curves to RUN_DIR/plots/*.png
 marljax rollouts RUN_DIR [--step N] [--agent A] [--limit K]  a logged step's samples (train.log_rollouts)
+marljax compile CONFIG --topology v5p:4x4x4 [key=value ...]  compile each policy's programs ahead of time
+                                             and report their memory per device (see marljax.train.aot)
 marljax demo [...]                           the embedded demonstration
 """
 
@@ -96,6 +98,77 @@ def cmd_rollouts(args) -> int:
     return 0
 
 
+COMPILE_HELP = (
+    "Compiles each policy's update step and its sampler's prefill and decode programs ahead of time "
+    "for a TPU topology (libtpu, no TPU needed) or N fake CPU devices, and prints per policy and "
+    "program the per-device arguments, outputs, temporaries, FLOPs and collectives beside the memory "
+    "estimate and the chip's memory. A program does not fit when arguments + outputs - donated buffers "
+    "+ temporaries + the policy's resident state it does not take exceed the chip's memory; the exit "
+    "status is then 1, naming the policy and the program."
+)
+
+
+def cmd_compile(args) -> int:
+    import os
+
+    if args.devices is not None:
+        if args.devices < 1:
+            raise SystemExit(f"--devices must be at least 1, got {args.devices}")
+        os.environ.setdefault("JAX_PLATFORMS", "cpu")
+        import jax
+
+        try:
+            jax.config.update("jax_num_cpu_devices", args.devices)
+        except RuntimeError as e:
+            raise SystemExit(f"--devices {args.devices}: {e}") from None
+    if args.num_slices < 1:
+        raise SystemExit(f"--num-slices must be at least 1, got {args.num_slices}")
+    from marljax.train import aot
+    from marljax.train.config import load_config
+
+    programs = [p.strip() for p in args.programs.split(",") if p.strip()]
+    bad = [p for p in programs if p not in ("update", "prefill", "decode")]
+    if bad or not programs:
+        raise SystemExit(f"--programs {args.programs!r}: choose from update, prefill, decode")
+    cfg = load_config(args.config, args.overrides)
+    unknown = [p for p in args.policy or () if p not in cfg.policies]
+    if unknown:
+        raise SystemExit(f"--policy {unknown[0]!r}: not in {args.config}; policies: {sorted(cfg.policies)}")
+    try:
+        if args.topology is not None:
+            devices, tpu = aot.topology_devices(args.topology, args.num_slices), True
+        else:
+            import jax
+
+            if args.num_slices != 1:
+                raise aot.CompileError("--num-slices needs --topology")
+            devices = jax.devices("cpu") if args.devices is not None else jax.devices()
+            tpu = devices[0].platform == "tpu"
+        print(f"target: {aot.describe_target(devices)}", flush=True)
+        reports = aot.compile_run(
+            cfg,
+            devices,
+            seq_len=args.seq_len,
+            micro_batches=args.micro_batches,
+            programs=programs,
+            tpu=tpu,
+            policies=args.policy,
+            dump_to=args.dump,
+            out=lambda text: print(text, flush=True),
+        )
+    except aot.CompileError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    failed = [r for r in reports if not r.fits]
+    for r in failed:
+        needs = (
+            r.error
+            or f"needs {aot.memory._bytes(r.peak)} per device, the device has {aot.memory._bytes(r.limit)}"
+        )
+        print(f"error: policy {r.policy!r} {r.program} does not fit: {needs}", file=sys.stderr)
+    return 1 if failed else 0
+
+
 def _ranges(steps: list[int]) -> str:
     """The logged steps, shortened for a long run: `10, 20, 30, ..., 990, 1000 (100 steps)`."""
     if len(steps) <= 8:
@@ -146,13 +219,34 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--agent", help="only this agent's samples")
     p.add_argument("--limit", type=int, help="show at most this many samples")
     p.set_defaults(fn=cmd_rollouts)
+    p = commands.add_parser(
+        "compile", help="compile a run's programs ahead of time for a topology", description=COMPILE_HELP
+    )
+    p.add_argument("config", help="YAML run config")
+    p.add_argument("overrides", nargs="*", help="dotted.key=value, as for train")
+    target = p.add_mutually_exclusive_group()
+    target.add_argument("--topology", help="TPU topology to compile for, e.g. v5p:4x4x4 or v5e:4x4 (libtpu)")
+    target.add_argument("--devices", type=int, help="compile for N fake CPU devices instead")
+    p.add_argument("--num-slices", type=int, default=1, help="slices of --topology (multislice)")
+    p.add_argument(
+        "--seq-len", type=int, help="update tokens per row (default max_prompt_len + max_new_tokens)"
+    )
+    p.add_argument(
+        "--micro-batches", type=int, help="micro-batches per update (default from buffer.threshold)"
+    )
+    p.add_argument("--programs", default="update,prefill,decode", help="comma-separated subset to compile")
+    p.add_argument("--policy", action="append", help="only this policy (repeatable)")
+    p.add_argument(
+        "--dump", metavar="DIR", help="write XLA's dumps (HLO, buffer assignment) of each program to DIR"
+    )
+    p.set_defaults(fn=cmd_compile)
     commands.add_parser("demo", help="run the embedded demonstration", add_help=False)
     args, rest = parser.parse_known_args(argv)
     if args.command == "demo":
         from marljax.demo.__main__ import main as demo_main
 
         return demo_main(rest)
-    if args.command in ("train", "eval"):  # overrides may also follow an option such as --search
+    if args.command in ("train", "eval", "compile"):  # overrides may also follow an option such as --search
         args.overrides += [r for r in rest if "=" in r and not r.startswith("-")]
         rest = [r for r in rest if r not in args.overrides]
     if rest:

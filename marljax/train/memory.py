@@ -12,20 +12,36 @@ running; the phases on one device run one at a time:
   compute-dtype copies of the parameters and gradients where the compute dtype is wider.
 - sampling: the weights' copies in the sampler's compute dtype where it differs from the
   parameter dtype (two: the prefill's and the decode loop's, each a program's temporaries), the
-  KV cache of the sampler's slots, and the `[slots, vocab]` float32 logits of a step.
+  KV cache of the sampler's slots, and the `[slots, vocab]` float32 logits of a step; where the
+  sampler's mesh splits the weights over `fsdp`, every weight gathered whole in the compute dtype
+  (XLA gathers them once per call, out of the decode loop) instead of those copies. The prefill of a full slot batch
+  adds one layer's intermediates for every slot's prompt (`prefill`, given the prompt length).
 
 `peak` is the resident state plus the larger transient; `team_bytes` (several policies on one
 device) is every policy's resident state, each frozen base once, and the largest transient of any
 policy in either phase.
 
-Activations are an estimate of what one micro-batch keeps for the backward pass:
+Activations are an estimate of what one micro-batch keeps for the backward pass, per device
+(the model pins activations to rows over `data x fsdp`, so a device holds `rows = micro_batch_size
+/ (data x fsdp)` rows; H / K query / kv heads and F mlp width are those on this device, split over
+`tensor`; D hidden, hd head dim, L layers, T tokens per row), by `model.remat`, the named policy
+of what each layer saves (`marljax.models.decoder.REMAT_SAVES`), per token and layer:
 
-- remat off: every layer's intermediates, per token about
-  `4 D + (3 H + 4 K) hd + 4 F` values plus `2 H T` float32 attention scores
-  (D hidden, F mlp, H / K query / kv heads on this device, hd head dim);
-- remat on (`model.remat`): the layer inputs `L x D` per token, plus one
-  layer's intermediates while it is recomputed;
-- plus the loss head: `[rows, 256, V]` float32 logit chunks (x3 with grads).
+- none: every intermediate, about `4 D + (3 H + 4 K) hd + 4 F` values plus `2 H T` float32
+  attention scores;
+- full: the layer input, `D`;
+- save_qkv_proj: the input and the q / k / v projections, `D + (H + 2 K) hd`;
+- dots: the input and every weight matmul's output (q / k / v, the attention output projection,
+  gate, up, down), `3 D + (H + 2 K) hd + 2 F`;
+- minimal: dots and the attention context, `3 D + (2 H + 2 K) hd + 2 F`;
+- the backward pass holds either one layer's intermediates while it is recomputed (the `none`
+  figure; with remat only) or the loss head's, whichever is larger: two `[rows, 256, V]` float32
+  logit chunks (the logits and their gradient) and, where `fsdp` splits the weights, the
+  (un)embedding gathered whole, twice in the compute dtype, and its float32 gradient,
+  `V x D x (2 cd + 4)` bytes.
+
+These were fitted to the temporaries of the compiled update for TPU v5p (`marljax compile`:
+Qwen2.5-0.5B at fsdp 8 and 64, a Llama-3-8B shape at fsdp 64; benchmarks/RESULTS.md).
 
 Compute dtype. With `param_dtype` narrower than the compute dtype (bfloat16 storage, float32
 compute) the update casts the parameters to the compute dtype and holds the gradients in it
@@ -43,10 +59,11 @@ the frozen base is counted as `base`, once per base for a team (`team_bytes`), w
 sampler layout of its own. A team of adapters on one base samples in one call: the base's
 compute-dtype copies once, plus the team's adapters stacked (`stack_adapters`) and their copies.
 
-Knobs to fit: `model.remat`, `micro_batch_size` (rows per forward/backward),
-`mesh.fsdp` / `mesh.tensor` (split parameters, moments and gradients), `sampler.slots` (KV cache
-and logits), `model.param_dtype` / `dtype` (bfloat16 halves the state; on CPU sampling and updates
-still make float32 copies of the weights, so it saves the resident state only).
+Knobs to fit: `model.remat` (memory: none > minimal > dots > save_qkv_proj > full),
+`micro_batch_size` (rows per forward/backward), `mesh.fsdp` / `mesh.tensor` (split parameters,
+moments and gradients), `sampler.slots` (KV cache and logits), `model.param_dtype` / `dtype`
+(bfloat16 halves the state; on CPU sampling and updates still make float32 copies of the
+weights, so it saves the resident state only).
 """
 
 from __future__ import annotations
@@ -112,8 +129,8 @@ class MemoryEstimate:
     sampler_copy: int
     activations: int  # one micro-batch, with the configured remat
     compute_copy: int  # the update's parameters and gradients in the compute dtype, where it is wider
-    activations_alt: int  # the same with remat toggled
-    remat: bool
+    activations_alt: int  # the same with the other end of remat (`full` for `none`, else `none`)
+    remat: str  # the named remat policy (`ModelConfig.remat`)
     rows: int  # rows of a micro-batch on one device
     seq_len: int
     kv_per_sequence: int  # sampler KV cache of one sequence of seq_len tokens
@@ -123,6 +140,8 @@ class MemoryEstimate:
     sampler_weights: int = 0  # the model's weights in the sampler's layout (an adapter policy's: the base's)
     sampling_copies: float = 0.0  # compute-dtype copies a sampling call holds, per byte of its weights
     logits_per_slot: int = 0  # a decode step's float32 logits of one slot
+    prefill_activations: int = 0  # one layer's intermediates for a full slot batch's prompts (`prompt_len`)
+    gathered: int = 0  # weights a sampling step gathers whole where the sampler's mesh splits them on fsdp
 
     @property
     def kv_cache(self) -> int:
@@ -149,13 +168,20 @@ class MemoryEstimate:
         return sampling_bytes([self])
 
     @property
+    def prefill(self) -> int:
+        """Transient bytes of a sampling call's prefill of every slot (with `prompt_len`)."""
+        return self.sampling + self.prefill_activations
+
+    @property
     def peak(self) -> int:
         return self.state + max(self.update, self.sampling)
 
     def report(self, optimizer: str = "adamw", device_limit: int | None = None) -> str:
         n = self.policy
         mesh = " ".join(f"{a}={self.mesh_shape.get(a, 1)}" for a in MESH_AXES)
-        copies = self.sampling - self.kv_cache - self.logits - (self.params if self.base else 0)
+        copies = (
+            self.sampling - self.kv_cache - self.logits - self.gathered - (self.params if self.base else 0)
+        )
         lines = [
             f"memory estimate, policy {n!r} ({_bytes(self.total_params)} of parameters; mesh {mesh}; per device):",
             f"  resident: {'adapter' if self.base else 'parameters'} {_bytes(self.params)} + optimizer "
@@ -168,8 +194,8 @@ class MemoryEstimate:
             )
             + f" = {_bytes(self.state)}",
             f"  update: gradients {_bytes(self.gradients)} + activations per micro-batch ({self.rows} rows x "
-            f"{self.seq_len} tokens) ~{_bytes(self.activations)} with remat {'on' if self.remat else 'off'} "
-            f"(~{_bytes(self.activations_alt)} with remat {'off' if self.remat else 'on'})"
+            f"{self.seq_len} tokens) ~{_bytes(self.activations)} with remat {self.remat} "
+            f"(~{_bytes(self.activations_alt)} with remat {_other_remat(self.remat)})"
             + (
                 f" + compute-dtype copies of parameters and gradients {_bytes(self.compute_copy)}"
                 if self.compute_copy
@@ -179,6 +205,7 @@ class MemoryEstimate:
             f"  sampling: KV cache {_bytes(self.kv_cache)} ({self.slots} slots x {_bytes(self.kv_per_sequence)})"
             f" + logits {_bytes(self.logits)}"
             + (f" + compute-dtype weight copies (prefill, decode) {_bytes(copies)}" if copies else "")
+            + (f" + weights gathered over fsdp {_bytes(self.gathered)}" if self.gathered else "")
             + (f" + stacked adapter {_bytes(self.params)}" if self.base else "")
             + f" = ~{_bytes(self.sampling)}",
             f"  peak ~{_bytes(self.peak)} (resident + the larger phase: "
@@ -194,16 +221,50 @@ class MemoryEstimate:
         return "\n".join(lines)
 
 
-def _activations(c: ModelConfig, rows: int, T: int, tensor: int, remat: bool) -> int:
+def _other_remat(remat: str) -> str:
+    return "full" if remat == "none" else "none"
+
+
+def _saved_per_token(remat: str, D: int, H: int, K: int, F: int, hd: int) -> int:
+    """Compute-dtype values one layer saves per token under the remat policy (module doc)."""
+    dots = 3 * D + (H + 2 * K) * hd + 2 * F
+    saves = {
+        "full": D,
+        "save_qkv_proj": D + (H + 2 * K) * hd,
+        "dots": dots,
+        "minimal": dots + H * hd,
+    }
+    if remat not in saves:
+        raise ValueError(f"remat must be one of none, {', '.join(saves)}; got {remat!r}")
+    return saves[remat]
+
+
+def _split(c: ModelConfig, tensor: int) -> tuple[int, int, int]:
+    """(query heads, kv heads, mlp width) on one device: split over `tensor` where they divide."""
+    return tuple(
+        n // tensor if n % tensor == 0 else n for n in (c.num_heads, c.num_kv_heads, c.intermediate_size)
+    )
+
+
+def _layer_bytes(c: ModelConfig, rows: int, T: int, tensor: int) -> int:
+    """One layer's intermediates for `rows x T` tokens (module doc, remat none)."""
+    H, K, F = _split(c, tensor)
     cd = np.dtype(c.dtype).itemsize
-    H = c.num_heads // tensor if c.num_heads % tensor == 0 else c.num_heads
-    K = c.num_kv_heads // tensor if c.num_kv_heads % tensor == 0 else c.num_kv_heads
-    F = c.intermediate_size // tensor if c.intermediate_size % tensor == 0 else c.intermediate_size
+    return rows * T * (cd * (4 * c.hidden_size + (3 * H + 4 * K) * c.head_dim + 4 * F) + 4 * 2 * H * T)
+
+
+def _activations(c: ModelConfig, rows: int, T: int, tensor: int, remat: str, fsdp: int = 1) -> int:
+    cd = np.dtype(c.dtype).itemsize
+    H, K, F = _split(c, tensor)
     D, hd = c.hidden_size, c.head_dim
-    layer = rows * T * (cd * (4 * D + (3 * H + 4 * K) * hd + 4 * F) + 4 * 2 * H * T)
-    saved = c.num_layers * rows * T * D * cd + layer if remat else c.num_layers * layer
-    head = 3 * rows * min(LOGIT_CHUNK, T) * c.vocab_size * 4 + 2 * rows * T * D * cd
-    return saved + head
+    layer = _layer_bytes(c, rows, T, tensor)
+    head = 2 * rows * min(LOGIT_CHUNK, T) * c.vocab_size * 4 + 2 * rows * T * D * cd
+    if fsdp > 1:  # the gathered (un)embedding: two compute-dtype copies and a float32 gradient
+        head += c.vocab_size * D * (2 * cd + 4) // (tensor if c.vocab_size % tensor == 0 else 1)
+    if remat == "none":
+        return c.num_layers * layer + head
+    saved = c.num_layers * rows * T * cd * _saved_per_token(remat, D, H, K, F, hd)
+    return saved + max(layer, head)
 
 
 def estimate(
@@ -215,23 +276,27 @@ def estimate(
     seq_len: int = 1024,
     optimizer: str = "adamw",
     reference: bool = False,
-    remat: bool | None = None,
+    remat: str | bool | None = None,
     sampler_mesh_shape: Mapping[str, int] | None = None,
     platform: str | None = None,
     sampler_slots: int = 64,
     lora: LoraSpec | None = None,
     base_key: Any = None,
+    prompt_len: int | None = None,
 ) -> MemoryEstimate:
     """Per-device estimate for a model, mesh and update settings (no devices needed: plan ahead).
 
     `sampler_mesh_shape`: the sampler's layout when it differs (a second copy of the parameters).
     `sampler_slots`: sequences the sampler decodes at once (`sampler.slots`), over its data axes.
+    `remat`: a named remat policy (default `config.remat`; True / False read as full / none).
     `platform`: the JAX backend ("cpu" computes bfloat16 in float32; see the module doc).
     `lora`: an adapter policy's adapter on this (frozen) model; `base_key` names its base.
+    `prompt_len`: the sampler's prompt bucket, for the prefill's activations (`prefill_activations`:
+    one layer's intermediates for every slot's prompt; 0 when not given).
     """
     shape = {a: int((mesh_shape or {}).get(a, 1)) for a in MESH_AXES}
     total, params = param_bytes(config, shape)
-    remat = config.remat != "none" if remat is None else remat
+    remat = config.remat if remat is None else {True: "full", False: "none"}.get(remat, remat)
     rows = max(1, micro_batch_size // (shape["data"] * shape["fsdp"]))
     copy = param_bytes(config, sampler_mesh_shape)[1] if sampler_mesh_shape is not None else 0
     sampler_weights = copy or params
@@ -247,9 +312,11 @@ def estimate(
         * config.head_dim
         * np.dtype(config.dtype).itemsize
     )
+    sampler = {a: int((sampler_mesh_shape or shape).get(a, 1)) for a in MESH_AXES}
+    slots = -(-sampler_slots // (sampler["data"] * sampler["fsdp"]))
     base = 0
-    activations = _activations(config, rows, seq_len, shape["tensor"], remat)
-    activations_alt = _activations(config, rows, seq_len, shape["tensor"], not remat)
+    activations = _activations(config, rows, seq_len, shape["tensor"], remat, shape["fsdp"])
+    activations_alt = _activations(config, rows, seq_len, shape["tensor"], _other_remat(remat), shape["fsdp"])
     compute_copy = int(2 * params * widen) if widen > 1 else 0
     if lora is not None:
         # the frozen base and its copy in a sampler layout of its own: shared by the adapters on it
@@ -275,15 +342,30 @@ def estimate(
         rows=rows,
         seq_len=seq_len,
         kv_per_sequence=kv,
-        slots=-(
-            -sampler_slots // math.prod((sampler_mesh_shape or shape).get(a, 1) for a in ("data", "fsdp"))
-        ),
+        slots=slots,
         base=base,
         base_key=base_key,
         sampler_weights=sampler_weights,
         # the prefill's and the decode loop's copies, where the weights are cast
         sampling_copies=2 * widen if widen != 1 else 0.0,
         logits_per_slot=4 * config.vocab_size,
+        gathered=_gathered(config, sampler_mesh_shape or shape, compute),
+        prefill_activations=0
+        if prompt_len is None
+        else _layer_bytes(config, slots, prompt_len, sampler["tensor"]),
+    )
+
+
+def _gathered(c: ModelConfig, mesh_shape: Mapping[str, int], compute: int) -> int:
+    """Bytes a sampling call gathers over `fsdp`: every weight, in the compute dtype (split over
+    `tensor` where it divides): XLA hoists the gathers out of the decode loop."""
+    if mesh_shape.get("fsdp", 1) == 1:
+        return 0
+    t = mesh_shape.get("tensor", 1)
+    embed = c.vocab_size * c.hidden_size
+    rest = c.num_params() - embed * (1 if c.tie_word_embeddings else 2)
+    return compute * (
+        embed * (1 if c.tie_word_embeddings else 2) // (t if c.vocab_size % t == 0 else 1) + rest // t
     )
 
 
@@ -299,7 +381,9 @@ def sampling_bytes(estimates: Sequence[MemoryEstimate]) -> int:
     sampler's slots and a step's logits; adapters are stacked into one array for the call."""
     e = estimates[0]
     adapters = sum(x.params for x in estimates) if e.base else 0
-    return adapters + int(e.sampling_copies * (e.sampler_weights + adapters)) + e.kv_cache + e.logits
+    # weights gathered over fsdp are cast as they are gathered: no copy of their own
+    copies = int(e.sampling_copies * ((0 if e.gathered else e.sampler_weights) + adapters))
+    return adapters + copies + e.gathered + e.kv_cache + e.logits
 
 
 def team_bytes(estimates: Sequence[MemoryEstimate]) -> int:

@@ -8,7 +8,7 @@ from pathlib import Path
 import jax
 import pytest
 
-from marljax.models.config import ModelConfig
+from marljax.models.config import REMAT_POLICIES, ModelConfig
 from marljax.models.lora import LoraSpec
 from marljax.train.config import PolicyConfig, load_config
 from marljax.train.memory import (
@@ -51,9 +51,10 @@ def test_parameter_and_optimizer_bytes_are_the_real_ones(optimizer, param_dtype)
 
 def test_activations_shrink_with_remat_and_micro_batches():
     cfg = ModelConfig.preset("qwen3-0.6b", dtype="bfloat16", param_dtype="bfloat16")
-    big = estimate(cfg, micro_batch_size=8, seq_len=2048, remat=False)
-    remat = estimate(cfg, micro_batch_size=8, seq_len=2048, remat=True)
-    small = estimate(cfg, micro_batch_size=2, seq_len=2048, remat=False)
+    big = estimate(cfg, micro_batch_size=8, seq_len=2048, remat="none")
+    remat = estimate(cfg, micro_batch_size=8, seq_len=2048, remat="full")
+    small = estimate(cfg, micro_batch_size=2, seq_len=2048, remat="none")
+    assert estimate(cfg, micro_batch_size=8, seq_len=2048, remat=True).activations == remat.activations
     sharded = estimate(cfg, mesh_shape={"fsdp": 4, "tensor": 2}, micro_batch_size=8, seq_len=2048)
     assert remat.activations < big.activations / 4 and remat.activations_alt == big.activations
     assert small.activations * 3 < big.activations
@@ -63,13 +64,48 @@ def test_activations_shrink_with_remat_and_micro_batches():
     for word in (
         "parameters",
         "optimizer (adamw, 2 moments)",
-        "remat off",
+        "with remat none",
         "DOES NOT FIT",
         ".model.remat",
         ".micro_batch_size",
         ".mesh.fsdp",
     ):
         assert word in text, (word, text)
+
+
+def test_named_remat_policies_save_what_they_name():
+    # tiny-llama: D 64, F 128, 4 query heads and 2 kv heads of 16, float32; 2 layers
+    cfg = ModelConfig.preset("tiny-llama")
+    rows, T = 2, 64
+    e = {r: estimate(cfg, micro_batch_size=rows, seq_len=T, remat=r) for r in REMAT_POLICIES}
+    assert e["full"].activations < e["save_qkv_proj"].activations < e["dots"].activations
+    assert e["dots"].activations < e["minimal"].activations < e["none"].activations
+    per_token = {  # values saved per token and layer (memory.py's doc)
+        "full": 64,
+        "save_qkv_proj": 64 + (4 + 2 * 2) * 16,
+        "dots": 3 * 64 + (4 + 2 * 2) * 16 + 2 * 128,
+        "minimal": 3 * 64 + (4 + 2 * 2) * 16 + 2 * 128 + 4 * 16,
+    }
+    for r, values in per_token.items():
+        # the policies differ only in what the layers keep: layers x rows x T x values x 4 bytes
+        assert e[r].activations - e["full"].activations == 2 * rows * T * (values - 64) * 4, r
+        assert e[r].remat == r and e[r].activations_alt == e["none"].activations
+    assert e["none"].activations_alt == e["full"].activations
+    # rows split over data x fsdp: 8 rows on data=4 keep what 2 rows keep on one device
+    assert estimate(cfg, micro_batch_size=8, seq_len=T, remat="dots", mesh_shape={"data": 4}).activations == (
+        e["dots"].activations
+    )
+    # the backward pass holds the larger of one layer's recompute and the loss head; on fsdp=4 the
+    # head also holds the gathered embedding (twice, float32 compute here) and its float32 gradient
+    layer = rows * T * (4 * (4 * 64 + (3 * 4 + 4 * 2) * 16 + 4 * 128) + 4 * 2 * 4 * T)
+    head = 2 * rows * 256 // 4 * 512 * 4 + 2 * rows * T * 64 * 4  # chunks of min(256, T) = 64
+    assert layer > head  # so one device holds one layer's recompute ...
+    fsdp = estimate(cfg, micro_batch_size=8, seq_len=T, remat="dots", mesh_shape={"fsdp": 4})
+    gathered = 512 * 64 * (2 * 4 + 4)
+    assert head + gathered > layer  # ... and on fsdp=4 the head with the gathered embedding
+    assert fsdp.activations - e["dots"].activations == head + gathered - layer
+    with pytest.raises(ValueError, match="remat must be one of"):
+        estimate(cfg, remat="some")
 
 
 def test_trainer_prints_the_estimate_at_start(tmp_path, caplog):
