@@ -14,8 +14,9 @@ running; the phases on one device run one at a time:
   parameter dtype (two: the prefill's and the decode loop's, each a program's temporaries), the
   KV cache of the sampler's slots, and the `[slots, vocab]` float32 logits of a step; where the
   sampler's mesh splits the weights over `fsdp`, every weight gathered whole in the compute dtype
-  (XLA gathers them once per call, out of the decode loop) instead of those copies. The prefill of a full slot batch
-  adds one layer's intermediates for every slot's prompt (`prefill`, given the prompt length).
+  (XLA gathers them once per call, out of the decode loop) instead of those copies: an upper
+  bound for large models, whose layers XLA may gather one at a time. The prefill of a full slot
+  batch adds one layer's intermediates for every slot's prompt (`prefill`, given the prompt length).
 
 `peak` is the resident state plus the larger transient; `team_bytes` (several policies on one
 device) is every policy's resident state, each frozen base once, and the largest transient of any
@@ -358,7 +359,8 @@ def estimate(
 
 def _gathered(c: ModelConfig, mesh_shape: Mapping[str, int], compute: int) -> int:
     """Bytes a sampling call gathers over `fsdp`: every weight, in the compute dtype (split over
-    `tensor` where it divides): XLA hoists the gathers out of the decode loop."""
+    `tensor` where it divides), as XLA does for a small model by hoisting the gathers out of the
+    decode loop; an upper bound for a large one, whose layers XLA may gather one at a time."""
     if mesh_shape.get("fsdp", 1) == 1:
         return 0
     t = mesh_shape.get("tensor", 1)
