@@ -24,9 +24,9 @@ export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false MARLJAX_KEEP_HOST_
 export JAX_COMPILATION_CACHE_DIR=/tmp/marljax_jax_cache
 PY=${PY:-python3}
 if [ -n "${SMOKE:-}" ]; then
-  accel=--smoke lora=--smoke gpu=--smoke teams=2
+  accel=--smoke lora=--smoke gpu=--smoke teams=2 mfu=--smoke
 else
-  accel="" lora=--gpu gpu=--quick teams=4
+  accel="" lora=--gpu gpu=--quick teams=4 mfu="--budget 280"
 fi
 start=$SECONDS
 end=$((start + ${BUDGET:-540}))
@@ -62,6 +62,9 @@ tail -n 12 "$LOG"
 # what has no GPU numbers yet comes first (benchmarks/RESULTS.md); the limits allow for compiling
 # (a sharing-level child compiles for 20-40 s, the long tail at the 0.5B shape for minutes). The
 # adapter sampling comparison is measured: `bench_lora.py --gpu --sampling-only` reruns it (~220 s)
+# the train-step MFU of the targets (0.5B / 1.5B, cuDNN attention, remat policies): its own
+# --budget ends it before the step's limit; the JSON is rewritten after every case
+step mfu 300 $PY benchmarks/bench_mfu.py $mfu --out "$OUT/mfu.json"
 step gpu 240 $PY benchmarks/run.py --gpu $gpu --only gpu --out "$OUT/gpu"
 rm -f "$OUT/gpu/results.md"  # the markdown is in results.json; the lease returns at most 8 files
 for team in $teams; do

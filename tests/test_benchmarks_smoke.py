@@ -95,3 +95,38 @@ def test_transformers_side_builds_every_size(monkeypatch, size):
         keys["vocab_size"],
     )
     assert cfg.bos_token_id is None and cfg.eos_token_id is None and cfg.pad_token_id == 0
+
+
+@pytest.mark.slow(seconds=50)
+def test_mfu_benchmark_smoke(tmp_path):
+    """`bench_mfu.py --smoke`: the trainer's update at a tiny shape, with sane MFU and FLOP counts.
+
+    Tolerance of the FLOP cross-check: XLA's count (layers unrolled) is at least the model FLOPs with
+    full T x T attention (what the XLA path computes) and, without remat, at most 30% more (the loss's
+    and optimiser's elementwise work; at this 64-wide model with a 512-word vocabulary it is ~16%);
+    remat "full" runs the layers' forward again, so its count is larger still."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    out = tmp_path / "mfu.json"
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "bench_mfu.py"), "--smoke", "--out", str(out)],
+        check=False,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    res = json.loads(out.read_text())
+    assert res["peak_bf16_flops"] > 1e8 and "| smoke | xla | none |" in res["markdown"]
+    cases = {c["remat"]: c for c in res["cases"]}
+    assert set(cases) == {"none", "full"}
+    for c in cases.values():
+        assert "error" not in c, c.get("error")
+        assert c["tokens"] == 2 * 64 and c["step_s"] > 0 and c["compile_s"] > 0
+        assert c["tokens_per_s"] == pytest.approx(c["tokens"] / c["step_s"])
+        assert 0 < c["mfu"] < 1, c["mfu"]
+        assert c["mfu"] == pytest.approx(c["model_flops"] / c["step_s"] / res["peak_bf16_flops"])
+        assert c["model_flops"] < c["model_flops_full_attention"] <= c["xla_flops"]
+        assert c["memory"]["temp_bytes"] > 0 and c["loss"] == c["loss"]  # finite loss, not NaN
+    assert cases["none"]["xla_flops"] <= 1.3 * cases["none"]["model_flops_full_attention"]
+    assert cases["full"]["xla_flops"] > 1.1 * cases["none"]["xla_flops"]  # the recomputed forward
