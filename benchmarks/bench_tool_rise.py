@@ -5,7 +5,9 @@
 
 Prints each run's team reward per RL step, the tools' valid-call share at the end, and the rise (mean
 of the last `--window` steps minus the mean of the first ones); the spread across seeds is what a
-rise test's margin must exceed. `--set key=value` changes the run config (dotted key, YAML value);
+rise test's margin must exceed. `--evaluate N` (multi-hop workflows) also prints the team reward on
+N fresh problems of the training world before and after RL (`warm_started_run`'s `evaluate`).
+`--set key=value` changes the run config (dotted key, YAML value);
 the other settings are `marljax.demo.tools.warm_started_run`'s defaults.
 """
 
@@ -32,9 +34,15 @@ def main() -> None:
     ap.add_argument("--kl-coef", type=float, default=0.1, help="KL penalty to the warm start (0: none)")
     ap.add_argument("--window", type=int, default=4)
     ap.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE")
+    ap.add_argument(
+        "--evaluate",
+        type=int,
+        default=0,
+        help="fresh problems of the training world played before and after RL",
+    )
     args = ap.parse_args()
     changes = {k: yaml.safe_load(v) for k, v in (s.split("=", 1) for s in args.set)}
-    rises = []
+    rises, gains = [], []
     for seed in args.seeds:
         t = time.time()
         with tempfile.TemporaryDirectory() as out:
@@ -46,10 +54,15 @@ def main() -> None:
                 rl_steps=args.rl_steps,
                 kl_coef=args.kl_coef,
                 changes=changes,
+                evaluate=args.evaluate,
             )
+            path = Path(out, "evaluation.json")
+            evaluation = json.loads(path.read_text()) if args.evaluate else None
         reward = np.array([r["team/reward"] for r in records])
         rise = reward[-args.window :].mean() - reward[: args.window].mean()
         rises.append(rise)
+        if evaluation:
+            gains.append(evaluation["after"] - evaluation["before"])
         valid = [
             r.get("tools/valid_call_frac", r.get("tools/process_reward")) for r in records[-args.window :]
         ]
@@ -60,10 +73,13 @@ def main() -> None:
             "s": round(time.time() - t),
             "reward": reward.round(3).tolist(),
         }
+        if evaluation:
+            row["evaluation"] = {k: round(evaluation[k], 3) for k in ("before", "after")}
         print(json.dumps(row), flush=True)
-    print(
-        json.dumps({"kind": args.kind, "mean_rise": float(np.mean(rises)), "std_rise": float(np.std(rises))})
-    )
+    summary = {"kind": args.kind, "mean_rise": float(np.mean(rises)), "std_rise": float(np.std(rises))}
+    if gains:  # the evaluated team reward after RL minus before
+        summary.update(mean_gain=float(np.mean(gains)), std_gain=float(np.std(gains)))
+    print(json.dumps(summary))
 
 
 if __name__ == "__main__":

@@ -1,27 +1,36 @@
 import pytest
-from tool_rise import check_rise, warm_started_records
+from tool_rise import check_gain, check_rise, warm_started_records
 
 KINDS = ["sharp_tools", "dr_mas_search"]  # SHARP first: Dr. MAS then compiles little of its own
+# fresh problems of the training world SHARP's team plays before and after RL (4 chunks of a training
+# step's batch size: the RL run's compiled sampler programs serve them)
+EVALUATE = {"sharp_tools": 128}
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     out = tmp_path_factory.mktemp("rise")
-    return out, warm_started_records(KINDS, out, seed=0, rl_steps=20)
+    return out, warm_started_records(KINDS, out, seed=0, rl_steps=20, evaluate=EVALUATE)
 
 
 @pytest.mark.slow(seconds=400)
 def test_warm_started_sharp_team_reward_rises(runs):
-    # benchmarks/RESULTS.md, 2026-11-26 12:00-12:50 UTC (warm_started_run's defaults): rises +0.18,
-    # +0.43, +0.29 at seeds 0, 1, 2 (std 0.10); the margin is above that spread, below every rise
+    # benchmarks/RESULTS.md, 2026-11-27 20:25-21:40 UTC, AMD EPYC 2-core VM: the team reward on
+    # EVALUATE's 128 problems before -> after RL at seeds 0, 1, 2: 0.40 -> 0.57 (+0.17), 0.27 -> 0.67
+    # (+0.40), 0.25 -> 0.58 (+0.33); mean +0.30, std 0.09. The training-reward windows of the same
+    # runs rose 0.00, +0.34, +0.29 (Intel: +0.18, +0.43, +0.29): a 4-step window's mean moves by
+    # ~0.1 with the problems its steps drew, and seed 0 failed the old margin here. A team that does
+    # not learn gains 0 (same weights, same seeds) or, if its weights drift, about one standard
+    # deviation of two 128-episode means drawn apart (0.06): the margin is above that, below every gain
     out, records = runs
-    check_rise("sharp_tools", records["sharp_tools"], out / "sharp_tools", steps=20, window=4, margin=0.13)
+    check_gain("sharp_tools", records["sharp_tools"], out / "sharp_tools", steps=20, margin=0.10)
 
 
 @pytest.mark.slow(seconds=10)
 def test_warm_started_search_team_reward_rises(runs):
     # benchmarks/RESULTS.md, 2026-11-26 12:00-12:45 UTC (warm_started_run's defaults): rises +0.34,
-    # +0.20, +0.23 at seeds 0, 1, 2 (std 0.06); the margin is above that spread, below every rise
+    # +0.20, +0.23 at seeds 0, 1, 2 (std 0.06); the margin is above that spread, below every rise.
+    # On the AMD EPYC VM (2026-11-27) seed 0 rose +0.27
     out, records = runs
     check_rise(
         "dr_mas_search", records["dr_mas_search"], out / "dr_mas_search", steps=20, window=4, margin=0.15

@@ -1,7 +1,9 @@
-"""The warm-started rise check the `test_tool_rise_*` files share: after SFT on a sloppy teacher
-(`marljax.demo.tools.warm_started_run`) a short RL run raises the team's reward above the first
-steps' level by more than the run-to-run spread measured across seeds (benchmarks/RESULTS.md), and
-the logged rollouts show the tool calls and what the tools answered. xdist hands whole files to a
+"""The warm-started rise checks the `test_tool_rise_*` files share: after SFT on a sloppy teacher
+(`marljax.demo.tools.warm_started_run`) a short RL run raises the team's reward by more than the
+run-to-run spread measured across seeds and machines (benchmarks/RESULTS.md), and the logged
+rollouts show the tool calls and what the tools answered. The rise is measured either on the
+training rewards (`check_rise`: last steps against first steps) or, less noisily, on a fixed set
+of fresh problems the team plays before and after RL with the same seeds (`check_gain`). xdist hands whole files to a
 worker: the two search workflows share one file and one process (the second reuses most of the
 first's compiled sampler programs), the grid workflow runs in another file, on the other worker."""
 
@@ -20,21 +22,33 @@ from marljax.train import rollout_log
 RESULT = {"dr_mas_search": "[search] [1]", "sharp_tools": "[search] [1]", "at_grpo_tools": "[check_plan]"}
 
 
-def warm_started_records(kinds: list[str], out, seed: int, rl_steps: int) -> dict[str, list[dict]]:
+def warm_started_records(
+    kinds: list[str], out, seed: int, rl_steps: int, evaluate: dict[str, int] | None = None
+) -> dict[str, list[dict]]:
     """`warm_started_run` of each workflow in `kinds`, one after the other into `out/<kind>`, in one
     child process compiled at XLA's default optimisation level: these runs are execution-bound, and
     the test suite's level-0 compiles (tests/conftest.py) double them. The runs share no state but
-    JAX's compiled programs, so each one's rewards are those of a run alone."""
+    JAX's compiled programs, so each one's rewards are those of a run alone. `evaluate`: kind ->
+    fresh problems its team plays before and after RL (`out/<kind>/evaluation.json`)."""
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
     code = (
         "import json, sys; from pathlib import Path; from marljax.demo.tools import warm_started_run\n"
         "for kind in sys.argv[1].split(','):\n"
-        "    out = Path(sys.argv[2], kind)\n"
-        "    r = warm_started_run(kind, out, seed=int(sys.argv[3]), rl_steps=int(sys.argv[4]))\n"
+        "    out, n = Path(sys.argv[2], kind), json.loads(sys.argv[5]).get(kind, 0)\n"
+        "    r = warm_started_run(kind, out, seed=int(sys.argv[3]), rl_steps=int(sys.argv[4]), evaluate=n)\n"
         "    (out / 'records.json').write_text(json.dumps(r))"
     )
     subprocess.run(
-        [sys.executable, "-c", code, ",".join(kinds), str(out), str(seed), str(rl_steps)],
+        [
+            sys.executable,
+            "-c",
+            code,
+            ",".join(kinds),
+            str(out),
+            str(seed),
+            str(rl_steps),
+            json.dumps(evaluate or {}),
+        ],
         env=env,
         check=True,
         timeout=1500,
@@ -51,6 +65,22 @@ def check_rise(kind: str, records: list[dict], out, *, steps: int, window: int, 
     first, last = reward[:window].mean(), reward[-window:].mean()
     assert first < 1.0 - margin, reward  # the warm start leaves room to rise
     assert last - first > margin, reward
+    check_tool_calls(kind, out, steps)
+
+
+def check_gain(kind: str, records: list[dict], out, *, steps: int, margin: float) -> None:
+    """The team reward of `kind`'s run (directory `out`) on its fixed evaluation problems after RL
+    exceeds that before RL by `margin`, and the logged rollouts hold tool calls and tool results."""
+    assert len(records) == steps
+    evaluation = json.loads((out / "evaluation.json").read_text())
+    before, after = evaluation["before"], evaluation["after"]
+    assert before < 1.0 - margin, evaluation  # the warm start leaves room to rise
+    assert after - before > margin, (evaluation, [r["team/reward"] for r in records])
+    check_tool_calls(kind, out, steps)
+
+
+def check_tool_calls(kind: str, out, steps: int) -> None:
+    """The rollouts logged every 5 steps hold tool calls and what the tools answered."""
     logged = [r for s in range(5, steps + 1, 5) for r in rollout_log.read_step(out / "run", s)]
     text = "\n".join(r["prompt"] + r["completion"] for r in logged)
     assert "<tool_call>" in text and RESULT[kind] in text
