@@ -4,9 +4,8 @@ For each policy of a run config this builds the inputs of its programs as abstra
 (`jax.ShapeDtypeStruct`s with their shardings; no weights are loaded or allocated) on the
 policy's mesh over the target devices, lowers and compiles
 
-- `update`: the RL update step (`make_update_fn` with `rl_loss` and the policy's optimiser and
-  loss, as `Policy` builds it) on a batch `[M, micro_batch_size, T]` as `collate` makes it,
-  rows over `("data", "fsdp")`;
+- `update`: the RL update step, the trainer's own (`marljax.train.policy.step_functions`), on a
+  batch `[M, micro_batch_size, T]` as `collate` makes it, rows over `("data", "fsdp")`;
 - `prefill`: the sampler's insert of a full slot batch of prompts (`Engine._insert`);
 - `decode`: the sampler's decode loop over the whole cache (`Engine._decode`);
 
@@ -304,8 +303,7 @@ def compile_policy(
     from marljax.sampler.engine import Engine
     from marljax.sampler.schedule import Buckets, Schedule, next_bucket
     from marljax.train.batch import geometric_bucket
-    from marljax.train.optim import make_optimizer, make_schedule
-    from marljax.train.update import make_update_fn, rl_loss
+    from marljax.train.policy import step_functions
 
     options = None if dump_to is None else {"xla_dump_to": str(dump_to), "xla_dump_hlo_as_text": True}
 
@@ -382,33 +380,18 @@ def compile_policy(
         started[0] = time.perf_counter()
 
     if "update" in programs:
-        optimizer = make_optimizer(cfg.optimizer)
-        combine = frozen = None
+        frozen = None
         params = model
         if lora is not None:
             from marljax.models.lora import init_adapter
-            from marljax.train.policy import with_adapter
 
-            combine = functools.partial(with_adapter, spec=lora)
             params = _replicated(jax.eval_shape(lambda: init_adapter(config, lora, jax.random.key(0))), mesh)
             frozen = model
         loss = cfg.loss
         if loss.norm_constant is None:  # the trainer's default: the generation budget
             loss = loss.model_copy(update={"norm_constant": float(s.max_new_tokens)})
-        fn = make_update_fn(
-            functools.partial(
-                rl_loss,
-                config=config,
-                loss=loss,
-                use_old_logp=cfg.mini_batches > 1,
-                lora_dropout=0.0 if lora is None else lora.dropout,
-            ),
-            optimizer,
-            loss.agg_mode,
-            make_schedule(cfg.optimizer),
-            combine,
-            mesh=mesh,
-        )
+        # the trainer's own update program (`Policy` builds it the same way)
+        optimizer, fn, _, _ = step_functions(config, cfg.optimizer, loss, cfg.mini_batches > 1, lora, mesh)
         M = micro_batches or geometric_bucket(
             -(-cfg.buffer.threshold // (cfg.mini_batches * cfg.micro_batch_size))
         )

@@ -192,7 +192,7 @@ class BaseStore:
 
 
 @functools.lru_cache(maxsize=32)
-def _step_functions(
+def step_functions(
     config: ModelConfig,
     optimizer_cfg: OptimizerConfig,
     loss: LossConfig,
@@ -314,7 +314,7 @@ class Policy:
             self.loss = self.loss.model_copy(update={"norm_constant": norm_constant})
         self.seed = seed
         self.version = 0  # completed RL updates
-        self.optimizer, self._rl_update, self._sft_update, self._logprobs = _step_functions(
+        self.optimizer, self._rl_update, self._sft_update, self._logprobs = step_functions(
             self.config, cfg.optimizer, self.loss, cfg.mini_batches > 1, self.lora, self.mesh
         )
         self.reset_optimizer()
