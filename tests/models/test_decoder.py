@@ -4,6 +4,7 @@ unchunked) forward of the same model, which test_parity ties to transformers."""
 
 from __future__ import annotations
 
+import math
 import subprocess
 import sys
 
@@ -172,19 +173,38 @@ def test_pure_api_and_nnx_split_merge_match_module_call():
     assert float(jnp.abs(got2 - want).max()) > 1e-2
 
 
-def test_remat_changes_nothing_numerically():
+def _remat_loss(p, c, ids, mask):
+    return token_logprobs(p, ids, ids, config=c, attention_mask=mask).mean()
+
+
+@pytest.mark.parametrize("remat", ["full", "save_qkv_proj", "dots", "minimal"])
+def test_remat_changes_nothing_numerically(remat):
     model, cfg = _model("tiny-qwen3")
     params = get_params(model)
     ids, mask = _left_padded()
-
-    def loss(p, c):
-        return token_logprobs(p, ids, ids, config=c, attention_mask=mask).mean()
-
-    grad = jax.jit(jax.grad(loss), static_argnums=1)
-    g0 = grad(params, cfg)
-    g1 = grad(params, cfg.replace(remat="full"))  # ("dots" is the same code path, other policy)
+    grad = jax.jit(jax.grad(_remat_loss), static_argnums=1)
+    g0 = grad(params, cfg, ids, mask)
+    g1 = grad(params, cfg.replace(remat=remat), ids, mask)
     for a, b in zip(jax.tree.leaves(g0), jax.tree.leaves(g1)):
         np.testing.assert_allclose(a, b, atol=1e-6, rtol=1e-5)
+
+
+def test_remat_policies_keep_less_from_none_to_full():
+    """What the backward pass keeps (JAX's saved residuals): every policy keeps less than the one
+    before it in none > minimal (weight matmuls + attention output) > dots (weight matmuls) >
+    save_qkv_proj (q/k/v) > full (layer inputs), so each named policy really selects its tensors."""
+    from jax._src.ad_checkpoint import saved_residuals
+
+    model, cfg = _model("tiny-qwen3")
+    params = get_params(model)
+    ids, mask = _left_padded()
+    kept = {}
+    for remat in ("none", "minimal", "dots", "save_qkv_proj", "full"):
+        c = cfg.replace(remat=remat)
+        residuals = saved_residuals(lambda p, c=c: _remat_loss(p, c, ids, mask), params)
+        kept[remat] = sum(math.prod(aval.shape) * aval.dtype.itemsize for aval, _ in residuals)
+    sizes = list(kept.values())
+    assert all(a > b for a, b in zip(sizes, sizes[1:])), kept
 
 
 @pytest.mark.parametrize("remat", ["none", "full"])
