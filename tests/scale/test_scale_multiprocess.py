@@ -30,32 +30,40 @@ def env() -> dict:
     return out
 
 
-@pytest.mark.slow(seconds=60)
-def test_two_processes_match_one_and_share_a_checkpoint(tmp_path):
+def run_workers(script: Path, nproc: int, args: list[str], timeout: float, what: str = "") -> None:
+    """`script worker PID PORT *args` in `nproc` processes joined on one free port; each must exit 0
+    printing `worker PID[ what]: OK`. Workers still running after `timeout` seconds (a hang) are
+    killed and the test fails with their output."""
     port = free_port()
     workers = [
         subprocess.Popen(
-            [sys.executable, str(SCRIPT), "worker", str(pid), str(port), str(tmp_path)],
+            [sys.executable, str(script), "worker", str(pid), str(port), *args],
             env=env(),
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
         )
-        for pid in (0, 1)
+        for pid in range(nproc)
     ]
     logs = []
     try:
         for w in workers:
-            logs.append(w.communicate(timeout=TIMEOUT_S)[0])
+            logs.append(w.communicate(timeout=timeout)[0])
     except subprocess.TimeoutExpired:
         for w in workers:
             w.kill()
         pytest.fail(
-            f"workers did not finish within {TIMEOUT_S} s:\n"
-            + "\n".join(w.communicate()[0][-3000:] for w in workers)
+            f"{what or script.name}: {nproc} workers did not finish within {timeout} s (a hang):\n"
+            + "\n".join(w.communicate()[0][-2000:] for w in workers)
         )
+    suffix = f" {what}" if what else ""
     for pid, (w, log) in enumerate(zip(workers, logs)):
-        assert w.returncode == 0 and f"worker {pid}: OK" in log, log[-6000:]
+        assert w.returncode == 0 and f"worker {pid}{suffix}: OK" in log, log[-6000:]
+
+
+@pytest.mark.slow(seconds=60)
+def test_two_processes_match_one_and_share_a_checkpoint(tmp_path):
+    run_workers(SCRIPT, 2, [str(tmp_path)], TIMEOUT_S)
     single = subprocess.run(
         [sys.executable, str(SCRIPT), "single", str(tmp_path)],
         env=env(),

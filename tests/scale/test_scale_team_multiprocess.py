@@ -10,37 +10,15 @@ import sys
 from pathlib import Path
 
 import pytest
-from test_scale_multiprocess import env, free_port
+from test_scale_multiprocess import env
+from test_scale_multiprocess import run_workers as run_processes
 
 SCRIPT = Path(__file__).with_name("_scale_team_multiprocess.py")
 TIMEOUT_S = 600  # a run takes minutes on 2 busy cores; a hang ends here as a failure
 
 
 def run_workers(out: Path, nproc: int, mode: str) -> None:
-    port = free_port()
-    workers = [
-        subprocess.Popen(
-            [sys.executable, str(SCRIPT), "worker", str(pid), str(port), str(out), str(nproc), mode],
-            env=env(),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        for pid in range(nproc)
-    ]
-    logs = []
-    try:
-        for w in workers:
-            logs.append(w.communicate(timeout=TIMEOUT_S)[0])
-    except subprocess.TimeoutExpired:
-        for w in workers:
-            w.kill()
-        pytest.fail(
-            f"{mode}: {nproc} workers did not finish within {TIMEOUT_S} s (a hang):\n"
-            + "\n".join(w.communicate()[0][-2000:] for w in workers)
-        )
-    for pid, (w, log) in enumerate(zip(workers, logs)):
-        assert w.returncode == 0 and f"worker {pid} {mode}: OK" in log, log[-6000:]
+    run_processes(SCRIPT, nproc, [str(out), str(nproc), mode], TIMEOUT_S, what=mode)
 
 
 @pytest.mark.slow(seconds=600)
