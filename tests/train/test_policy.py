@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from marljax.train.config import PolicyConfig
-from marljax.train.policy import Policy, _step_functions
+from marljax.train.policy import Policy, step_functions
 from marljax.workflows.types import Sample
 
 
@@ -80,7 +80,7 @@ def test_the_first_shape_compiles_once(source, checkpoint):
         if source == "preset"
         else {"path": str(checkpoint("qwen3-tied-gqa2"))}
     )
-    _step_functions.cache_clear()  # the other case's model config may equal this one's
+    step_functions.cache_clear()  # the other case's model config may equal this one's
     policy = Policy("p", PolicyConfig.model_validate({"model": model, "micro_batch_size": 4}))
     lowered = []
     for _ in range(3):
