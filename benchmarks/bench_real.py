@@ -113,7 +113,12 @@ def run_config(work: Path, args) -> dict:
         dtype = args.llama_dtype if name == "coder_llama" else args.dtype
         frozen = name == "coder_llama" and not args.llama_update
         return {
-            "model": {"path": str(work / shape), "dtype": dtype, "param_dtype": dtype, "remat": args.remat},
+            "model": {
+                "path": str(work / shape),
+                "dtype": dtype,
+                "param_dtype": dtype,
+                "remat": "full" if args.remat else "none",
+            },
             # a policy that never updates keeps no Adam moments (SGD has none)
             "optimizer": {"name": "sgd" if frozen else "adamw", "lr": 1e-6},
             "loss": {"type": "ppo", "agg_mode": "token-mean"},  # what the torch side computes
@@ -354,7 +359,7 @@ def child_compare(work: Path, args) -> dict:
     # the torch side keeps its activations too
     pcfg = cfg.policies["coder_qwen"]
     pcfg = pcfg.model_copy(
-        update={"micro_batch_size": len(samples), "model": pcfg.model.model_copy(update={"remat": False})}
+        update={"micro_batch_size": len(samples), "model": pcfg.model.model_copy(update={"remat": "none"})}
     )
     pol = Policy("coder_qwen", pcfg, norm_constant=float(args.max_new_tokens), seed=cfg.seed)
     batch = pol._collate(samples)

@@ -101,6 +101,9 @@ def test_trainer_reports_agent_grad_norms_only_when_asked():
             out = {"loss": 1.0, "skipped": 0.0}
             return out if agents is None else {**out, **{f"agent_grad_norm/{a}": 2.0 for a in agents}}
 
+        def sync_sampler(self):  # one process: nothing to copy
+            pass
+
     for enabled in (False, True):
         t = Trainer.__new__(Trainer)  # only the update routing, no models
         t.policies, t.buffers = {"p": Recording()}, {"p": ExperienceBuffer(2)}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import os
 from pathlib import Path
 
 import pytest
@@ -501,6 +502,19 @@ def test_a_run_directory_keeps_its_configs_and_refuses_another_runs(tmp_path):
     assert config_to_record(longer, run, "T3") == run / "config-T3.yaml"
     dump_config(longer, run / "config-T3.yaml")
     assert config_to_record(longer, run, "T4") is None  # compared with the newest recorded one
+    # one directory named relatively or absolutely is the same setting
+    moved = config_from_dict(with_(**{"train.steps": 9, "run_dir": str(run)}))
+    dump_config(moved, run / "config-T4.yaml")
+    here = os.getcwd()
+    try:
+        os.chdir(tmp_path)
+        assert (
+            config_to_record(config_from_dict(with_(**{"train.steps": 9, "run_dir": "run"})), run, "T5")
+            is None
+        )
+    finally:
+        os.chdir(here)
+    (run / "config-T4.yaml").unlink()
     other = config_from_dict(
         with_(**{"train.steps": 9, "policies.main.model.preset": "tiny-llama", "seed": 2})
     )

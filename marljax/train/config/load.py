@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import difflib
+import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, get_args, get_origin
@@ -237,11 +238,23 @@ def _flat(tree: Any, prefix: str = "") -> dict[str, Any]:
     return {prefix[:-1]: tree}
 
 
+def _same(a: Any, b: Any) -> bool:
+    """Equal settings, counting a relative and an absolute path to one existing file as equal."""
+    if a == b:
+        return True
+    return (
+        isinstance(a, str)
+        and isinstance(b, str)
+        and (os.path.exists(a) or os.path.exists(b))
+        and os.path.realpath(a) == os.path.realpath(b)
+    )
+
+
 def config_changes(old: dict, new: dict) -> list[tuple[str, Any, Any]]:
     """`(dotted key, old value, new value)` for every setting that differs between two dumped
     configs (`cfg.model_dump(mode="json")`); a key only one of them has counts with value None."""
     a, b = _flat(old), _flat(new)
-    return [(k, a.get(k), b.get(k)) for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
+    return [(k, a.get(k), b.get(k)) for k in sorted(set(a) | set(b)) if not _same(a.get(k), b.get(k))]
 
 
 def config_to_record(cfg: RunConfig, run_dir: str | Path, now: str) -> Path | None:
