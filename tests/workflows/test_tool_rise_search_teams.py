@@ -13,7 +13,10 @@ def runs(tmp_path_factory):
     return out, warm_started_records(KINDS, out, seed=0, rl_steps=20, evaluate=EVALUATE)
 
 
-@pytest.mark.slow(seconds=400)
+# the module fixture (both runs, ~750 s on a busy 2-core CI machine) counts toward this test's time:
+# above the suite's 900 s per test, below the child process's own 1500 s limit
+@pytest.mark.timeout(1600)
+@pytest.mark.slow(seconds=750)
 def test_warm_started_sharp_team_reward_rises(runs):
     # benchmarks/RESULTS.md, 2026-11-27 20:25-21:40 UTC, AMD EPYC 2-core VM: the team reward on
     # EVALUATE's 128 problems before -> after RL at seeds 0, 1, 2: 0.40 -> 0.57 (+0.17), 0.27 -> 0.67
