@@ -6,8 +6,8 @@
 Each case is one shape x attention (XLA's from a dense mask, or "cudnn" fused flash attention) x
 remat policy, at 8 rows x 1024 tokens, bfloat16 compute, float32 master weights, the trainer's
 optimiser (`OptimizerConfig()`: AdamW, global-norm clipping) and loss (`LossConfig()`: PPO,
-token-mean). The update is built as `marljax.train.policy._step_functions` builds it
-(`make_update_fn(rl_loss ...)`, one device, no mesh), compiled ahead of time, then called
+token-mean). The update is the trainer's own (`marljax.train.policy.step_functions`, one device,
+no mesh), compiled ahead of time, then called
 `--steps` times after `--warmup` calls, each timed to `block_until_ready`.
 
 Model FLOPs per step (the useful work, what MFU counts; recomputation under remat is not):
@@ -40,7 +40,6 @@ when less than about its expected time is left of `--budget`.
 from __future__ import annotations
 
 import argparse
-import functools
 import gc
 import json
 import os
@@ -61,8 +60,7 @@ from marljax.models.config import ModelConfig  # noqa: E402
 from marljax.models.decoder import get_params, init_model  # noqa: E402
 from marljax.models.real_shapes import SHAPES as REAL_SHAPES  # noqa: E402
 from marljax.train.config import LossConfig, OptimizerConfig  # noqa: E402
-from marljax.train.optim import make_optimizer, make_schedule  # noqa: E402
-from marljax.train.update import make_update_fn, rl_loss  # noqa: E402
+from marljax.train.policy import step_functions  # noqa: E402
 
 # HF config values of Qwen2.5-1.5B(-Instruct); marljax.models.real_shapes has only the 0.5B shape
 QWEN25_1_5B = dict(
@@ -162,15 +160,9 @@ def memory(compiled) -> dict:
 def measure_case(params, shape, attention, remat, rows, seq, warmup, steps, peak, scan_layers=True) -> dict:
     """One case; `params` are the shape's float32 master weights (copied: the update donates them)."""
     config = model_config(shape, attention, remat, scan_layers)
-    # the trainer's optimiser, loss and update, as marljax.train.policy._step_functions builds them
+    # the trainer's own optimiser and update program (default optimiser and loss settings)
     opt_cfg, loss = OptimizerConfig(), LossConfig()
-    optimizer = make_optimizer(opt_cfg)
-    update = make_update_fn(
-        functools.partial(rl_loss, config=config, loss=loss, use_old_logp=False, lora_dropout=0.0),
-        optimizer,
-        loss.agg_mode,
-        make_schedule(opt_cfg),
-    )
+    optimizer, update, _, _ = step_functions(config, opt_cfg, loss, False)
     device = jax.devices()[0]
     p = jax.tree.map(jnp.copy, params)
     o = jax.device_put(optimizer.init(p), device)
@@ -184,12 +176,7 @@ def measure_case(params, shape, attention, remat, rows, seq, warmup, steps, peak
     hlo = None
     if scan_layers:  # the same program with its layers unrolled, lowered only: see the module doc
         unrolled = model_config(shape, attention, remat, scan_layers=False)
-        hlo = make_update_fn(
-            functools.partial(rl_loss, config=unrolled, loss=loss, use_old_logp=False, lora_dropout=0.0),
-            optimizer,
-            loss.agg_mode,
-            make_schedule(opt_cfg),
-        ).lower(p, o, mb)
+        hlo = step_functions(unrolled, opt_cfg, loss, False)[1].lower(p, o, mb)
     hf = xla_flops(hlo if hlo is not None else compiled)
     times = []
     for i in range(warmup + steps):
