@@ -10,7 +10,9 @@ Calls are read from a completion's text in two forms:
 A call that cannot be read is an error message for the agent, never an exception. Tools are
 described to a model through the chat template's ``tools=`` argument (`tool_schema` gives the
 OpenAI-style function schema both templates take); for a template without tool support (or raw
-prompts) `tools_text` describes them in plain text with the Qwen call format.
+prompts) `tools_text` describes them in plain text with the Qwen call format. Those text formats
+(and `format_tool_call`, a call as a model writes it) are `marljax.models.chat`'s; this module
+reads calls back.
 """
 
 from __future__ import annotations
@@ -18,11 +20,20 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
-from collections.abc import Mapping, Sequence
 from typing import Any
 
-_BLOCK = re.compile(r"<tool_call>(.*?)(</tool_call>|$)", re.DOTALL)
-_PYTHON_TAG = "<|python_tag|>"
+from marljax.models.chat import (  # noqa: F401 - the text formats, re-exported beside their parser
+    LLAMA_PYTHON_TAG,
+    TOOL_CALL_CLOSE,
+    TOOL_CALL_OPEN,
+    TOOL_CALL_STYLES,
+    format_tool_call,
+    template_supports_tools,
+    tool_schema,
+    tools_text,
+)
+
+_BLOCK = re.compile(f"{re.escape(TOOL_CALL_OPEN)}(.*?)({re.escape(TOOL_CALL_CLOSE)}|$)", re.DOTALL)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,53 +85,14 @@ def parse_tool_calls(text: str) -> ParsedCalls:
             if not close:
                 errors.append("a <tool_call> block is not closed by </tool_call>")
                 continue
-            got = _call_from_json(body.strip(), "arguments")
+            got = _call_from_json(body.strip(), TOOL_CALL_STYLES["qwen"])
             (calls if isinstance(got, ToolCall) else errors).append(got)
         return ParsedCalls(tuple(calls), tuple(errors))
     body = text.strip()
-    if body.startswith(_PYTHON_TAG):
-        body = body[len(_PYTHON_TAG) :].strip()
+    if body.startswith(LLAMA_PYTHON_TAG):
+        body = body[len(LLAMA_PYTHON_TAG) :].strip()
     # a Llama call is the whole reply; text that merely mentions braces is an answer, not a call
     if body.startswith("{") and body.endswith("}") and '"name"' in body:
-        got = _call_from_json(body, "parameters")
+        got = _call_from_json(body, TOOL_CALL_STYLES["llama"])
         (calls if isinstance(got, ToolCall) else errors).append(got)
     return ParsedCalls(tuple(calls), tuple(errors))
-
-
-def format_tool_call(name: str, arguments: Mapping[str, Any], style: str = "qwen") -> str:
-    """A call as the model writes it: a ``<tool_call>`` block (qwen) or a bare JSON object (llama)."""
-    if style == "qwen":
-        return "<tool_call>\n" + json.dumps({"name": name, "arguments": dict(arguments)}) + "\n</tool_call>"
-    if style == "llama":
-        return json.dumps({"name": name, "parameters": dict(arguments)})
-    raise ValueError(f"unknown tool call style {style!r}; known: qwen, llama")
-
-
-def tool_schema(name: str, description: str, parameters: Mapping[str, Any]) -> dict[str, Any]:
-    """The function schema chat templates take in ``tools=`` (`parameters` is a JSON schema)."""
-    return {
-        "type": "function",
-        "function": {"name": name, "description": description, "parameters": dict(parameters)},
-    }
-
-
-def tools_text(schemas: Sequence[Mapping[str, Any]]) -> str:
-    """The tools and the call format in plain text, for prompts without the template's tool support:
-    one line per tool, ``name(argument: type, ...): description``, then an example call."""
-    lines = ["Tools:"]
-    for s in schemas:
-        f = s.get("function", s)
-        props = f.get("parameters", {}).get("properties", {})
-        args = ", ".join(f"{k}: {v.get('type', 'any')}" for k, v in props.items())
-        lines.append(f"- {f['name']}({args}): {f.get('description', '')}")
-    first = schemas[0].get("function", schemas[0]) if schemas else {"name": "tool"}
-    lines.append(f'Call one as <tool_call>{{"name": "{first["name"]}", "arguments": {{...}}}}</tool_call>.')
-    return "\n".join(lines)
-
-
-def template_supports_tools(tokenizer: Any) -> bool:
-    """Whether the tokenizer's chat template reads a ``tools`` variable (Qwen2.5/3, Llama 3.1+ do)."""
-    template = getattr(tokenizer, "chat_template", None) or ""
-    if isinstance(template, dict):  # several named templates
-        template = " ".join(template.values())
-    return re.search(r"\btools\b", template) is not None

@@ -7,17 +7,70 @@ prompt either as raw text or as chat messages rendered with the template and the
 the sampler is given exactly these ids and the trainer trains on exactly them. A prompt's `tools`
 go to the template's `tools=` argument (Qwen2.5/3, Llama 3.1+), or, for a template that does not
 read them, into the system turn as text.
+
+The text formats of tool calls live here too (the call styles a family's model writes, tools
+described in plain text); `marljax.envs.tool_calls` reads calls back with them.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-from marljax.envs.tool_calls import template_supports_tools, tools_text
-
 CHAT_MODES = ("auto", "on", "off")
+
+# ------------------------------------------------------------------ tool-call text formats
+# Qwen2.5 / Qwen3 (Hermes style) wrap each call in these tags; Llama 3.1+ writes the whole reply
+# as one JSON object, optionally after `LLAMA_PYTHON_TAG`.
+TOOL_CALL_OPEN, TOOL_CALL_CLOSE = "<tool_call>", "</tool_call>"
+LLAMA_PYTHON_TAG = "<|python_tag|>"
+# call style -> the key of the call's arguments in its JSON object
+TOOL_CALL_STYLES = {"qwen": "arguments", "llama": "parameters"}
+
+
+def format_tool_call(name: str, arguments: Mapping[str, Any], style: str = "qwen") -> str:
+    """A call as the model writes it: a ``<tool_call>`` block (qwen) or a bare JSON object (llama)."""
+    if style not in TOOL_CALL_STYLES:
+        raise ValueError(f"unknown tool call style {style!r}; known: {', '.join(TOOL_CALL_STYLES)}")
+    body = json.dumps({"name": name, TOOL_CALL_STYLES[style]: dict(arguments)})
+    return f"{TOOL_CALL_OPEN}\n{body}\n{TOOL_CALL_CLOSE}" if style == "qwen" else body
+
+
+def tool_schema(name: str, description: str, parameters: Mapping[str, Any]) -> dict[str, Any]:
+    """The function schema chat templates take in ``tools=`` (`parameters` is a JSON schema)."""
+    return {
+        "type": "function",
+        "function": {"name": name, "description": description, "parameters": dict(parameters)},
+    }
+
+
+def tools_text(schemas: Sequence[Mapping[str, Any]]) -> str:
+    """The tools and the call format in plain text, for prompts without the template's tool support:
+    one line per tool, ``name(argument: type, ...): description``, then an example call."""
+    lines = ["Tools:"]
+    for s in schemas:
+        f = s.get("function", s)
+        props = f.get("parameters", {}).get("properties", {})
+        args = ", ".join(f"{k}: {v.get('type', 'any')}" for k, v in props.items())
+        lines.append(f"- {f['name']}({args}): {f.get('description', '')}")
+    first = schemas[0].get("function", schemas[0]) if schemas else {"name": "tool"}
+    example = f'{{"name": "{first["name"]}", "arguments": {{...}}}}'
+    lines.append(f"Call one as {TOOL_CALL_OPEN}{example}{TOOL_CALL_CLOSE}.")
+    return "\n".join(lines)
+
+
+def template_supports_tools(tokenizer: Any) -> bool:
+    """Whether the tokenizer's chat template reads a ``tools`` variable (Qwen2.5/3, Llama 3.1+ do)."""
+    template = getattr(tokenizer, "chat_template", None) or ""
+    if isinstance(template, dict):  # several named templates
+        template = " ".join(template.values())
+    return re.search(r"\btools\b", template) is not None
+
+
+# ------------------------------------------------------------------ prompts
 
 
 def use_chat(mode: str, tokenizer: Any, where: str) -> bool:

@@ -8,9 +8,8 @@ import pickle
 
 import pytest
 
-from marljax.envs.tool_calls import tools_text
 from marljax.envs.tools import calculator_tool
-from marljax.models.chat import encode_prompt
+from marljax.models.chat import encode_prompt, tools_text
 from marljax.models.tiny import make_tokenizer
 from marljax.workflows.types import Prompt
 
