@@ -1,16 +1,23 @@
-"""Causal self-attention over a whole sequence (training, log-probs, prefill without a cache).
+"""Attention: one entry point, `attend`, for training, prefill and the sampler's cached steps.
 
-One entry point, `causal_attention`, dispatching on `ModelConfig.attention_impl`:
+`attend` dispatches on what it is given:
 
-- None / "xla": `jax.nn.dot_product_attention` over a dense `[B, 1, T, T]` mask (causal, real
-  keys, same segment). Any padding and packed sequences; float32 `[B, N, T, T]` scores.
-- "cudnn": cuDNN's fused flash attention (GPU), causal with per-row lengths
-  (`length_attention`). Rows must be right-padded (`valid` a prefix of ones); no packing.
-- "splash": Pallas splash attention (TPU; `splash_attention`). Padding on either side and
-  packing, through segment ids; no `[T, T]` array is materialised.
+- no cache (training, log-probs, prefill): causal self-attention over the tokens themselves,
+  `causal_attention`, by `ModelConfig.attention_impl`:
+  - None / "xla": `jax.nn.dot_product_attention` over a dense `[B, 1, T, T]` mask (causal, real
+    keys, same segment). Any padding and packed sequences; float32 `[B, N, T, T]` scores.
+  - "cudnn": cuDNN's fused flash attention (GPU), causal with per-row lengths
+    (`length_attention`). Rows must be right-padded (`valid` a prefix of ones); no packing.
+  - "splash": Pallas splash attention (TPU; `splash_attention`). Padding on either side and
+    packing, through segment ids; no `[T, T]` array is materialised.
 
-All three agree on the real (valid) query positions; what they put at pad positions differs
-and is never read (pad keys are masked for every real query).
+  All three agree on the real (valid) query positions; what they put at pad positions differs
+  and is never read (pad keys are masked for every real query).
+- a cache in one of `CACHE_LAYOUTS` (the decoder's `KVCache`, the sampler's decode caches):
+  queries over cached keys and values where a `[B, 1, T, S]` mask is set, or, for a one-token
+  step, over each row's first `kv_lengths` slots (the fused kernels' padding mask).
+
+A change to the attention maths itself (a sliding window, a logit soft cap) goes here, once.
 """
 
 from __future__ import annotations
@@ -27,6 +34,62 @@ from jax.sharding import PartitionSpec as P
 from marljax.models import sharding as _sharding
 
 IMPLEMENTATIONS = (None, "xla", "cudnn", "splash")
+# Cache layouts: "bskh" keys and values `[B, S, K, H]` (what `jax.nn.dot_product_attention` takes);
+# "split" keys `[B, K, H, S]` and values `[B, K, S, H]`, so that both products are plain batched
+# matmuls (the CPU sampler's layout, see `marljax.models.decode`).
+CACHE_LAYOUTS = ("split", "bskh")
+
+
+def attend(
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    *,
+    valid: jax.Array | None = None,
+    segment_ids: jax.Array | None = None,
+    mask: jax.Array | None = None,
+    kv_lengths: jax.Array | None = None,
+    layout: str | None = None,
+    implementation: str | None = None,
+) -> jax.Array:
+    """Grouped-query attention `[B, T, N, H]` of queries `[B, T, N, H]` (query head n reads kv head
+    n // (N / K)), scaled by `1 / sqrt(H)`; scores and softmax in float32.
+
+    Without a cache (`layout` None): `k`, `v` `[B, T, K, H]` are the queries' own tokens, `valid`
+    `[B, T]` the real ones, `segment_ids` `[B, T]` the packing: `causal_attention` by
+    `implementation` (one of `IMPLEMENTATIONS`).
+
+    With a cache (`layout` one of `CACHE_LAYOUTS`, S slots): either `mask` `[B, 1, T, S]`, set
+    where a query reads a slot (XLA's attention: a cache's offset masks are not causal from slot
+    0), or, for a one-token step in the "bskh" layout, `kv_lengths` `[B]`: each row reads its
+    first `kv_lengths[b]` slots, through the fused kernel `implementation` (None: XLA's; "cudnn").
+    """
+    if layout is None:
+        return causal_attention(q, k, v, valid=valid, segment_ids=segment_ids, implementation=implementation)
+    if layout == "split":
+        return _attend_split(q, k, v, mask)
+    if layout != "bskh":
+        raise ValueError(f"cache layout must be one of {CACHE_LAYOUTS}, got {layout!r}")
+    if kv_lengths is not None:
+        return jax.nn.dot_product_attention(
+            q, k, v, key_value_seq_lengths=kv_lengths, implementation=implementation
+        )
+    return jax.nn.dot_product_attention(
+        q, k, v, mask=mask, scale=1.0 / math.sqrt(q.shape[-1]), implementation="xla"
+    )
+
+
+def _attend_split(q: jax.Array, keys: jax.Array, values: jax.Array, mask: jax.Array) -> jax.Array:
+    """`attend` over keys `[B, K, H, S]` and values `[B, K, S, H]` as two batched matmuls."""
+    B, T, N, H = q.shape
+    K = keys.shape[1]
+    # [B, K, G, T, H]: query head n = k G + g reads kv head k = n // G
+    qg = jnp.transpose(q.reshape(B, T, K, N // K, H), (0, 2, 3, 1, 4))
+    s = jnp.einsum("bkgth,bkhs->bkgts", qg, keys, preferred_element_type=jnp.float32) * (1.0 / math.sqrt(H))
+    s = jnp.where(mask[:, :, None], s, jnp.finfo(jnp.float32).min)
+    a = jax.nn.softmax(s, axis=-1).astype(q.dtype)
+    out = jnp.einsum("bkgts,bksh->bkgth", a, values)  # [B, K, G, T, H]
+    return jnp.moveaxis(out, 3, 1).reshape(B, T, N, H)
 
 
 def dense_mask(valid: jax.Array, segment_ids: jax.Array | None) -> jax.Array:
@@ -49,9 +112,9 @@ def causal_attention(
     segment_ids: jax.Array | None = None,
     implementation: str | None = None,
 ) -> jax.Array:
-    """Grouped-query causal attention `[B, T, N, H]` of queries `[B, T, N, H]` over keys and values
-    `[B, T, K, H]` of the same tokens (query head n reads kv head n // (N / K)), scaled by
-    `1 / sqrt(H)`. valid: `[B, T]` bool, the real tokens; segment_ids: `[B, T]` (packing).
+    """`attend` without a cache: grouped-query causal attention `[B, T, N, H]` of queries
+    `[B, T, N, H]` over keys and values `[B, T, K, H]` of the same tokens (query head n reads kv
+    head n // (N / K)), scaled by `1 / sqrt(H)`. valid: `[B, T]` bool, the real tokens; segment_ids: `[B, T]` (packing).
     implementation: one of `IMPLEMENTATIONS` (see the module docstring)."""
     if implementation in (None, "xla"):
         return jax.nn.dot_product_attention(

@@ -31,11 +31,10 @@ adapters of one base decode in one batch, sharing the base matmuls.
 
 from __future__ import annotations
 
-import math
-
 import jax
 import jax.numpy as jnp
 
+from marljax.models.attention import CACHE_LAYOUTS, attend
 from marljax.models.config import ModelConfig
 from marljax.models.decoder import (
     LayerLora,
@@ -51,7 +50,7 @@ from marljax.models.rope import inverse_frequencies
 # Per-layer caches, flat: (keys_0, values_0, keys_1, values_1, ...), in a layout of LAYOUTS.
 # Flat arrays (not a cache object) so the loop updates each one in place.
 DecodeCache = tuple[jax.Array, ...]
-LAYOUTS = ("split", "bskh")
+LAYOUTS = CACHE_LAYOUTS
 
 
 def default_layout() -> str:
@@ -106,37 +105,6 @@ def decode_weights(params: Params, config: ModelConfig, fuse: bool) -> Params:
     return out
 
 
-def _attend_cached(q: jax.Array, keys: jax.Array, values: jax.Array, mask: jax.Array) -> jax.Array:
-    """Grouped-query attention `[B, T, N, H]` of queries `[B, T, N, H]` over keys `[B, K, H, S]`
-    and values `[B, K, S, H]` where `mask` `[B, 1, 1, T, S]` is set; scores and softmax in
-    float32, as `jax.nn.dot_product_attention`."""
-    B, T, N, H = q.shape
-    K = keys.shape[1]
-    # [B, K, G, T, H]: query head n = k G + g reads kv head k = n // G
-    qg = jnp.transpose(q.reshape(B, T, K, N // K, H), (0, 2, 3, 1, 4))
-    s = jnp.einsum("bkgth,bkhs->bkgts", qg, keys.astype(q.dtype), preferred_element_type=jnp.float32) * (
-        1.0 / math.sqrt(H)
-    )
-    s = jnp.where(mask, s, jnp.finfo(jnp.float32).min)
-    a = jax.nn.softmax(s, axis=-1).astype(q.dtype)
-    out = jnp.einsum("bkgts,bksh->bkgth", a, values.astype(q.dtype))  # [B, K, G, T, H]
-    return jnp.moveaxis(out, 3, 1).reshape(B, T, N, H)
-
-
-def _attend_bskh(q, keys, values, starts, mask, implementation: str | None) -> jax.Array:
-    """As `_attend_cached` over keys and values `[B, S, K, H]`, through `jax.nn.dot_product_attention`.
-    A one-token step attends to each row's first `starts + 1` slots, given as sequence lengths,
-    which the fused kernels take (cuDNN's padding mask); a multi-token step (a prompt after a
-    copied prefix) needs the offset causal `mask`, which takes the XLA implementation."""
-    keys, values = keys.astype(q.dtype), values.astype(q.dtype)
-    if q.shape[1] == 1:
-        lengths = (starts + 1).astype(jnp.int32)
-        return jax.nn.dot_product_attention(
-            q, keys, values, key_value_seq_lengths=lengths, implementation=implementation
-        )
-    return jax.nn.dot_product_attention(q, keys, values, mask=mask[:, 0], implementation="xla")
-
-
 def extend_step(
     weights: Params,
     tokens: jax.Array,
@@ -168,8 +136,14 @@ def extend_step(
     positions = starts[:, None] + t[None, :]  # [B, T]
     slots = jnp.where(t[None, :] < lengths[:, None], positions, S)  # S: out of range, dropped
     rows = jnp.arange(B)[:, None]
-    mask = (jnp.arange(S)[None, None, :] <= positions[:, :, None])[:, None, None]  # [B, 1, 1, T, S]
+    mask = (jnp.arange(S)[None, None, :] <= positions[:, :, None])[:, None]  # [B, 1, T, S]
     inv_freq = inverse_frequencies(c)
+    step_kw = {}
+    if layout == "bskh" and T == 1:
+        # a one-token step reads each row's first `starts + 1` slots, as lengths the fused kernels
+        # take: cuDNN's where asked (the training-only kernels, splash, have no decode form)
+        impl = "cudnn" if c.attention_impl == "cudnn" else None
+        step_kw = dict(kv_lengths=(starts + 1).astype(jnp.int32), implementation=impl)
     new = []
     for i, p in enumerate(weights["layers"]):
         lora = LayerLora(weights["lora"][i], adapter) if "lora" in weights else None
@@ -178,13 +152,10 @@ def extend_step(
         if layout == "bskh":
             keys = kv[2 * i].at[rows, slots].set(k, mode="drop")
             values = kv[2 * i + 1].at[rows, slots].set(v, mode="drop")
-            # cuDNN's kernel where asked; the training-only kernels (splash) have no decode form
-            impl = "cudnn" if c.attention_impl == "cudnn" else None
-            attn = _attend_bskh(q, keys, values, starts, mask, impl)
         else:
             keys = kv[2 * i].at[rows, :, :, slots].set(k, mode="drop")
             values = kv[2 * i + 1].at[rows, :, slots, :].set(v, mode="drop")
-            attn = _attend_cached(q, keys, values, mask)
+        attn = attend(q, keys.astype(q.dtype), values.astype(q.dtype), mask=mask, layout=layout, **step_kw)
         x = out_and_mlp(p, x, attn, config=c, lora=lora)
         new += [keys, values]
     last = x[jnp.arange(B), jnp.maximum(lengths - 1, 0)] if T > 1 else x[:, 0]

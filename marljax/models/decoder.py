@@ -34,7 +34,7 @@ tokens attend to every filled, unmasked slot at or before their own.
 One layer is three pure pieces, shared with the sampler's one-token decode
 step (`marljax.models.decode`, which keeps its own cache layout):
 `project_qkv` (RMSNorm, q/k/v projections and biases, Qwen3 q/k norm, RoPE),
-`attend` (attention over keys and values laid out `[B, S, K, H]`) and
+attention (`marljax.models.attention.attend`, one entry point for every cache layout) and
 `out_and_mlp` (output projection, residual, SwiGLU MLP). They accept either
 parameter layout: the module's separate projections, or the fused ones of
 `fuse_projections` (q/k/v in one matrix, gate/up in one), a layout choice for
@@ -45,7 +45,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import math
 from operator import itemgetter
 from typing import Any
 
@@ -56,7 +55,7 @@ from jax.ad_checkpoint import checkpoint_name
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from marljax.kernels.losses_terms import entropy_from_logits, logprobs_from_logits
-from marljax.models.attention import causal_attention
+from marljax.models.attention import attend
 from marljax.models.config import ModelConfig
 from marljax.models.lora import LayerLora, lora_delta
 from marljax.models.rope import apply_rope, inverse_frequencies
@@ -370,15 +369,6 @@ def project_qkv(
     return apply_rope(q, positions, inv_freq), apply_rope(k, positions, inv_freq), v
 
 
-def attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, *, config: ModelConfig) -> jax.Array:
-    """Grouped-query attention `[B, T, N, H]` of queries `[B, T, N, H]` over keys and values
-    `[B, S, K, H]`, where `mask` `[B, 1, T, S]` is set (query head n reads kv head n // (N / K)).
-    XLA's attention: the cache path's offset masks are not causal from slot 0."""
-    return jax.nn.dot_product_attention(
-        q, k, v, mask=mask, scale=1.0 / math.sqrt(config.head_dim), implementation="xla"
-    )
-
-
 def out_and_mlp(
     p: Params, x: jax.Array, attn: jax.Array, *, config: ModelConfig, lora: LayerLora | None = None
 ) -> jax.Array:
@@ -408,21 +398,19 @@ def out_and_mlp(
 
 def _layer(p: Params, x: jax.Array, kv, lora, *, config: ModelConfig, positions, mask, inv_freq):
     """One decoder layer. Without a cache `mask` is `(valid [B, T], segment_ids or None)` for
-    `causal_attention`; with one, `kv` is `(k_cache, v_cache, index)` and `mask` `[B, 1, T, S]`."""
+    causal `attend`; with one, `kv` is `(k_cache, v_cache, index)` and `mask` `[B, 1, T, S]`."""
     q, k, v = project_qkv(p, x, positions, config=config, inv_freq=inv_freq, lora=lora)
     q, k, v = (checkpoint_name(y, name) for y, name in ((q, "q_proj"), (k, "k_proj"), (v, "v_proj")))
     new_kv = None
     if kv is None:
         valid, segment_ids = mask
-        attn = causal_attention(
-            q, k, v, valid=valid, segment_ids=segment_ids, implementation=config.attention_impl
-        )
+        attn = attend(q, k, v, valid=valid, segment_ids=segment_ids, implementation=config.attention_impl)
     else:
         k_cache, v_cache, index = kv
         k_cache = jax.lax.dynamic_update_slice(k_cache, k.astype(k_cache.dtype), (0, index, 0, 0))
         v_cache = jax.lax.dynamic_update_slice(v_cache, v.astype(v_cache.dtype), (0, index, 0, 0))
         new_kv = (k_cache, v_cache)
-        attn = attend(q, k_cache.astype(x.dtype), v_cache.astype(x.dtype), mask, config=config)
+        attn = attend(q, k_cache.astype(x.dtype), v_cache.astype(x.dtype), mask=mask, layout="bskh")
     attn = checkpoint_name(attn, "context")
     return out_and_mlp(p, x, attn, config=config, lora=lora), new_kv
 
