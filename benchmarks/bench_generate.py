@@ -56,7 +56,7 @@ SMOKE_CKPT = {**CKPT, "hidden_size": 64, "intermediate_size": 128, "num_hidden_l
 
 
 def make_checkpoint(path: Path, spec: dict = CKPT) -> Path:
-    from marljax.models.testing import make_tiny_checkpoint
+    from marljax.testing import make_tiny_checkpoint
 
     if not (path / "config.json").exists():
         make_tiny_checkpoint(path, "qwen3", seed=0, tokenizer=False, **spec)

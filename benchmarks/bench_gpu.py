@@ -35,8 +35,8 @@ def decode_rate(config, batch: int, prompt: int, new: int, repeats: int) -> dict
     import jax
     import numpy as np
 
-    from marljax.models.tiny import random_model
     from marljax.sampler import generate
+    from marljax.testing import random_model
 
     model = random_model(config)
     ids = np.random.default_rng(0).integers(3, config.vocab_size, size=(batch, prompt)).tolist()

@@ -58,11 +58,11 @@ import jax.numpy as jnp  # noqa: E402
 
 from marljax.models.config import ModelConfig  # noqa: E402
 from marljax.models.decoder import get_params, init_model  # noqa: E402
-from marljax.models.real_shapes import SHAPES as REAL_SHAPES  # noqa: E402
+from marljax.testing.real_shapes import SHAPES as REAL_SHAPES  # noqa: E402
 from marljax.train.config import LossConfig, OptimizerConfig  # noqa: E402
 from marljax.train.policy import step_functions  # noqa: E402
 
-# HF config values of Qwen2.5-1.5B(-Instruct); marljax.models.real_shapes has only the 0.5B shape
+# HF config values of Qwen2.5-1.5B(-Instruct); marljax.testing.real_shapes has only the 0.5B shape
 QWEN25_1_5B = dict(
     vocab_size=151936,
     hidden_size=1536,

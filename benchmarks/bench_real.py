@@ -5,7 +5,7 @@
         --remat --compare-apart          # what fits the full depth in 24 GiB of host memory
 
 Random checkpoints with the real shapes, vocabularies, special-token ids, chat templates and
-generation configs (`marljax.models.real_shapes`), then, each phase in its own process so that
+generation configs (`marljax.testing.real_shapes`), then, each phase in its own process so that
 its peak host memory is its own:
 
 1. build: write both checkpoints (one layer at a time) and their tokenizers;
@@ -182,7 +182,7 @@ def emit(obj: dict) -> None:
 
 # ----------------------------------------------------------------------------- child phases
 def child_build(work: Path, args) -> dict:
-    from marljax.models.real_shapes import write_real_checkpoint
+    from marljax.testing.real_shapes import write_real_checkpoint
 
     out = {}
     for shape in POLICIES.values():

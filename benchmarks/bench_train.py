@@ -50,7 +50,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_common import child_json, emit_json, fmt, interleaved  # noqa: E402
 
 from marljax.host_memory import default_env, kept_env  # noqa: E402
-from marljax.models.real_shapes import SHAPES as REAL_SHAPES  # noqa: E402
+from marljax.testing.real_shapes import SHAPES as REAL_SHAPES  # noqa: E402
 
 # name -> environment of the child process that measures with it
 HOST_MEMORY = {"kept": kept_env, "glibc default": default_env}

@@ -83,8 +83,8 @@ def _release_compiled_programs():
 
 @pytest.fixture(scope="session")
 def checkpoint(tmp_path_factory):
-    """`checkpoint(name)` -> path of the tiny checkpoint `marljax.models.testing.CASES[name]` (built on first use)."""
-    from marljax.models import testing
+    """`checkpoint(name)` -> path of the tiny checkpoint `marljax.testing.CASES[name]` (built on first use)."""
+    from marljax import testing
 
     made: dict[str, object] = {}
 

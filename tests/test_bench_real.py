@@ -23,7 +23,7 @@ def _bench_real():
 
 def test_family_tokenizers_put_specials_at_the_real_ids_and_render_the_chat_markup():
     from marljax.models.chat import encode_prompt
-    from marljax.models.real_shapes import make_family_tokenizer
+    from marljax.testing.real_shapes import make_family_tokenizer
 
     class Prompt(str):
         messages = (("system", "Be brief."), ("user", "Add 2 and 3."))

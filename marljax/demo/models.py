@@ -69,7 +69,8 @@ def task_corpus(pool, n: int = 2000, n_refine: int = 100, steps: int = 3) -> lis
 
 def ensure_models(root: Path, pool, seed: int = 0) -> dict[str, Path]:
     """Create the checkpoints under `root` unless a previous run finished writing them."""
-    from marljax.models.tiny import make_tokenizer, write_random_checkpoint
+    from marljax.models.tokenizer import make_tokenizer
+    from marljax.testing import write_random_checkpoint
 
     paths = {name: root / name for name in FAMILIES}
     done = root / "models.json"

@@ -180,7 +180,8 @@ MODEL = dict(
 
 def write_model(path: Path, texts: Sequence[str], seed: int = 0, vocab: int = 512) -> Path:
     """A random tiny Qwen3 checkpoint at `path` with a BPE tokenizer learnt from `texts`."""
-    from marljax.models.tiny import make_tokenizer, write_random_checkpoint
+    from marljax.models.tokenizer import make_tokenizer
+    from marljax.testing import write_random_checkpoint
 
     tokenizer = make_tokenizer(vocab_size=vocab, corpus=list(texts))
     write_random_checkpoint(

@@ -9,8 +9,8 @@ Hot paths use the pure functions over plain parameter dicts:
 `forward`, `hidden_states`, `token_logprobs` with `params = get_params(model)`;
 `marljax.models.decode` is the sampler's one-token step over the same layer maths.
 `abstract_model(config)` gives shapes, dtypes and sharding metadata without allocating.
-`marljax.models.tiny` builds tiny random models, checkpoints and tokenizers
-(`marljax.models.testing` adds checkpoints written by transformers, for parity tests; needs torch).
+A family's facts (HF names, switches, chat markup, presets) are one registered record in
+`marljax.models.families`; random checkpoints for tests and demos are in `marljax.testing`.
 """
 
 from marljax.models.config import PRESETS, SUPPORTED_ARCHITECTURES, ModelConfig

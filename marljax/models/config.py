@@ -2,7 +2,9 @@
 
 It is built from a Hugging Face config (`ModelConfig.from_hf`) or from a named
 preset (`ModelConfig.preset("tiny-qwen3")`), and turned back into a
-transformers config for `save_pretrained` (`ModelConfig.to_hf_config`).
+transformers config for `save_pretrained` (`ModelConfig.to_hf_config`). What
+differs between families (architecture names, fixed switches, refused keys,
+presets) is read from their records in `marljax.models.families`.
 
 Being a frozen dataclass, a `ModelConfig` can be a static argument of
 `jax.jit`. Anything in a Hugging Face config that changes the maths and that
@@ -20,13 +22,10 @@ from typing import Any
 import ml_dtypes  # noqa: F401  (registers bfloat16 with numpy)
 import numpy as np
 
-# architecture name -> (model_type, family switches)
-SUPPORTED_ARCHITECTURES: dict[str, str] = {
-    "Qwen2ForCausalLM": "qwen2",  # Qwen2 and Qwen2.5
-    "Qwen3ForCausalLM": "qwen3",
-    "LlamaForCausalLM": "llama",  # Llama 3.x (and Llama-based models such as Nemotron-Llama)
-}
-_ARCH_OF_TYPE = {v: k for k, v in SUPPORTED_ARCHITECTURES.items()}
+from marljax.models.families import FAMILIES, by_architecture
+
+# architecture name -> model_type, of the registered families
+SUPPORTED_ARCHITECTURES: dict[str, str] = {f.architecture: f.model_type for f in FAMILIES.values()}
 
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
 DTYPES = ("float32", "bfloat16", "float16")
@@ -195,41 +194,28 @@ class ModelConfig:
                     f"unsupported architecture(s) {archs} in config key 'architectures'; "
                     f"supported: {sorted(SUPPORTED_ARCHITECTURES)}"
                 )
-            arch = archs[0]
-            if model_type is not None and SUPPORTED_ARCHITECTURES[arch] != model_type:
+            family = by_architecture(archs[0])
+            if model_type is not None and family.model_type != model_type:
                 raise ValueError(
-                    f"config key 'model_type' is {model_type!r} but 'architectures' says {arch!r}"
+                    f"config key 'model_type' is {model_type!r} but 'architectures' says {archs[0]!r}"
                 )
-        elif model_type in _ARCH_OF_TYPE:
-            arch = _ARCH_OF_TYPE[model_type]
+        elif model_type in FAMILIES:
+            family = FAMILIES[model_type]
         else:
             raise ValueError(
                 f"unsupported model_type {model_type!r} (config has no 'architectures'); "
-                f"supported: {sorted(_ARCH_OF_TYPE)}"
+                f"supported: {sorted(FAMILIES)}"
             )
-        family = SUPPORTED_ARCHITECTURES[arch]
 
         def need(key):
             if d.get(key) is None:
                 raise ValueError(f"config key {key!r} is missing")
             return d[key]
 
-        act = d.get("hidden_act", "silu")
-        if act != "silu":
-            raise ValueError(f"unsupported config value hidden_act={act!r} (only 'silu')")
-        if d.get("mlp_bias", False):
-            raise ValueError("unsupported config value mlp_bias=True")
-        if d.get("use_sliding_window", False):
-            raise ValueError("unsupported config value use_sliding_window=True (sliding-window attention)")
-        layer_types = d.get("layer_types")
-        if layer_types and any(t != "full_attention" for t in layer_types):
-            raise ValueError(
-                f"unsupported config value layer_types={sorted(set(layer_types))} (only 'full_attention')"
-            )
-        if float(d.get("attention_dropout", 0.0) or 0.0) != 0.0:
-            raise ValueError("unsupported config value attention_dropout != 0")
-        if int(d.get("pretraining_tp", 1) or 1) != 1:
-            raise ValueError("unsupported config value pretraining_tp != 1")
+        for refusal in family.refusals:
+            value = d.get(refusal.key, refusal.default)
+            if not refusal.supported(value):
+                raise ValueError(refusal.message(value))
 
         # rope: transformers>=5 keeps `rope_parameters` (with rope_theta inside);
         # older versions use `rope_theta` + `rope_scaling`.
@@ -261,13 +247,9 @@ class ModelConfig:
         hidden, heads = int(need("hidden_size")), int(need("num_attention_heads"))
         head_dim = d.get("head_dim") or hidden // heads
         kv = d.get("num_key_value_heads") or heads
-        attention_bias = bool(d.get("attention_bias", False))
-        if family == "qwen2":
-            qkv_bias, o_bias = True, False
-        else:
-            qkv_bias = o_bias = attention_bias
+        qkv_bias, o_bias = family.fixed_biases or (bool(d.get("attention_bias", False)),) * 2
         return cls(
-            architecture=arch,
+            architecture=family.architecture,
             vocab_size=int(need("vocab_size")),
             hidden_size=hidden,
             intermediate_size=int(need("intermediate_size")),
@@ -279,7 +261,7 @@ class ModelConfig:
             max_position_embeddings=int(d.get("max_position_embeddings") or 32768),
             qkv_bias=qkv_bias,
             o_bias=o_bias,
-            qk_norm=family == "qwen3",
+            qk_norm=family.qk_norm,
             tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
             bos_token_id=d.get("bos_token_id"),
             eos_token_id=d.get("eos_token_id"),
@@ -310,15 +292,18 @@ class ModelConfig:
             else self.eos_token_id,
             "pad_token_id": self.pad_token_id,
         }
-        if self.model_type == "qwen2":
-            if (self.qkv_bias, self.o_bias) != (True, False):
-                raise ValueError("Qwen2 checkpoints have q/k/v biases and no o_proj bias")
+        family = by_architecture(self.architecture)
+        if family.fixed_biases is not None:
+            if (self.qkv_bias, self.o_bias) != family.fixed_biases:
+                raise ValueError(
+                    f"{self.architecture} checkpoints have (qkv_bias, o_bias) = {family.fixed_biases}"
+                )
         else:
             if self.qkv_bias != self.o_bias:
                 raise ValueError(f"{self.architecture} has one attention_bias switch for q/k/v/o")
             d["attention_bias"] = self.qkv_bias
-        if self.qk_norm != (self.model_type == "qwen3"):
-            raise ValueError("q/k RMSNorm is a Qwen3-only feature in Hugging Face checkpoints")
+        if self.qk_norm != family.qk_norm:
+            raise ValueError(f"{self.architecture} checkpoints have qk_norm={family.qk_norm}")
         rope: dict[str, Any] = {"rope_type": self.rope_type, "rope_theta": self.rope_theta}
         if self.rope_type in ("linear", "llama3"):
             rope["factor"] = self.rope_factor
@@ -360,64 +345,12 @@ class ModelConfig:
         return dataclasses.replace(PRESETS[name], **changes) if changes else PRESETS[name]
 
 
-_TINY = dict(
-    vocab_size=512,
-    hidden_size=64,
-    intermediate_size=128,
-    num_layers=2,
-    num_heads=4,
-    num_kv_heads=2,
-    head_dim=16,
-    max_position_embeddings=512,
-)
-
+# Named configs of the registered families: the tiny random ones (for tests and demos) first,
+# then real shapes (for memory planning and benchmarks).
 PRESETS: dict[str, ModelConfig] = {
-    # tiny random models for tests and demos (about 0.1M parameters)
-    "tiny-qwen2": ModelConfig(architecture="Qwen2ForCausalLM", qkv_bias=True, **_TINY),
-    "tiny-qwen3": ModelConfig(
-        architecture="Qwen3ForCausalLM",
-        qk_norm=True,
-        tie_word_embeddings=True,
-        rope_theta=1e6,
-        **{**_TINY, "head_dim": 32},
-    ),
-    "tiny-llama": ModelConfig(
-        architecture="LlamaForCausalLM",
-        rope_theta=500000.0,
-        rope_type="llama3",
-        rope_factor=8.0,
-        rope_low_freq_factor=1.0,
-        rope_high_freq_factor=4.0,
-        rope_original_max_position_embeddings=64,
-        **_TINY,
-    ),
-    # shapes of real checkpoints, for memory planning and benchmarks
-    "qwen3-0.6b": ModelConfig(
-        architecture="Qwen3ForCausalLM",
-        vocab_size=151936,
-        hidden_size=1024,
-        intermediate_size=3072,
-        num_layers=28,
-        num_heads=16,
-        num_kv_heads=8,
-        head_dim=128,
-        rope_theta=1e6,
-        qk_norm=True,
-        tie_word_embeddings=True,
-        max_position_embeddings=40960,
-    ),
-    "qwen2.5-0.5b": ModelConfig(
-        architecture="Qwen2ForCausalLM",
-        vocab_size=151936,
-        hidden_size=896,
-        intermediate_size=4864,
-        num_layers=24,
-        num_heads=14,
-        num_kv_heads=2,
-        head_dim=64,
-        rope_theta=1e6,
-        qkv_bias=True,
-        tie_word_embeddings=True,
-        max_position_embeddings=32768,
-    ),
+    name: ModelConfig(architecture=family.architecture, **fields)
+    for tiny in (True, False)
+    for family in FAMILIES.values()
+    for name, fields in family.presets.items()
+    if name.startswith("tiny-") == tiny
 }

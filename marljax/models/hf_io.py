@@ -27,6 +27,7 @@ from jax.sharding import Mesh, NamedSharding, SingleDeviceSharding
 
 from marljax.models.config import SUPPORTED_ARCHITECTURES, ModelConfig
 from marljax.models.decoder import Decoder, abstract_model, get_params
+from marljax.models.families import by_architecture
 from marljax.models.sharding import LogicalRules, logical_to_spec
 
 CONFIG_FILE = "config.json"
@@ -82,7 +83,8 @@ class _Tensor:
 
 
 def tensor_map(config: ModelConfig) -> list[_Tensor]:
-    """The parameter <-> Hugging Face tensor-name table for `config`."""
+    """The parameter <-> Hugging Face tensor-name table for `config`: the Llama layout, with the
+    family's own names where its record has them (`Family.tensor_names`)."""
     c = config
     D, F, N, K, H, V = (
         c.hidden_size,
@@ -155,7 +157,8 @@ def tensor_map(config: ModelConfig) -> list[_Tensor]:
             _Tensor(("layers", "q_norm"), L + "self_attn.q_norm.weight", *same, (H,)),
             _Tensor(("layers", "k_norm"), L + "self_attn.k_norm.weight", *same, (H,)),
         ]
-    return out
+    renamed = by_architecture(c.architecture).tensor_names
+    return [dataclasses.replace(t, hf=renamed[t.path[-1]]) if t.path[-1] in renamed else t for t in out]
 
 
 def _hf_names(t: _Tensor, num_layers: int) -> list[str]:

@@ -96,7 +96,7 @@ def load_model(spec: Any, mesh=None, where: str = "model") -> tuple[ModelConfig,
         if spec.tokenizer is not None:
             tokenizer = load_tokenizer(spec.tokenizer)
         else:
-            from marljax.models.tiny import make_tokenizer
+            from marljax.models.tokenizer import make_tokenizer
 
             tokenizer = make_tokenizer()
         config = ModelConfig.preset(

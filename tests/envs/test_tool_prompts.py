@@ -10,7 +10,7 @@ import pytest
 
 from marljax.envs.tools import calculator_tool
 from marljax.models.chat import encode_prompt, tools_text
-from marljax.models.tiny import make_tokenizer
+from marljax.models.tokenizer import make_tokenizer
 from marljax.workflows.types import Prompt
 
 # a ChatML template that lists the tools in the system turn, as Qwen2.5's does (written for this test)

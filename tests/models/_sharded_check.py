@@ -27,7 +27,7 @@ from marljax.models import (  # noqa: E402
     shard_model,
     token_logprobs,
 )
-from marljax.models.testing import random_model  # noqa: E402
+from marljax.testing import random_model  # noqa: E402
 
 assert jax.device_count() == 8, jax.devices()
 TOL = 1e-5

@@ -18,7 +18,7 @@ import pytest
 
 from marljax.models import ModelConfig, abstract_model, get_params, token_logprobs
 from marljax.models.attention import causal_attention, length_attention, splash_attention, splash_interpret
-from marljax.models.testing import random_model
+from marljax.testing import random_model
 
 N, K, H = 4, 2, 16  # GQA: two query heads per kv head
 

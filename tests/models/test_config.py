@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from marljax.models import PRESETS, ModelConfig, inverse_frequencies, testing
+from marljax import testing
+from marljax.models import PRESETS, ModelConfig, inverse_frequencies
 
 
 @pytest.mark.parametrize("name", sorted(PRESETS))
@@ -103,7 +104,7 @@ def test_inverse_frequencies_match_transformers(rope):
 def test_num_params_matches_parameter_count():
     import jax
 
-    from marljax.models.testing import random_model
+    from marljax.testing import random_model
 
     for name in ("tiny-qwen2", "tiny-qwen3", "tiny-llama"):
         model = random_model(name)

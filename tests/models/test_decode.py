@@ -13,7 +13,7 @@ import pytest
 
 from marljax.models import ModelConfig, forward, get_params
 from marljax.models.decode import LAYOUTS, decode_weights, extend_step, init_decode_cache
-from marljax.models.testing import random_model
+from marljax.testing import random_model
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)

@@ -26,7 +26,7 @@ from marljax.models import (
     token_logprobs,
 )
 from marljax.models.decoder import fuse_projections
-from marljax.models.testing import random_model
+from marljax.testing import random_model
 
 fwd = jax.jit(forward, static_argnames="config")
 logprobs = jax.jit(token_logprobs, static_argnames=("config", "chunk_size"))

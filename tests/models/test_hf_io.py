@@ -10,13 +10,13 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
+from marljax import testing
 from marljax.models import (
     CheckpointError,
     ModelConfig,
     from_pretrained,
     load_tokenizer,
     save_pretrained,
-    testing,
 )
 
 
@@ -64,7 +64,7 @@ def test_torch_free_checkpoint_loads_in_transformers_with_the_same_logits(tmp_pa
     )
     import transformers
 
-    from marljax.models.tiny import write_random_checkpoint
+    from marljax.testing import write_random_checkpoint
 
     path = write_random_checkpoint(tmp_path / family, family, seed=3, **overrides)
     reference = transformers.AutoModelForCausalLM.from_pretrained(
@@ -141,7 +141,7 @@ def test_tokenizer_and_chat_template(checkpoint):
 @pytest.fixture
 def good_dir(tmp_path):
     """A valid checkpoint written by marljax itself (fast; no torch)."""
-    from marljax.models.testing import random_model
+    from marljax.testing import random_model
 
     path = tmp_path / "ckpt"
     save_pretrained(random_model(ModelConfig.preset("tiny-qwen2", num_layers=1)), path)

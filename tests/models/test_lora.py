@@ -15,7 +15,7 @@ import pytest
 from marljax.models import ModelConfig, forward, get_params
 from marljax.models.decode import decode_weights, extend_step, init_decode_cache
 from marljax.models.lora import LoraSpec, init_adapter, merge, stack_adapters
-from marljax.models.testing import random_model
+from marljax.testing import random_model
 
 fwd = jax.jit(forward, static_argnames="config")
 

@@ -9,7 +9,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from marljax.models import from_pretrained, positions_from_mask, testing
+from marljax import testing
+from marljax.models import from_pretrained, positions_from_mask
 
 B, T = 3, 9
 

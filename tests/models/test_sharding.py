@@ -11,7 +11,7 @@ from flax import nnx
 from jax.sharding import PartitionSpec as P
 
 from marljax.models import logical_to_spec, make_mesh, param_specs
-from marljax.models.testing import random_model
+from marljax.testing import random_model
 
 
 class _FakeMesh:

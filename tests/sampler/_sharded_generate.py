@@ -13,8 +13,8 @@ import numpy as np  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
 from marljax.models import ModelConfig, get_params, make_mesh, shard_model  # noqa: E402
-from marljax.models.testing import random_model  # noqa: E402
 from marljax.sampler import Buckets, Schedule, generate, get_engine  # noqa: E402
+from marljax.testing import random_model  # noqa: E402
 
 assert jax.device_count() == 8, jax.devices()
 

@@ -10,7 +10,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from marljax.models import forward, from_pretrained, get_params, load_tokenizer, testing, token_logprobs
+from marljax import testing
+from marljax.models import forward, from_pretrained, get_params, load_tokenizer, token_logprobs
 from marljax.sampler import Buckets, Schedule, generate, generate_text, get_engine, truncation_mask
 
 # one checkpoint per family: Qwen2 (biases, untied), Qwen3 (q/k norm, tied, head_dim 32),

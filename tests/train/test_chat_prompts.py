@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from marljax.models.chat import encode_prompt
-from marljax.models.tiny import make_tokenizer, write_random_checkpoint
+from marljax.models.tokenizer import make_tokenizer
+from marljax.testing import write_random_checkpoint
 from marljax.train.config import PolicyConfig, SamplerConfig
 from marljax.train.generation import PolicyGenerator
 from marljax.train.policy import Policy

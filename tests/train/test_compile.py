@@ -83,7 +83,7 @@ def test_cli_names_a_bad_target_in_one_line():
 
 def _qwen_two_layers(tmp_path: Path) -> Path:
     """config.json only: the real Qwen2.5-0.5B with 2 layers (no weights; AOT needs shapes)."""
-    from marljax.models.real_shapes import real_hf_config
+    from marljax.testing.real_shapes import real_hf_config
 
     path = tmp_path / "qwen2.5-0.5b-2l"
     real_hf_config("qwen2.5-0.5b", num_hidden_layers=2).save_pretrained(str(path))

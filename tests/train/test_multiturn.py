@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from marljax.models.chat import encode_continuation, encode_prompt
-from marljax.models.tiny import make_tokenizer
+from marljax.models.tokenizer import make_tokenizer
 from marljax.train import update
 from marljax.train.batch import collate
 from marljax.train.config import LossConfig

@@ -110,7 +110,7 @@ def test_rerunning_a_finished_run_says_so_and_another_config_is_refused(grpo_run
 @pytest.mark.slow
 def test_export_loads_in_transformers_with_the_trained_logits(grpo_run, tmp_path):
     from marljax.models.decoder import forward
-    from marljax.models.testing import torch_logits
+    from marljax.testing import torch_logits
 
     trainer, run_dir = grpo_run
     res = run_cli("export", str(run_dir), "--policy", "main", str(tmp_path / "hf"))

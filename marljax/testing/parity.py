@@ -3,9 +3,9 @@
 These helpers use transformers' own torch models to write checkpoints (so a
 checkpoint is an independent reference, not marljax's own output) and need
 `torch` (a test-only dependency); it is imported only when they are called.
-Torch-free models, checkpoints and tokenizers are in `marljax.models.tiny`.
+Torch-free models, checkpoints and tokenizers are in `marljax.testing.tiny`.
 
-    from marljax.models.testing import make_tiny_checkpoint
+    from marljax.testing import make_tiny_checkpoint
     path = make_tiny_checkpoint(tmp_path / "qwen3", family="qwen3", num_key_value_heads=1)
     model, config = marljax.models.from_pretrained(path)
     tok = marljax.models.load_tokenizer(path)   # ChatML chat template included
@@ -22,37 +22,16 @@ from typing import Any
 
 import numpy as np
 
-from marljax.models.tiny import (  # noqa: F401 - re-exported for the tests
-    CHATML_TEMPLATE,
-    EOS_ID,
-    FAMILIES,
-    IM_START_ID,
-    PAD_ID,
-    SPECIAL_TOKENS,
-    hf_config,
-    random_model,
-)
-from marljax.models.tiny import make_tokenizer as make_tiny_tokenizer
+from marljax.models import families
+from marljax.models.tokenizer import make_tokenizer
+from marljax.testing.tiny import hf_config
 
-# Named tiny checkpoints (for `make_tiny_checkpoint(path, *CASES[name])`):
-# name -> (family, HF config overrides). Together they cover: Qwen2 biases,
-# tied and untied embeddings, Qwen3 q/k norm with head_dim (32) != hidden/heads (16),
-# Llama 3 and linear rope scaling, attention biases incl. o_proj, GQA ratios 1, 2, 4.
+# Named tiny checkpoints (for `make_tiny_checkpoint(path, *CASES[name])`): each family's
+# `parity_cases`, name -> (family, HF config overrides).
 CASES: dict[str, tuple[str, dict[str, Any]]] = {
-    "qwen2-untied-gqa2": ("qwen2", {}),
-    "qwen2-tied-gqa4": ("qwen2", dict(tie_word_embeddings=True, num_key_value_heads=1)),
-    "qwen3-tied-gqa2": ("qwen3", {}),
-    "qwen3-untied-gqa4-bias": (
-        "qwen3",
-        dict(tie_word_embeddings=False, num_key_value_heads=1, attention_bias=True),
-    ),
-    "llama3rope-gqa1": ("llama", dict(num_key_value_heads=4)),
-    "llama-linearrope-bias-tied": (
-        "llama",
-        dict(
-            rope_scaling={"rope_type": "linear", "factor": 2.0}, attention_bias=True, tie_word_embeddings=True
-        ),
-    ),
+    name: (family.model_type, dict(overrides))
+    for family in families.FAMILIES.values()
+    for name, overrides in family.parity_cases.items()
 }
 
 
@@ -95,7 +74,7 @@ def make_tiny_checkpoint(
         model = model.to(getattr(torch, dtype))
     model.save_pretrained(str(path))
     if tokenizer:
-        make_tiny_tokenizer(path)
+        make_tokenizer(path)
     return path
 
 

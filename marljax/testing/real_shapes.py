@@ -6,7 +6,7 @@ weights are random, but the architecture, vocabulary size, special-token ids, ch
 on them (the embedding and loss head over the real vocabulary, chat prompts, turn-end tokens,
 export) runs as it would with the real checkpoint.
 
-    from marljax.models.real_shapes import write_real_checkpoint
+    from marljax.testing.real_shapes import write_real_checkpoint
     path = write_real_checkpoint(tmp / "qwen", "qwen2.5-0.5b", num_hidden_layers=2)
 
 Weights are drawn and written one layer at a time (one safetensors shard per layer), so writing
@@ -22,99 +22,15 @@ from typing import Any
 
 import numpy as np
 
-from marljax.models.tiny import _CORPUS, CHATML_TEMPLATE, hf_config
+from marljax.models import families
+from marljax.models.tokenizer import CORPUS
+from marljax.testing.tiny import hf_config
 
-# name -> (family in marljax.models.tiny, HF config keys, generation_config.json)
+# name -> (family, HF config keys, generation_config.json): the registered families' real checkpoints
 SHAPES: dict[str, tuple[str, dict[str, Any], dict[str, Any]]] = {
-    "qwen2.5-0.5b": (
-        "qwen2",
-        dict(
-            vocab_size=151936,
-            hidden_size=896,
-            intermediate_size=4864,
-            num_hidden_layers=24,
-            num_attention_heads=14,
-            num_key_value_heads=2,
-            max_position_embeddings=32768,
-            rope_theta=1000000.0,
-            rms_norm_eps=1e-6,
-            tie_word_embeddings=True,
-            bos_token_id=151643,
-            eos_token_id=151645,
-            pad_token_id=None,
-        ),
-        dict(bos_token_id=151643, pad_token_id=151643, eos_token_id=[151645, 151643]),
-    ),
-    "llama-3.2-1b": (
-        "llama",
-        dict(
-            vocab_size=128256,
-            hidden_size=2048,
-            intermediate_size=8192,
-            num_hidden_layers=16,
-            num_attention_heads=32,
-            num_key_value_heads=8,
-            head_dim=64,
-            max_position_embeddings=131072,
-            rope_theta=500000.0,
-            rms_norm_eps=1e-5,
-            tie_word_embeddings=True,
-            rope_scaling={
-                "rope_type": "llama3",
-                "factor": 32.0,
-                "low_freq_factor": 1.0,
-                "high_freq_factor": 4.0,
-                "original_max_position_embeddings": 8192,
-            },
-            bos_token_id=128000,
-            eos_token_id=[128001, 128008, 128009],
-            pad_token_id=None,
-        ),
-        dict(bos_token_id=128000, eos_token_id=[128001, 128008, 128009]),
-    ),
-}
-
-# Special tokens in id order from the first special id (the regular vocabulary fills the ids below).
-QWEN_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]  # 151643, 151644, 151645
-LLAMA_SPECIALS = [
-    "<|begin_of_text|>",  # 128000
-    "<|end_of_text|>",  # 128001
-    "<|reserved_special_token_0|>",
-    "<|reserved_special_token_1|>",
-    "<|finetune_right_pad_id|>",
-    "<|reserved_special_token_2|>",
-    "<|start_header_id|>",  # 128006
-    "<|end_header_id|>",  # 128007
-    "<|eom_id|>",  # 128008
-    "<|eot_id|>",  # 128009
-    "<|python_tag|>",
-] + [f"<|reserved_special_token_{i}|>" for i in range(3, 248)]  # up to 128255, as Llama 3 has
-
-# Llama 3's header format, written from its description: every turn is
-# <|start_header_id|>role<|end_header_id|>\n\n content <|eot_id|>, after one <|begin_of_text|>.
-LLAMA3_TEMPLATE = (
-    "{{- '<|begin_of_text|>' }}"
-    "{%- for message in messages %}"
-    "{{- '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n' + message['content'] | trim"
-    " + '<|eot_id|>' }}"
-    "{%- endfor %}"
-    "{%- if add_generation_prompt %}{{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{%- endif %}"
-)
-
-FAMILY_TOKENS = {
-    # family -> (first special id, specials, chat template, tokenizer roles)
-    "qwen2": (
-        151643,
-        QWEN_SPECIALS,
-        CHATML_TEMPLATE,
-        dict(eos_token="<|im_end|>", pad_token="<|endoftext|>"),
-    ),
-    "llama": (
-        128000,
-        LLAMA_SPECIALS,
-        LLAMA3_TEMPLATE,
-        dict(bos_token="<|begin_of_text|>", eos_token="<|eot_id|>"),
-    ),
+    name: (family.model_type, dict(real.config), dict(real.generation))
+    for family in families.FAMILIES.values()
+    for name, real in family.real_checkpoints.items()
 }
 
 _CODE = [
@@ -138,8 +54,8 @@ def _filler(alphabet: list[str]):
 
 
 def make_family_tokenizer(family: str, path: str | os.PathLike | None = None):
-    """A byte-level BPE `PreTrainedTokenizerFast` with `family`'s ("qwen2" or "llama") special tokens
-    at their real ids, its chat template and roles (eos, pad, bos); saved to `path` when given.
+    """A byte-level BPE `PreTrainedTokenizerFast` with `family`'s (a registered model type) special
+    tokens at their real ids, its chat template and roles (eos, pad, bos); saved to `path` when given.
 
     Merges are learnt from a few lines of text and code; the regular vocabulary is then padded with
     filler entries up to the first special id, so `len(tokenizer)` is the real one (151,646 for
@@ -147,14 +63,15 @@ def make_family_tokenizer(family: str, path: str | os.PathLike | None = None):
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
     from transformers import PreTrainedTokenizerFast
 
-    if family not in FAMILY_TOKENS:
-        raise ValueError(f"unknown family {family!r}; known: {sorted(FAMILY_TOKENS)}")
-    first, specials, template, roles = FAMILY_TOKENS[family]
+    if family not in families.FAMILIES:
+        raise ValueError(f"unknown family {family!r}; known: {sorted(families.FAMILIES)}")
+    chat = families.FAMILIES[family].chat
+    first, specials = chat.first_special_id, chat.specials
     alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
     base = Tokenizer(models.BPE())
     base.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     trainer = trainers.BpeTrainer(vocab_size=1024, initial_alphabet=alphabet, show_progress=False)
-    base.train_from_iterator(_CORPUS + _CODE * 4, trainer=trainer)
+    base.train_from_iterator(CORPUS + _CODE * 4, trainer=trainer)
     learnt = json.loads(base.to_str())["model"]
     vocab = dict(learnt["vocab"])
     merges = [tuple(m.split(" ", 1)) if isinstance(m, str) else tuple(m) for m in learnt["merges"]]
@@ -167,7 +84,9 @@ def make_family_tokenizer(family: str, path: str | os.PathLike | None = None):
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     tok.add_special_tokens([AddedToken(s, special=True, normalized=False) for s in specials])
-    if family == "llama":  # Llama 3 prepends <|begin_of_text|> to plain text (the template writes it itself)
+    if (
+        chat.bos_prefix
+    ):  # e.g. Llama 3 prepends <|begin_of_text|> to plain text (its template writes it itself)
         tok.post_processor = processors.TemplateProcessing(
             single="<|begin_of_text|> $A",
             pair="<|begin_of_text|> $A $B",
@@ -176,8 +95,8 @@ def make_family_tokenizer(family: str, path: str | os.PathLike | None = None):
     got = [tok.token_to_id(s) for s in specials]
     if got != list(range(first, first + len(specials))):  # the whole point: specials at the real ids
         raise AssertionError(f"{family}: special ids {got[:3]}... do not start at {first}")
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, **roles)
-    fast.chat_template = template
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, **chat.roles)
+    fast.chat_template = chat.template
     if path is not None:
         fast.save_pretrained(str(path))
     return fast
