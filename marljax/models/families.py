@@ -5,14 +5,13 @@ its checkpoints fix (attention biases, Qwen3's q/k RMSNorm), the config keys it 
 overrides, its chat markup and tool-call style with their special tokens, its named configs
 (a tiny random one and real shapes) and the checkpoints the test fixtures imitate.
 `ModelConfig.from_hf` / `to_hf_dict`, `hf_io.tensor_map`, the presets and the fixtures in
-`marljax.testing` all read these records; a new family is one `register(Family(...))` here plus
-its parity case (`marljax.testing.parity.CASES`).
+`marljax.testing` all read these records. A new family is one `register(Family(...))` here; the
+parity test compares its `parity_cases` with transformers.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import types
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -95,13 +94,14 @@ class RealCheckpoint:
 class Family:
     """One model family (module doc).
 
-    fixed_biases: `(qkv_bias, o_bias)` every checkpoint of the family has, or None when the HF key
-    `attention_bias` sets both. presets: named `ModelConfig`s (field values), the tiny one first.
-    tiny_checkpoint: the HF config keys of the family's tiny test checkpoint (over the fixtures'
-    common tiny sizes). real_checkpoints: real shapes the fixtures write random checkpoints of.
-    tensor_names: HF tensor names that differ from the Llama layout, by the `hf_io.tensor_map` name.
-    parity_cases: tiny checkpoints (name -> HF config overrides of `tiny_checkpoint`) that the
-    parity tests compare with transformers (`marljax.testing.parity.CASES`).
+        fixed_biases: `(qkv_bias, o_bias)` every checkpoint of the family has, or None when the HF key
+        `attention_bias` sets both. presets: named `ModelConfig`s (field values), "tiny-<model_type>" a
+    tiny random one for tests and demos.
+        tiny_checkpoint: the HF config keys of the family's tiny test checkpoint (over the fixtures'
+        common tiny sizes). real_checkpoints: real shapes the fixtures write random checkpoints of.
+        tensor_names: HF tensor names that differ from the Llama layout, by the `hf_io.tensor_map` name.
+        parity_cases: tiny checkpoints (name -> HF config overrides of `tiny_checkpoint`) that the
+        parity tests compare with transformers (`marljax.testing.parity.CASES`).
     """
 
     model_type: str
@@ -150,7 +150,7 @@ QWEN_CHAT = ChatStyle(
     first_special_id=151643,
     specials=CHATML_SPECIALS,
     template=CHATML_TEMPLATE,
-    roles=types.MappingProxyType(dict(eos_token="<|im_end|>", pad_token="<|endoftext|>")),
+    roles=dict(eos_token="<|im_end|>", pad_token="<|endoftext|>"),
     tool_call_style="qwen",
 )
 
@@ -182,7 +182,7 @@ LLAMA3_CHAT = ChatStyle(
     first_special_id=128000,
     specials=LLAMA3_SPECIALS,
     template=LLAMA3_TEMPLATE,
-    roles=types.MappingProxyType(dict(bos_token="<|begin_of_text|>", eos_token="<|eot_id|>")),
+    roles=dict(bos_token="<|begin_of_text|>", eos_token="<|eot_id|>"),
     tool_call_style="llama",
     bos_prefix=True,
 )

@@ -100,3 +100,11 @@ def test_template_support_is_read_from_the_template():
 
     assert template_supports_tools(Tok()) and not template_supports_tools(Plain())
     assert not template_supports_tools(object())
+
+
+def test_every_family_call_style_reads_back():
+    from marljax.models import families
+
+    for family in families.FAMILIES.values():
+        text = format_tool_call("f", {"a": 1}, style=family.chat.tool_call_style)
+        assert parse_tool_calls(text).calls == (ToolCall("f", {"a": 1}),), family.model_type

@@ -112,3 +112,15 @@ def test_num_params_matches_parameter_count():
 
         n = sum(x.size for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
         assert n == PRESETS[name].num_params(), name
+
+
+def test_each_registered_family_is_supported_once_with_a_tiny_preset_and_parity_cases():
+    from marljax.models import SUPPORTED_ARCHITECTURES, families
+
+    assert {f.architecture: f.model_type for f in families.FAMILIES.values()} == SUPPORTED_ARCHITECTURES
+    for family in families.FAMILIES.values():
+        assert f"tiny-{family.model_type}" in family.presets and family.parity_cases
+        assert families.by_architecture(family.architecture) is family
+        with pytest.raises(ValueError, match="registered already"):
+            families.register(family)
+    assert set(testing.CASES) == {n for f in families.FAMILIES.values() for n in f.parity_cases}
