@@ -53,7 +53,8 @@ def attend(
     implementation: str | None = None,
 ) -> jax.Array:
     """Grouped-query attention `[B, T, N, H]` of queries `[B, T, N, H]` (query head n reads kv head
-    n // (N / K)), scaled by `1 / sqrt(H)`; scores and softmax in float32.
+    n // (N / K)), scaled by `1 / sqrt(H)`; scores and softmax in float32; keys and values in the
+    queries' dtype.
 
     Without a cache (`layout` None): `k`, `v` `[B, T, K, H]` are the queries' own tokens, `valid`
     `[B, T]` the real ones, `segment_ids` `[B, T]` the packing: `causal_attention` by
