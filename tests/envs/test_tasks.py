@@ -8,18 +8,9 @@ import re
 
 import pytest
 
-from marljax.envs.grid import make_grid_problems
 from marljax.envs.search import BM25Index
-from marljax.envs.tasks import (
-    grid_checker_tool,
-    load_qa_jsonl,
-    make_arithmetic,
-    make_multihop,
-    normalize_answer,
-    numeric_score,
-    qa_score,
-    token_f1,
-)
+from marljax.envs.tasks import grid_checker_tool, normalize_answer, numeric_score, qa_score, token_f1
+from marljax.tasks import load_qa_jsonl, make_arithmetic, make_grid_problems, make_multihop
 
 
 def facts(passages):
@@ -165,19 +156,22 @@ def test_bad_rows_name_file_and_line(tmp_path, row, message):
 
 def test_run_configs_load_qa_rows_and_generated_tool_tasks(tmp_path):
     from marljax.train.config import DataConfig
-    from marljax.train.loop import load_split
 
     path = tmp_path / "qa.jsonl"
     path.write_text(
         json.dumps({"_id": "h1", "question": "Q?", "answer": "A", "context": [["T", ["S."]]]}) + "\n"
     )
-    (p,) = load_split(DataConfig(train=str(path), schema="qa"), "train")
+    (p,) = DataConfig(source={"kind": "qa", "train": str(path)}).source.split("train")
     assert p.id == "h1" and p.fields["passages"] == [["T", "S."]] and p.schema == "qa"
-    generated = DataConfig(tools={"task": "multihop", "n_train": 3, "n_eval": 2, "hops": [3]})
-    train, held_out = load_split(generated, "train"), load_split(generated, "eval")
+    generated = DataConfig(
+        source={"kind": "tools", "task": "multihop", "n_train": 3, "n_eval": 2, "hops": [3]}
+    )
+    train, held_out = generated.source.split("train"), generated.source.split("eval")
     assert [q.fields["hops"] for q in train] == [3, 3, 3] and len(held_out) == 2
     assert {q.prompt for q in train}.isdisjoint({q.prompt for q in held_out})
-    arithmetic = load_split(DataConfig(tools={"task": "arithmetic", "n_train": 2}), "train")
+    arithmetic = DataConfig(source={"kind": "tools", "task": "arithmetic", "n_train": 2}).source.split(
+        "train"
+    )
     assert [q.schema for q in arithmetic] == ["math", "math"]
     with pytest.raises(ValueError, match="hops must be 2 or 3"):
-        DataConfig(tools={"hops": [4]})
+        DataConfig(source={"kind": "tools", "hops": [4]})
