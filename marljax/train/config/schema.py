@@ -418,6 +418,9 @@ def _data_source(v: Any, handler: Any) -> Source:
 
 
 class DataConfig(FrozenModel):
+    """Where problems come from (`source`, a registered `marljax.tasks` source) and how the
+    training split is streamed (the other keys)."""
+
     source: Annotated[Any, WrapValidator(_data_source)] = Field(
         description="where problems come from: a mapping whose `kind` names a registered source "
         "(marljax.tasks: jsonl, qa, synthetic, grid, tools) and holds its settings",
