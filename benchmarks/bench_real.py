@@ -141,7 +141,10 @@ def run_config(work: Path, args) -> dict:
                 "template": "{role}{problem}{feedback}",
             },
         },
-        "data": {"synthetic": {"n_train": 4, "n_eval": 1, "difficulty": 1}, "batch_size": 1},
+        "data": {
+            "source": {"kind": "synthetic", "n_train": 4, "n_eval": 1, "difficulty": 1},
+            "batch_size": 1,
+        },
         "sampler": {"max_new_tokens": args.max_new_tokens, "max_prompt_len": 512},
         "workflow": {"kind": "mars2", "agents": ["alice", "bob"], "max_nodes": 4, "expansions_per_round": 4},
         "sandbox": {"workers": 2},

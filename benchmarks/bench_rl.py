@@ -319,7 +319,7 @@ MODES = {
 DEMO = {"smoke": None, "quick": (2, 3), "full": (6, 10)}
 SMOKE = {
     "sampler": {"max_new_tokens": 8},
-    "data": {"batch_size": 2, "synthetic": {"n_train": 4, "difficulty": 1}},
+    "data": {"batch_size": 2, "source": {"kind": "synthetic", "n_train": 4, "difficulty": 1}},
     "workflow": {"kind": "grpo", "group_size": 2},
 }
 

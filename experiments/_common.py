@@ -105,7 +105,8 @@ def run_config(
             },
             "agents": {a: {"policy": "shared", "role": r, "template": TEMPLATE} for a, r in ROLES.items()},
             "data": {
-                "synthetic": {
+                "source": {
+                    "kind": "synthetic",
                     "n_train": n_train,
                     "n_eval": n_eval,
                     "difficulty": 1,

@@ -80,7 +80,8 @@ def config(seed: int, setting: str, steps: int, root: Path, n_eval: int, batch: 
                 "main": {"policy": "main", "role": "Coder. ", "template": template},
             },
             "data": {
-                "synthetic": {
+                "source": {
+                    "kind": "synthetic",
                     "n_train": max(steps, 1) * batch,
                     "n_eval": n_eval,
                     "difficulty": 1,

@@ -87,7 +87,14 @@ def config(seed: int, root: Path, batch: int):
             },
             "agents": agents,
             "data": {
-                "synthetic": {"n_train": batch, "n_eval": 1, "difficulty": 1, "style": "steps", "seed": seed},
+                "source": {
+                    "kind": "synthetic",
+                    "n_train": batch,
+                    "n_eval": 1,
+                    "difficulty": 1,
+                    "style": "steps",
+                    "seed": seed,
+                },
                 "batch_size": batch,
             },
             "sampler": {"max_new_tokens": 40, "temperature": 1.0, "min_prompt_bucket": 64},

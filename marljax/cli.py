@@ -253,8 +253,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unrecognised arguments: {' '.join(rest)}")
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger("absl").setLevel(logging.WARNING)  # orbax is chatty at INFO
+    from marljax.jsonl import DataError
     from marljax.train.config import ConfigError
-    from marljax.train.data import DataError
 
     try:
         return args.fn(args)

@@ -47,7 +47,7 @@ TOKENIZER_SEED = 10_000_000  # task seeds the tokenizer corpus is drawn from (di
 
 def steps_problems(n: int, seed: int, steps: int) -> list:
     """`n` "steps" tasks as `Problem`s (the loader's view of them)."""
-    from marljax.train.data import parse_row, synthetic_rows
+    from marljax.tasks import parse_row, synthetic_rows
 
     rows = synthetic_rows(n, seed=seed, difficulty=steps, style="steps")
     return [parse_row(r, "stdio", f"<demo tasks>:{k + 1}") for k, r in enumerate(rows)]

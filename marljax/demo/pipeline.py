@@ -136,7 +136,8 @@ def run_config(
             "agents": {a: {"policy": p} for a, p in agents.items()},
             # SFT sees each of its own tasks once; RL and evaluation use other tasks (seed ranges apart)
             "data": {
-                "synthetic": {
+                "source": {
+                    "kind": "synthetic",
                     "n_train": s.sft_steps * s.sft_batch if sft else s.n_train,
                     "n_eval": s.n_eval,
                     "difficulty": s.max_steps_per_task,

@@ -118,7 +118,6 @@ def demonstrations(
     turn's bytes, not tokens: only its text is of use (a tokenizer's corpus). With them, every
     prompt encodes as the policy will see it when it samples the same turns (the earlier turns'
     tokens, each ending with an end-of-turn token), which SFT needs."""
-    from marljax.train.loop import load_split
     from marljax.workflows.base import build_workflow
 
     agents = {n: Agent(n, a.policy, a.role, a.template) for n, a in sorted(cfg.agents.items())}
@@ -130,7 +129,7 @@ def demonstrations(
         return reply
 
     workflow, gen = build_workflow(cfg.workflow), ScriptedGenerator(record, policies=policies)
-    problems, batch = load_split(cfg.data, "train"), cfg.data.batch_size
+    problems, batch = cfg.data.source.split("train"), cfg.data.batch_size
     for r in range(rounds):
         chosen = [problems[(r * batch + j) % len(problems)] for j in range(batch)]
         workflow.rollout(chosen, agents, gen, None, seed + r)
@@ -205,7 +204,7 @@ CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 # which grids a step drew (over 32 grids it swung from 0.03 to 0.54 between steps); SHARP's workers
 # get a third turn, so that worker 2 told a person rather than a city can still find the country
 RECIPE_CHANGES = {
-    "at_grpo_tools": {"data.grid.size": 4, "data.grid.n_train": 8},
+    "at_grpo_tools": {"data.source.size": 4, "data.source.n_train": 8},
     "sharp_tools": {"workflow.tools.max_turns": 3},
 }
 
@@ -298,7 +297,7 @@ def warm_started_run(
     raw["policies"][policy] = dict(base, optimizer={"lr": rl_lr})
     trainer = Trainer(config_from_dict(raw, source=f"<{kind} rl>"))
     try:
-        problems = fresh_problems(trainer.cfg.data.tools, evaluate) if evaluate else []
+        problems = fresh_problems(trainer.cfg.data.source, evaluate) if evaluate else []
         before = evaluate_team(trainer, problems) if evaluate else None
         trainer.run()
         if evaluate:
@@ -315,9 +314,9 @@ def fresh_problems(tasks: Any, n: int) -> list:
     distractor passages and orders). Not the eval split: that is another world, and there the warm
     started tiny team scores 0 before and after RL (it learns its world's names, not to copy any
     name; benchmarks/RESULTS.md)."""
-    from marljax.envs.tasks import make_multihop
+    from marljax.tasks import make_multihop
 
-    if tasks is None or tasks.task != "multihop":
+    if tasks.kind != "tools" or tasks.task != "multihop":
         raise ValueError("fresh_problems: multi-hop tool tasks only")
     drawn = make_multihop(tasks.n_train + n, seed=tasks.seed, hops=tasks.hops, n_people=tasks.people)[0]
     return drawn[tasks.n_train :]

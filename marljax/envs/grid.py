@@ -19,7 +19,6 @@ Multi-turn: the next turn starts where the previous turn's best plan ended
 from __future__ import annotations
 
 import dataclasses
-import random
 import re
 from collections import deque
 from collections.abc import Mapping, Sequence
@@ -133,29 +132,6 @@ def grid_prompt(fields: Mapping[str, Any], pos: Sequence[int]) -> str:
     )
 
 
-def make_grid_problems(n: int, seed: int = 0, size: int = 5, wall_prob: float = 0.3) -> list[GridProblem]:
-    """``n`` solvable grids, deterministic from ``seed``; the start is at least 2 moves from the goal."""
-    problems = []
-    for i in range(n):
-        rng = random.Random(f"grid/{seed}/{i}")
-        while True:  # rejection sampling: redraw until the start reaches the goal
-            cells = [(r, c) for r in range(size) for c in range(size)]
-            start, goal = rng.sample(cells, 2)
-            walls = sorted(x for x in cells if x not in (start, goal) and rng.random() < wall_prob)
-            fields = {
-                "size": size,
-                "walls": [list(w) for w in walls],
-                "start": list(start),
-                "goal": list(goal),
-            }
-            d = bfs_distances(fields).get(start)
-            if d is not None and d >= 2:
-                break
-        fields.update(distance=d, solution=shortest_plan(fields))
-        problems.append(GridProblem(f"grid/{seed}/{i}", grid_prompt(fields, start), fields))
-    return problems
-
-
 @dataclasses.dataclass(frozen=True)
 class PlanState:
     pos: tuple[int, int]
@@ -172,7 +148,7 @@ class PlanEnv:
     def start(self, problem: Problem) -> PlanState:
         if problem.schema != "plan":
             raise ValueError(
-                f"task 'plan' needs grid problems (schema 'plan', from make_grid_problems); "
+                f"task 'plan' needs grid problems (schema 'plan', from marljax.tasks.grid); "
                 f"problem {problem.id!r} has schema {problem.schema!r}"
             )
         return PlanState(tuple(problem.fields["start"]))

@@ -8,12 +8,12 @@ optional). Point the tool at your own file with `load_corpus`.
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import os
 from collections.abc import Sequence
 
 from marljax.envs.tools import Tool
+from marljax.jsonl import DataError, line_number, read_jsonl
 
 
 @dataclasses.dataclass(frozen=True)
@@ -24,25 +24,17 @@ class Passage:
 
 
 def load_corpus(path: str | os.PathLike) -> list[Passage]:
-    """The passages of a JSONL corpus; a bad line is a ValueError naming the file and line."""
+    """The passages of a JSONL corpus; a bad line is a `DataError` naming the file and line."""
     passages = []
-    with open(path, encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            where = f"{os.fspath(path)}:{n}"
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{where}: not JSON ({e.msg})") from None
-            if not isinstance(row, dict):
-                raise ValueError(f"{where}: a passage must be a JSON object")
-            text = row.get("text", row.get("contents"))
-            if not isinstance(text, str) or not text.strip():
-                raise ValueError(f"{where}: a passage needs a non-empty 'text' (or 'contents') string")
-            passages.append(Passage(str(row.get("id", n - 1)), str(row.get("title", "")), text))
+    for where, row in read_jsonl(path):
+        if not isinstance(row, dict):
+            raise DataError(f"{where}: a passage must be a JSON object")
+        text = row.get("text", row.get("contents"))
+        if not isinstance(text, str) or not text.strip():
+            raise DataError(f"{where}: a passage needs a non-empty 'text' (or 'contents') string")
+        passages.append(Passage(str(row.get("id", line_number(where) - 1)), str(row.get("title", "")), text))
     if not passages:
-        raise ValueError(f"{os.fspath(path)}: the corpus has no passages")
+        raise DataError(f"{os.fspath(path)}: the corpus has no passages")
     return passages
 
 

@@ -1,4 +1,4 @@
-"""Verifiers: sandboxed code execution, math answers, synthetic tasks.
+"""Verifiers: sandboxed code execution and math answers, and the `Problem` they check.
 
 Pure Python + stdlib (sympy optional); independent of JAX and of the models.
 
@@ -28,7 +28,6 @@ from .pool import SandboxPool, run_many
 from .problems import Problem
 from .results import ExecutionResult, Isolation, Status, TestResult
 from .sandbox import LEVELS, Limits, SandboxConfig, detect_isolation, run_program
-from .synthetic import SyntheticTask, make_step_task, make_task, make_tasks
 from .verifier import SandboxVerifier, Score, Verifier, score_texts
 
 __all__ = [
@@ -47,7 +46,6 @@ __all__ = [
     "Score",
     "Status",
     "StdioTest",
-    "SyntheticTask",
     "TestResult",
     "Verifier",
     "compare_stdout",
@@ -60,9 +58,6 @@ __all__ = [
     "io_program",
     "is_equivalent",
     "load_humaneval",
-    "make_step_task",
-    "make_task",
-    "make_tasks",
     "math_reward",
     "mbpp_program",
     "normalize_answer",

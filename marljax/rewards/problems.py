@@ -4,7 +4,7 @@ Schemas: ``humaneval``, ``mbpp`` and ``stdio`` rows are code problems (an
 answer's program runs against the row's tests), ``math`` rows have a reference
 answer, and ``plan`` problems are the grid game of `marljax.envs.grid`. The raw
 row stays in ``fields`` (JSON-able); the accessors below are the only readers
-of row keys outside the loader (`marljax.train.data_schemas`).
+of row keys outside the loader (`marljax.tasks.rows`).
 """
 
 from __future__ import annotations

@@ -1,123 +1,25 @@
-"""Problem data for RL training: JSONL loading, the synthetic task set, and a checkpointable stream.
+"""A checkpointable stream of problem batches for RL training.
 
-    problems = load_problems("data/train.jsonl.gz")          # schema inferred per row
+    problems = cfg.data.source.split("train")                # marljax.tasks
     stream = ProblemStream(problems, batch_size=32, seed=0)  # this process's shard, forever
     for batch in stream:                                      # a list of Problem
         ...
         save(stream.get_state())                              # JSON; set_state() resumes exactly
 
-Row schemas live in :mod:`marljax.train.data_schemas`, :class:`Problem` in :mod:`marljax.rewards.problems`.
+Where problems come from (files, row schemas, generated sets) is :mod:`marljax.tasks`.
 """
 
 from __future__ import annotations
 
-import gzip
-import json
 import numbers
-import os
 import zlib
-from collections.abc import Iterable, Sequence
-from pathlib import Path
+from collections.abc import Sequence
 
 import grain
 
-from marljax.rewards.synthetic import make_step_task, make_tasks
+from marljax.rewards import Problem
 
-from .data_schemas import SCHEMAS, DataError, Problem, detect_schema, parse_row
-
-__all__ = [
-    "SCHEMAS",
-    "DataError",
-    "Problem",
-    "ProblemStream",
-    "detect_schema",
-    "load_problems",
-    "parse_row",
-    "synthetic_rows",
-    "write_jsonl",
-]
-
-
-def _open_text(path: str, mode: str):
-    if path.endswith(".gz"):
-        return gzip.open(path, mode + "t", encoding="utf-8")
-    return open(path, mode, encoding="utf-8")
-
-
-def load_problems(path, schema: str = "auto") -> list[Problem]:
-    """Problems of a JSONL file (``.gz`` is decompressed); blank lines are skipped.
-
-    Raises :class:`DataError` naming ``path:line`` for invalid JSON, a row that
-    does not fit its schema, or an id seen before (naming both lines), and naming the file when
-    it holds no rows.
-    """
-    path = os.fspath(path)
-    problems, first_seen = [], {}
-    try:
-        with _open_text(path, "r") as f:
-            for lineno, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                source = f"{path}:{lineno}"
-                try:
-                    row = json.loads(line)
-                except json.JSONDecodeError as e:
-                    raise DataError(f"{source}: invalid JSON: {e}") from None
-                problem = parse_row(row, schema, source)
-                if problem.id in first_seen:
-                    raise DataError(
-                        f"{source}: duplicate id {problem.id!r} (first at {first_seen[problem.id]})"
-                    )
-                first_seen[problem.id] = source
-                problems.append(problem)
-    except FileNotFoundError:
-        raise DataError(f"{path}: no such file") from None
-    except (OSError, EOFError, UnicodeDecodeError) as e:  # a truncated or non-gzip .gz, bad bytes
-        raise DataError(f"{path}: cannot read: {e}") from None
-    if not problems:
-        raise DataError(f"{path}: no problems (the file is empty or holds only blank lines)")
-    return problems
-
-
-def write_jsonl(rows: Iterable[dict], path) -> Path:
-    """Write one JSON object per line (gzip-compressed when ``path`` ends in ``.gz``)."""
-    path = Path(path)
-    with _open_text(str(path), "w") as f:
-        for row in rows:
-            f.write(json.dumps(row) + "\n")
-    return path
-
-
-def synthetic_rows(
-    n: int, seed: int = 0, difficulty: int = 2, style: str = "examples", **kwargs
-) -> list[dict]:
-    """``marljax.rewards.synthetic`` tasks as call-based ``stdio`` rows (same tests as ``task.program``).
-
-    Going through rows lets the synthetic demo task use the loader and stream
-    like any dataset.  ``style="steps"`` gives ``make_step_task`` tasks of up to
-    ``difficulty`` steps.  ``kwargs`` go to the task maker (``n_public``, ``n_private``).
-    """
-    if style == "steps":
-        tasks = [make_step_task(seed + k, difficulty, **kwargs) for k in range(n)]
-    elif style == "examples":
-        tasks = make_tasks(n, seed=seed, difficulty=difficulty, **kwargs)
-    else:
-        raise ValueError(f"style must be 'examples' or 'steps', got {style!r}")
-    rows = []
-    for task in tasks:
-        cases = task.public + task.private
-        rows.append(
-            {
-                "task_id": task.task_id,
-                "question": task.prompt,
-                "fn_name": task.fn_name,
-                "inputs": [list(args) for args, _ in cases],
-                "outputs": [out for _, out in cases],
-                "public": len(task.public),
-                "solution": task.reference,
-            }
-        )
-    return rows
+__all__ = ["ProblemStream"]
 
 
 def _is_int(x) -> bool:

@@ -27,15 +27,13 @@ from typing import Any
 import jax
 import numpy as np
 
-from marljax.envs.grid import make_grid_problems
-from marljax.envs.tasks import load_qa_jsonl, make_arithmetic, make_multihop
-from marljax.rewards import Limits, Problem, SandboxPool, SandboxVerifier
+from marljax.rewards import Limits, SandboxPool, SandboxVerifier
 from marljax.seeds import derive_seed
-from marljax.train import data as data_lib
 from marljax.train import distributed, dynamic_sampling, memory, rollout_log
 from marljax.train.buffer import ExperienceBuffer
 from marljax.train.checkpoint import RunCheckpointer
-from marljax.train.config import DataConfig, RunConfig, config_to_record, dump_config
+from marljax.train.config import RunConfig, config_to_record, dump_config
+from marljax.train.data import ProblemStream
 from marljax.train.generation import PolicyGenerator
 from marljax.train.metrics import MetricsWriter, Progress
 from marljax.train.policy import BaseStore, Policy
@@ -46,30 +44,6 @@ from marljax.workflows.diversity import per_agent_diversity
 from marljax.workflows.types import Rollout
 
 log = logging.getLogger(__name__)
-
-
-def load_split(cfg: DataConfig, split: str) -> list[Problem]:
-    """Problems of the train or eval split from a JSONL file or a generator (code tasks, grids, tool
-    tasks)."""
-    if cfg.grid is not None:
-        g = cfg.grid
-        n, seed = (g.n_train, g.seed) if split == "train" else (g.n_eval, g.seed + 1_000_000)
-        return make_grid_problems(n, seed=seed, size=g.size)
-    if cfg.tools is not None:
-        t = cfg.tools
-        n, seed = (t.n_train, t.seed) if split == "train" else (t.n_eval, t.seed + 1_000_000)
-        if t.task == "arithmetic":
-            return make_arithmetic(n, seed=seed)
-        return make_multihop(n, seed=seed, hops=t.hops, n_people=t.people)[0]
-    if cfg.synthetic is not None:
-        s = cfg.synthetic
-        n, seed = (s.n_train, s.seed) if split == "train" else (s.n_eval, s.seed + 1_000_000)
-        rows = data_lib.synthetic_rows(n, seed=seed, difficulty=s.difficulty, style=s.style)
-        return [data_lib.parse_row(r, "stdio", f"<synthetic {split}>:{k + 1}") for k, r in enumerate(rows)]
-    path = cfg.train if split == "train" else cfg.eval
-    if path is not None and cfg.schema == "qa":
-        return load_qa_jsonl(path)[0]
-    return [] if path is None else data_lib.load_problems(path, cfg.schema)
 
 
 def diversity_of(rollout: Rollout) -> dict[str, float]:
@@ -105,10 +79,10 @@ class Trainer:
             self.grad_norm_agents = {
                 p: tuple(sorted(a for a, c in cfg.agents.items() if c.policy == p)) for p in self.policies
             }
-        self.train_problems = load_split(cfg.data, "train")
-        self.eval_problems = load_split(cfg.data, "eval")
+        self.train_problems = cfg.data.source.split("train")  # a marljax.tasks source
+        self.eval_problems = cfg.data.source.split("eval")
         d = cfg.data
-        self.stream = data_lib.ProblemStream(
+        self.stream = ProblemStream(
             self.train_problems, batch_size=d.batch_size, seed=d.seed, shuffle=d.shuffle, epochs=d.epochs
         )
         self.workflow = build_workflow(cfg.workflow)

@@ -7,7 +7,8 @@ import pytest
 
 from marljax.demo.models import steps_problems
 from marljax.demo.refine import break_program, refine_examples
-from marljax.rewards import Limits, make_step_task, run_many
+from marljax.rewards import Limits, run_many
+from marljax.tasks import make_step_task
 from marljax.workflows.base import Agent
 
 

@@ -201,7 +201,7 @@ def test_corpus_errors_name_file_and_line(tmp_path):
     with pytest.raises(ValueError, match=r"bad.jsonl:2: a passage needs a non-empty 'text'"):
         load_corpus(path)
     path.write_text("{oops\n")
-    with pytest.raises(ValueError, match=r"bad.jsonl:1: not JSON"):
+    with pytest.raises(ValueError, match=r"bad.jsonl:1: invalid JSON"):
         load_corpus(path)
 
 

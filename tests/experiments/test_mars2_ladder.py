@@ -7,7 +7,7 @@ import pytest
 
 from marljax.demo.models import steps_problems
 from marljax.demo.teacher import SLIPS, habit_completion
-from marljax.rewards.synthetic import _STEPS
+from marljax.tasks.code import _STEPS
 
 
 def test_habits_are_disjoint_and_name_the_teachers_slips():

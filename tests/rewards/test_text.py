@@ -21,12 +21,11 @@ from marljax.rewards import (
     humaneval_program,
     io_program,
     is_equivalent,
-    make_task,
-    make_tasks,
     math_reward,
     run_many,
     run_program,
 )
+from marljax.tasks import make_task, make_tasks
 
 
 def test_package_does_not_import_jax():

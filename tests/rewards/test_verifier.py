@@ -11,7 +11,7 @@ from marljax.rewards import (
     TestResult,
     public_feedback,
 )
-from marljax.train.data import parse_row
+from marljax.tasks import parse_row
 
 STDIO = {
     "task_id": "inc",

@@ -67,8 +67,9 @@ def worker(pid: int, port: int, out: Path) -> None:
     from jax.experimental import multihost_utils
     from jax.sharding import PartitionSpec as P
 
+    from marljax.tasks import parse_row
     from marljax.train.checkpoint import RunCheckpointer
-    from marljax.train.data import ProblemStream, parse_row
+    from marljax.train.data import ProblemStream
     from marljax.train.metrics import MetricsWriter
     from marljax.train.policy import Policy
 

@@ -43,7 +43,7 @@ agents:
   alice: {{policy: qwen}}
   bob: {{policy: llama}}
 data:
-  synthetic: {{n_train: 16, n_eval: 1}}
+  source: {{kind: synthetic, n_train: 16, n_eval: 1}}
   batch_size: {batch_size}
 sampler: {{max_new_tokens: 2, temperature: 1.0}}
 workflow: {{kind: grpo, agent: alice}}

@@ -111,7 +111,7 @@ def test_run_config_sections():
     base = {
         "policies": {"main": {"model": {"preset": "tiny-qwen3"}}},
         "agents": {"a": {"policy": "main"}},
-        "data": {"synthetic": {"n_train": 4}},
+        "data": {"source": {"kind": "synthetic", "n_train": 4}},
     }
     cfg = config_from_dict(
         {

@@ -21,7 +21,7 @@ def run_config(**agents) -> RunConfig:
         {
             "policies": {"p": {"model": MODEL}},
             "agents": {name: {"policy": "p", **a} for name, a in agents.items()},
-            "data": {"synthetic": {}},
+            "data": {"source": {"kind": "synthetic"}},
             "workflow": {"agent": next(iter(agents))},  # grpo trains one of them; the others only sample
             "sampler": {"temperature": 0.9, "top_p": 0.95, "max_new_tokens": 12, "stop": ["\n\n"]},
         }

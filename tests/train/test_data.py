@@ -9,16 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from marljax.rewards import AssertTest, CallTest, StdioTest, make_tasks, math_reward, run_program
-from marljax.train.data import (
-    DataError,
-    Problem,
-    ProblemStream,
-    load_problems,
-    parse_row,
-    synthetic_rows,
-    write_jsonl,
-)
+from marljax.rewards import AssertTest, CallTest, Problem, StdioTest, math_reward, run_program
+from marljax.tasks import DataError, load_problems, make_tasks, parse_row, synthetic_rows, write_jsonl
+from marljax.train.data import ProblemStream
 
 HUMANEVAL = Path(__file__).resolve().parents[2].parent / "shared/data/HumanEval.jsonl.gz"
 SRC = "data/train.jsonl:7"

@@ -131,7 +131,7 @@ def _run(policies: dict) -> dict:
     return {
         "policies": policies,
         "agents": {"x": {"policy": next(iter(policies))}},
-        "data": {"synthetic": {}},
+        "data": {"source": {"kind": "synthetic"}},
     }
 
 

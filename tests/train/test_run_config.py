@@ -27,7 +27,7 @@ CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 MINIMAL = {
     "policies": {"main": {"model": {"preset": "tiny-qwen3"}}},
     "agents": {"solver": {"policy": "main"}},
-    "data": {"synthetic": {}},
+    "data": {"source": {"kind": "synthetic"}},
 }
 
 
@@ -82,7 +82,7 @@ def test_tiny_config_values():
     assert pol.model.preset == "tiny-qwen3" and pol.model.path is None
     assert pol.optimizer.lr == 1e-3 and pol.optimizer.schedule == "constant"
     assert pol.buffer.threshold == 16 and pol.micro_batch_size == 16
-    assert cfg.data.synthetic.n_train == 32 and cfg.data.train is None
+    assert cfg.data.source.kind == "synthetic" and cfg.data.source.n_train == 32
     assert cfg.workflow.group_size == 4 and cfg.train.steps == 30 and cfg.train.save_every == 10
     assert cfg.sampler.max_new_tokens == 32
 
@@ -96,7 +96,7 @@ def test_qwen_config_values():
     assert (pol.optimizer.warmup_steps, pol.optimizer.decay_steps) == (10, 1000)
     assert pol.loss.kl_coef == 0.001 and pol.reference
     assert pol.mesh.fsdp == 8
-    assert cfg.data.schema == "mbpp" and cfg.data.batch_size == 32
+    assert cfg.data.source.schema == "mbpp" and cfg.data.batch_size == 32
     assert cfg.workflow.group_size == 8 and cfg.sampler.max_new_tokens == 512
 
 
@@ -120,7 +120,7 @@ def test_defaults():
     assert (pol.micro_batch_size, pol.mini_batches) == (8, 1)
     assert (pol.mesh.data, pol.mesh.fsdp, pol.mesh.tensor, pol.mesh.devices) == (1, 1, 1, None)
     assert cfg.agents["solver"].template == "{role}{problem}" and cfg.agents["solver"].role == ""
-    assert cfg.data.schema == "auto" and cfg.data.batch_size == 4 and cfg.data.synthetic.n_eval == 32
+    assert cfg.data.batch_size == 4 and cfg.data.source.n_eval == 32 and cfg.data.source.seed == 0
     assert cfg.workflow == GrpoConfig() and cfg.workflow.kind == "grpo"
     assert cfg.sampler.top_p == 1.0 and cfg.sandbox.timeout_s == 5.0
     assert cfg.train.steps == 100 and cfg.train.eval_every is None
@@ -151,7 +151,7 @@ def test_workflow_without_kind_is_grpo():
         "policies.main.optimizer.lrx",
         "policies.main.model.bogus",
         "policies.main.mesh.bogus",
-        "data.synthetic.bogus",
+        "data.source.bogus",
         "workflow.bogus",
     ],
 )
@@ -244,9 +244,27 @@ def test_unknown_preset(tmp_path):
     assert ": policies.main.model.preset: unknown preset" in msg and "tiny-qwen3" in msg
 
 
-def test_data_needs_exactly_one_source(tmp_path):
-    msg = only_problem(tmp_path, with_(**{"data.train": "x.jsonl"}))
-    assert ": data: set exactly one of train, synthetic" in msg
+def test_data_source_kind_must_be_registered(tmp_path):
+    msg = only_problem(tmp_path, with_(**{"data.source.kind": "riddles"}))
+    assert ": data.source.kind: unknown data source; known: " in msg and "jsonl" in msg, msg
+    msg = only_problem(tmp_path, {**MINIMAL, "data": {"source": {"train": "x.jsonl"}}})
+    assert ": data.source.kind: missing required key; known: " in msg, msg
+    msg = only_problem(tmp_path, with_(**{"data.source": "{kind: jsonl}"}))
+    assert msg.startswith(f"{tmp_path / 'run.yaml'}: data.source.train: missing required key"), msg
+
+
+@pytest.mark.parametrize(
+    "old, kind",
+    [
+        ({"synthetic": {"n_train": 8}}, "synthetic"),
+        ({"grid": {}}, "grid"),
+        ({"train": "x.jsonl", "eval": "y.jsonl"}, "jsonl"),
+        ({"train": "x.jsonl", "schema": "qa"}, "qa"),
+    ],
+)
+def test_old_data_form_says_what_to_write(tmp_path, old, kind):
+    msg = only_problem(tmp_path, {**MINIMAL, "data": {**old, "batch_size": 2}})
+    assert f": data: old form ({', '.join(old)}); write `source: {{kind: {kind}, ...}}`" in msg, msg
 
 
 def test_unknown_policy_reference(tmp_path):

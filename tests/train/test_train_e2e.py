@@ -220,8 +220,7 @@ def test_cli_data_error_names_file_and_line(tmp_path):
         "train",
         "configs/grpo_tiny.yaml",
         f"run_dir={tmp_path / 'run'}",
-        f"data.train={data}",
-        "data.synthetic=null",
+        f"data.source={{kind: jsonl, train: {data}}}",
         timeout=300,
     )
     assert res.returncode == 2
@@ -261,7 +260,7 @@ def test_sft_warm_start_lowers_the_nll_of_reference_solutions(tmp_path):
                 }
             },
             "agents": {"coder": {"policy": "main"}},
-            "data": {"synthetic": {"n_train": 8, "difficulty": 1}, "batch_size": 4},
+            "data": {"source": {"kind": "synthetic", "n_train": 8, "difficulty": 1}, "batch_size": 4},
             "sampler": {"max_new_tokens": 8},
             "train": {"steps": 1, "sft_steps": 25, "tensorboard": False, "progress": False},
         }

@@ -14,14 +14,13 @@ from marljax.envs.grid import (
     GridProblem,
     bfs_distances,
     grid_prompt,
-    make_grid_problems,
     parse_moves,
     plan_reward,
     run_plan,
     shortest_plan,
 )
 from marljax.rewards import SandboxPool, SandboxVerifier
-from marljax.train.data import parse_row
+from marljax.tasks import make_grid_problems, parse_row
 from marljax.workflows.at_grpo import AtGrpoConfig, AtGrpoWorkflow
 from marljax.workflows.base import Agent, ScriptedGenerator
 

@@ -8,10 +8,9 @@ import re
 import numpy as np
 import pytest
 
-from marljax.envs.grid import make_grid_problems
-from marljax.envs.tasks import make_arithmetic
 from marljax.envs.tool_calls import format_tool_call
 from marljax.rewards import SandboxVerifier
+from marljax.tasks import make_arithmetic, make_grid_problems
 from marljax.workflows import REGISTRY
 from marljax.workflows.at_grpo_tools import AtGrpoToolsConfig, AtGrpoToolsWorkflow
 from marljax.workflows.base import Agent, ScriptedGenerator

@@ -88,7 +88,7 @@ def test_every_registered_kind_is_a_valid_workflow_section():
     base = {
         "policies": {"p": {"model": {"preset": "tiny-qwen3"}}},
         "agents": {name: {"policy": "p"} for name in ("alice", "bob")},
-        "data": {"synthetic": {"n_train": 2}},
+        "data": {"source": {"kind": "synthetic", "n_train": 2}},
     }
     assert list(REGISTRY)[0] == "grpo"  # the default kind
     assert {"grpo", "magrpo", "mars2", "at_grpo", "dr_mas", "sharp"} <= set(REGISTRY)

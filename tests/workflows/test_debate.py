@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from marljax.rewards import SandboxVerifier
-from marljax.train.data import parse_row
+from marljax.tasks import parse_row
 from marljax.workflows import REGISTRY
 from marljax.workflows.base import Agent, ScriptedGenerator
 from marljax.workflows.debate import DebateConfig, DebateWorkflow
@@ -126,7 +126,7 @@ def test_two_steps_through_the_trainer_on_a_tiny_model(tmp_path):
         "train.tensorboard=false",
         "train.progress=false",
         "sampler.max_new_tokens=16",
-        "data.synthetic.n_eval=2",
+        "data.source.n_eval=2",
         "workflow.group_size=2",
         "policies.shared.buffer.threshold=16",
     ]

@@ -9,7 +9,7 @@ from pydantic import ValidationError
 
 from marljax import kernels
 from marljax.rewards import SandboxPool, SandboxVerifier
-from marljax.train.data import parse_row, synthetic_rows
+from marljax.tasks import parse_row, synthetic_rows
 from marljax.workflows.base import Agent, ScriptedGenerator
 from marljax.workflows.dr_mas import DrMasConfig, DrMasWorkflow, parse_route, parse_verdict
 

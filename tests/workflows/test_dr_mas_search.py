@@ -8,9 +8,9 @@ import re
 import numpy as np
 import pytest
 
-from marljax.envs.tasks import make_multihop
 from marljax.envs.tool_calls import format_tool_call
 from marljax.rewards import SandboxVerifier
+from marljax.tasks import make_multihop
 from marljax.workflows import REGISTRY
 from marljax.workflows.base import Agent, ScriptedGenerator
 from marljax.workflows.dr_mas_search import DrMasSearchConfig, DrMasSearchWorkflow, parse_route

@@ -29,7 +29,7 @@ def test_mars2_lora_tiny_config_trains_and_resumes(tmp_path):
         "sampler.max_new_tokens=16",
         "agents.carol.sampling.max_new_tokens=12",
         "data.batch_size=2",
-        "data.synthetic.n_eval=2",
+        "data.source.n_eval=2",
         "workflow.max_nodes=6",  # nodes enough that each of the three agents gets some
         *(f"policies.{p}.buffer.threshold=2" for p in ("writer", "fixer", "tester")),
     ]

@@ -9,7 +9,7 @@ from pydantic import ValidationError
 
 from marljax.envs import coop_code
 from marljax.rewards import SandboxPool, SandboxVerifier
-from marljax.train.data import parse_row
+from marljax.tasks import parse_row
 from marljax.workflows.base import Agent, ScriptedGenerator
 from marljax.workflows.magrpo import MagrpoConfig, MagrpoWorkflow
 

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from marljax.rewards import SandboxPool, SandboxVerifier
-from marljax.train.data import parse_row, synthetic_rows
+from marljax.tasks import parse_row, synthetic_rows
 from marljax.workflows.base import Agent, ScriptedGenerator
 from marljax.workflows.mars2 import Mars2Config, Mars2Workflow, refine_prompt, search_eval
 from marljax.workflows.mars2_search import (

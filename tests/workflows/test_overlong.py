@@ -7,7 +7,7 @@ import pytest
 from pydantic import ValidationError
 
 from marljax.rewards import SandboxPool, SandboxVerifier
-from marljax.train.data import parse_row
+from marljax.tasks import parse_row
 from marljax.workflows.base import Agent, ScriptedGenerator
 from marljax.workflows.grpo import GrpoWorkflow
 from marljax.workflows.magrpo import MagrpoWorkflow

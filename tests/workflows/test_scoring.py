@@ -8,7 +8,7 @@ from marljax.envs import coop_code
 from marljax.envs.code import CodeEnv, CodeState
 from marljax.rewards import AssertTest, ExecutionResult, Program, SandboxPool, SandboxVerifier
 from marljax.rewards.verifier import run_deduplicated, score_texts
-from marljax.train.data import parse_row
+from marljax.tasks import parse_row
 
 
 class CountingPool(SandboxPool):

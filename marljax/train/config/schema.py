@@ -12,12 +12,11 @@ from __future__ import annotations
 
 import re
 import string
-import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import ConfigDict, Discriminator, Field, Tag, field_validator, model_validator
+from pydantic import ConfigDict, Discriminator, Field, Tag, WrapValidator, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
 from marljax.kernels.losses import AGG_MODES, LOSS_TYPES
@@ -26,6 +25,7 @@ from marljax.kernels.losses_tis import TIS_LEVELS, TIS_MODES
 from marljax.models.config import PRESETS, REMAT_POLICIES
 from marljax.models.lora import TARGETS, LoraSpec
 from marljax.settings import StrictModel
+from marljax.tasks import SOURCES, Source
 from marljax.train.distributed import DistributedConfig
 from marljax.workflows import REGISTRY
 from marljax.workflows.grpo import GrpoConfig
@@ -35,7 +35,6 @@ __all__ = [
     "BufferConfig",
     "DataConfig",
     "FrozenModel",
-    "GridData",
     "GrpoConfig",
     "LoraConfig",
     "LossConfig",
@@ -47,7 +46,6 @@ __all__ = [
     "SamplerConfig",
     "SamplingConfig",
     "SandboxPoolConfig",
-    "SyntheticData",
     "TrainConfig",
     "WorkflowConfig",
 ]
@@ -388,83 +386,56 @@ class AgentConfig(FrozenModel):
         return v
 
 
-class SyntheticData(FrozenModel):
-    n_train: int = Field(64, ge=1)
-    n_eval: int = Field(32, ge=0)
-    difficulty: int = Field(1, ge=1, description="primitive operations per task (marljax.rewards.synthetic)")
-    style: Literal["examples", "steps"] = Field(
-        "examples",
-        description="examples: infer f from input/output pairs; steps: up to `difficulty` "
-        "operations stated in words (the embedded demo's easier task)",
-    )
-    seed: int = 0
+# A data block of the form before `source` existed, and what to write instead.
+OLD_DATA_KEYS = ("train", "eval", "schema", "synthetic", "grid", "tools")
 
 
-class GridData(FrozenModel):
-    """Procedural grid path-planning problems (AT-GRPO's planning game, marljax.envs.grid)."""
+def _old_data_form(v: dict) -> str | None:
+    old = [k for k in OLD_DATA_KEYS if k in v]
+    if not old:
+        return None
+    generated = [k for k in ("synthetic", "grid", "tools") if k in v]
+    if generated:
+        kind, inside = generated[0], f"the keys of `{generated[0]}` inside"
+    else:
+        kind = "qa" if v.get("schema") == "qa" else "jsonl"
+        inside = ", ".join(f"`{k}`" for k in old if not (kind == "qa" and k == "schema")) + " inside"
+    return f"old form ({', '.join(old)}); write `source: {{kind: {kind}, ...}}` with {inside}"
 
-    n_train: int = Field(64, ge=1)
-    n_eval: int = Field(32, ge=0)
-    size: int = Field(5, ge=3)
-    seed: int = 0
 
-
-class ToolTaskData(FrozenModel):
-    """Generated tasks that need tools (marljax.envs.tasks): multi-hop questions over made-up passages
-    (each problem carries its passages) or arithmetic word problems."""
-
-    task: Literal["multihop", "arithmetic"] = "multihop"
-    n_train: int = Field(64, ge=1)
-    n_eval: int = Field(32, ge=0)
-    hops: list[int] = Field(default_factory=lambda: [2, 3], min_length=1, description="multihop: 2 and/or 3")
-    people: int = Field(
-        12,
-        ge=1,
-        le=64,
-        description="multihop: people in the made-up world (cities and countries grow with them); with "
-        "as many people as questions, a model cannot answer from a memorised world",
-    )
-    seed: int = 0
-
-    @field_validator("hops")
-    @classmethod
-    def _hops(cls, v):
-        if not set(v) <= {2, 3}:
-            raise ValueError(f"hops must be 2 or 3, got {v}")
+def _data_source(v: Any, handler: Any) -> Source:
+    """The registered source class that `kind` names validates the mapping (looked up now, so a
+    source registered after this module was imported is known)."""
+    del handler  # the annotation is the base class; the registry picks the subclass
+    if isinstance(v, Source):
         return v
+    if not isinstance(v, dict):
+        raise ValueError(f"expected a mapping with a `kind` (one of {', '.join(SOURCES.names())})")
+    if v.get("kind") not in SOURCES.names():
+        what = "missing required key" if "kind" not in v else "unknown data source"
+        _problems([(("kind",), f"{what}; known: {', '.join(SOURCES.names())}", v.get("kind"))])
+    return SOURCES.get(v["kind"]).model_validate(v)
 
 
-# `schema` shadows a deprecated BaseModel method; the key name is part of the YAML format, so keep it.
-with warnings.catch_warnings():
-    warnings.filterwarnings("ignore", message=".*shadows an attribute in parent.*")
+class DataConfig(FrozenModel):
+    """Where problems come from (`source`, a registered `marljax.tasks` source) and how the
+    training split is streamed (the other keys)."""
 
-    class DataConfig(FrozenModel):
-        train: str | None = Field(None, description="training problems (JSONL)")
-        eval: str | None = Field(None, description="evaluation problems (JSONL)")
-        schema: Literal["auto", "humaneval", "mbpp", "stdio", "math", "qa"] = Field(
-            "auto",
-            description="qa: HotpotQA / MuSiQue / {question, answer} rows for the tool workflows "
-            "(marljax.envs.tasks.load_qa_jsonl), never detected by auto",
-        )
-        synthetic: SyntheticData | None = Field(None, description="generated tasks instead of a file")
-        grid: GridData | None = Field(None, description="generated planning grids instead of a file")
-        tools: ToolTaskData | None = Field(None, description="generated tool tasks instead of a file")
-        batch_size: int = Field(4, ge=1, description="problems per step")
-        shuffle: bool = True
-        seed: int = 0
-        epochs: int | None = Field(None, ge=1, description="None repeats forever")
+    source: Annotated[Any, WrapValidator(_data_source)] = Field(
+        description="where problems come from: a mapping whose `kind` names a registered source "
+        "(marljax.tasks: jsonl, qa, synthetic, grid, tools) and holds its settings",
+    )
+    batch_size: int = Field(4, ge=1, description="problems per step")
+    shuffle: bool = True
+    seed: int = Field(0, description="the stream's shuffle seed (a generated source has its own)")
+    epochs: int | None = Field(None, ge=1, description="None repeats forever")
 
-        @model_validator(mode="after")
-        def _one_source(self):
-            sources = {
-                "train": self.train,
-                "synthetic": self.synthetic and self.synthetic.model_dump(),
-                "grid": self.grid and self.grid.model_dump(),
-                "tools": self.tools and self.tools.model_dump(),
-            }
-            if sum(v is not None for v in sources.values()) != 1:
-                _problems([((), "set exactly one of train, synthetic, grid, tools", sources)])
-            return self
+    @model_validator(mode="before")
+    @classmethod
+    def _old_form(cls, v):
+        if isinstance(v, dict) and (why := _old_data_form(v)) is not None:
+            _problems([((), why, {k: v[k] for k in OLD_DATA_KEYS if k in v})])
+        return v
 
 
 class SamplerConfig(FrozenModel):

@@ -1,4 +1,4 @@
-"""Synthetic verifiable coding tasks, deterministic from a seed.
+"""Synthetic verifiable coding tasks, deterministic from a seed: the ``synthetic`` source.
 
 "Write ``f(x)`` matching these input/output examples": a hidden integer
 function is composed of ``difficulty`` random primitive operations (add,
@@ -26,8 +26,15 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Literal
 
-from .formats import CallTest, Program, StdioTest
+from pydantic import Field
+
+from marljax.rewards import Problem
+from marljax.rewards.formats import CallTest, Program, StdioTest
+
+from .rows import parse_row
+from .sources import GeneratedSource, register_source
 
 
 @dataclass(frozen=True)
@@ -211,3 +218,52 @@ def make_step_task(seed: int, steps: int = 2, n_public: int = 3, n_private: int 
         difficulty=steps,
         seed=seed,
     )
+
+
+def synthetic_rows(
+    n: int, seed: int = 0, difficulty: int = 2, style: str = "examples", **kwargs
+) -> list[dict]:
+    """Synthetic tasks as call-based ``stdio`` rows (same tests as ``task.program``).
+
+    Going through rows lets the synthetic task use the row schemas and the stream
+    like any dataset.  ``style="steps"`` gives ``make_step_task`` tasks of up to
+    ``difficulty`` steps.  ``kwargs`` go to the task maker (``n_public``, ``n_private``).
+    """
+    if style == "steps":
+        tasks = [make_step_task(seed + k, difficulty, **kwargs) for k in range(n)]
+    elif style == "examples":
+        tasks = make_tasks(n, seed=seed, difficulty=difficulty, **kwargs)
+    else:
+        raise ValueError(f"style must be 'examples' or 'steps', got {style!r}")
+    rows = []
+    for task in tasks:
+        cases = task.public + task.private
+        rows.append(
+            {
+                "task_id": task.task_id,
+                "question": task.prompt,
+                "fn_name": task.fn_name,
+                "inputs": [list(args) for args, _ in cases],
+                "outputs": [out for _, out in cases],
+                "public": len(task.public),
+                "solution": task.reference,
+            }
+        )
+    return rows
+
+
+@register_source("synthetic")
+class SyntheticSource(GeneratedSource):
+    """Generated coding tasks (this module's `make_task` or `make_step_task`)."""
+
+    kind: Literal["synthetic"] = "synthetic"
+    difficulty: int = Field(1, ge=1, description="primitive operations per task")
+    style: Literal["examples", "steps"] = Field(
+        "examples",
+        description="examples: infer f from input/output pairs; steps: up to `difficulty` "
+        "operations stated in words (the embedded demo's easier task)",
+    )
+
+    def make(self, n: int, seed: int, split: str) -> list[Problem]:
+        rows = synthetic_rows(n, seed=seed, difficulty=self.difficulty, style=self.style)
+        return [parse_row(r, "stdio", f"<synthetic {split}>:{k + 1}") for k, r in enumerate(rows)]

@@ -1,4 +1,4 @@
-"""Problems for RL training: one validated record per row of a dataset.
+"""Row schemas: one validated `Problem` per row of a dataset.
 
 Schemas: ``humaneval`` (OpenAI HumanEval rows), ``mbpp`` (MBPP and sanitized
 MBPP), ``stdio`` (LiveCodeBench / CodeContests / APPS input-output cases, on
@@ -14,14 +14,11 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from marljax.jsonl import DataError
 from marljax.rewards.problems import Problem
 
 SCHEMAS = ("humaneval", "mbpp", "stdio", "math")
 __all__ = ["SCHEMAS", "DataError", "Problem", "detect_schema", "parse_row"]
-
-
-class DataError(ValueError):
-    """A bad data file or row; the message starts with ``"path:line: "``."""
 
 
 # ----------------------------------------------------------------- checking

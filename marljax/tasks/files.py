@@ -1,0 +1,76 @@
+"""Problems from JSONL files of dataset rows (``.gz`` is decompressed): the ``jsonl`` source.
+
+    problems = load_problems("data/train.jsonl.gz")   # schema inferred per row
+
+Row schemas live in :mod:`marljax.tasks.rows`.
+"""
+
+from __future__ import annotations
+
+import abc
+import os
+import warnings
+from typing import Literal
+
+from pydantic import Field
+
+from marljax.jsonl import DataError, read_jsonl
+from marljax.rewards import Problem
+
+from .rows import parse_row
+from .sources import SPLITS, Source, register_source
+
+__all__ = ["JsonlSource", "load_problems"]
+
+
+def load_problems(path, schema: str = "auto") -> list[Problem]:
+    """Problems of a JSONL file; blank lines are skipped.
+
+    Raises :class:`DataError` naming ``path:line`` for invalid JSON, a row that
+    does not fit its schema, or an id seen before (naming both lines), and naming the file when
+    it holds no rows.
+    """
+    problems, first_seen = [], {}
+    for where, row in read_jsonl(path):
+        problem = parse_row(row, schema, where)
+        if problem.id in first_seen:
+            raise DataError(f"{where}: duplicate id {problem.id!r} (first at {first_seen[problem.id]})")
+        first_seen[problem.id] = where
+        problems.append(problem)
+    if not problems:
+        raise DataError(f"{os.fspath(path)}: no problems (the file is empty or holds only blank lines)")
+    return problems
+
+
+class FileSource(Source):
+    """A source reading each split from a file (no eval file: no eval problems)."""
+
+    train: str = Field(description="training problems (JSONL)")
+    eval: str | None = Field(None, description="evaluation problems (JSONL)")
+
+    def split(self, split: Literal["train", "eval"]) -> list[Problem]:
+        if split not in SPLITS:
+            raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+        path = self.train if split == "train" else self.eval
+        return [] if path is None else self.load(path)
+
+    @abc.abstractmethod
+    def load(self, path: str) -> list[Problem]:
+        """The problems of one file."""
+
+
+# `schema` shadows a deprecated BaseModel method; the key name is part of the YAML format, so keep it.
+with warnings.catch_warnings():
+    warnings.filterwarnings("ignore", message=".*shadows an attribute in parent.*")
+
+    @register_source("jsonl")
+    class JsonlSource(FileSource):
+        """Dataset rows of the schemas of :mod:`marljax.tasks.rows`."""
+
+        kind: Literal["jsonl"] = "jsonl"
+        schema: Literal["auto", "humaneval", "mbpp", "stdio", "math"] = Field(
+            "auto", description="the rows' schema; auto: inferred per row from its keys"
+        )
+
+        def load(self, path: str) -> list[Problem]:
+            return load_problems(path, self.schema)
