@@ -25,12 +25,12 @@ def _trainer(config: str, overrides: list[str], search: bool = False):
 
     cfg = load_config(config, overrides)
     if search:
-        option = type(cfg.workflow).search_option
-        if option is None:
+        # a workflow with test-time search at evaluation names its switch `eval_search`
+        if "eval_search" not in type(cfg.workflow).model_fields:
             raise ConfigError(
                 [f"{config}: workflow: --search: {cfg.workflow.kind!r} has no test-time search"]
             )
-        cfg = load_config(config, [*overrides, f"workflow.{option}=true"])
+        cfg = load_config(config, [*overrides, "workflow.eval_search=true"])
     return Trainer(cfg)
 
 

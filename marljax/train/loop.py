@@ -297,10 +297,8 @@ class Trainer:
         if not self.eval_problems:
             return {}
         self.sync_samplers()
-        # a workflow with test-time search gets the training sampling too (BaseWorkflowConfig.search_option)
-        search = {"train_generator": self.generator} if type(self.cfg.workflow).search_option else {}
         return self.workflow.evaluate(
-            self.eval_problems, self.agents, self.eval_generator, self.verifier, **search
+            self.eval_problems, self.agents, self.eval_generator, self.verifier, self.generator
         )
 
     def run(self) -> None:

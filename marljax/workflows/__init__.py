@@ -21,6 +21,7 @@ from marljax.workflows.base import (
     build_workflow,
     register_workflow,
 )
+from marljax.workflows.episodes import Episodes
 from marljax.workflows.types import ID_FIELDS, Generation, Rollout, Sample
 
 for _module in pkgutil.iter_modules(__path__):
@@ -30,6 +31,7 @@ __all__ = [
     "ID_FIELDS",
     "REGISTRY",
     "Agent",
+    "Episodes",
     "Generation",
     "Generator",
     "Rollout",

@@ -26,7 +26,6 @@ import functools
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
-import jax.numpy as jnp
 import numpy as np
 from pydantic import Field, model_validator
 
@@ -37,7 +36,8 @@ from marljax.envs.grid import PlanEnv
 from marljax.rewards import Problem, Verifier
 from marljax.seeds import derive_seed
 from marljax.workflows.base import Agent, BaseWorkflowConfig, Generator, Workflow, register_workflow
-from marljax.workflows.types import Generation, Rollout
+from marljax.workflows.episodes import Episodes
+from marljax.workflows.types import Generation
 
 
 class AtGrpoConfig(BaseWorkflowConfig):
@@ -107,6 +107,30 @@ class Candidate:
     passed: bool
 
 
+def turnwise_advantages(
+    episodes: Episodes,
+    num_turns: int,
+    num_agents: int,
+    estimator: str,
+    grouping: str = "problem_turn_agent",
+    pool_size: int | None = None,
+):
+    """AT-GRPO's credit: GRPO (or Dr. GRPO: `estimator`) within each (episode, turn, agent) group of
+    the rows (columns `episode`, `turn`, `agent`), or the groups `grouping` names instead."""
+    return kernels.at_grpo_advantages(
+        episodes.array("reward"),
+        episodes.array("episode"),
+        episodes.array("turn"),
+        episodes.array("agent"),
+        num_problems=episodes.num_problems,
+        num_turns=num_turns,
+        num_agents=num_agents,
+        scale="std" if estimator == "grpo" else "none",
+        key=grouping,
+        pool_size=pool_size or 1,
+    )
+
+
 @register_workflow("at_grpo")
 class AtGrpoWorkflow(Workflow[AtGrpoConfig]):
     @functools.cached_property
@@ -118,7 +142,7 @@ class AtGrpoWorkflow(Workflow[AtGrpoConfig]):
             else CodeEnv(c.coder, c.tester, c.tester_bonus, c.max_asserts)
         )
 
-    def play(
+    def sample_tree(
         self,
         problems: Sequence[Problem],
         agents: Mapping[str, Agent],
@@ -173,64 +197,52 @@ class AtGrpoWorkflow(Workflow[AtGrpoConfig]):
                 states[i], last[i] = res.state, res
         return candidates, last
 
-    def rollout(
+    def play(
         self,
         problems: Sequence[Problem],
         agents: Mapping[str, Agent],
         generator: Generator,
         verifier: Verifier,
         seed: int,
-    ) -> Rollout:
+    ) -> Episodes:
         roles = self.env.roles
-        candidates, last = self.play(problems, agents, generator, verifier, seed, self.cfg.num_candidates)
-        rewards = np.array([c.reward for c in candidates], np.float64)
-        rewards += self.length_penalties([c.generation for c in candidates])
-        column = {
-            key: jnp.asarray([getattr(c, key) for c in candidates], jnp.int32)
-            for key in ("problem", "turn", "agent")
-        }
-        advantages = kernels.at_grpo_advantages(
-            jnp.asarray(rewards, jnp.float32),
-            column["problem"],
-            column["turn"],
-            column["agent"],
-            num_problems=len(problems),
-            num_turns=self.cfg.num_turns,
-            num_agents=len(roles),
-            scale="std" if self.cfg.estimator == "grpo" else "none",
-            key=self.cfg.grouping,
-            pool_size=self.cfg.pool_size or 1,
+        candidates, last = self.sample_tree(
+            problems, agents, generator, verifier, seed, self.cfg.num_candidates
         )
-        ids = [
-            dict(
+        episodes = Episodes(len(problems))
+        for c in candidates:
+            episodes.add(
+                c.generation,
                 problem=problems[c.problem].id,
                 episode=c.problem,
                 node=c.node,
                 parent=c.parent,
                 depth=c.turn,
                 turn=c.turn,
+                reward=c.reward,
+                passed=c.passed,
+                agent=c.agent,
             )
-            for c in candidates
-        ]
         group_best: dict[tuple[int, int, int], float] = {}  # best reward of each (problem, turn, agent)
         for c in candidates:
             key = (c.problem, c.turn, c.agent)
             group_best[key] = max(group_best.get(key, -np.inf), c.reward)
-        extras = {
-            f"agent/{name}/best_reward": float(np.mean([v for key, v in group_best.items() if key[2] == a]))
-            for a, name in enumerate(roles)
-        }
+        extras = episodes.extras
+        for a, name in enumerate(roles):
+            extras[f"agent/{name}/best_reward"] = float(
+                np.mean([v for key, v in group_best.items() if key[2] == a])
+            )
         extras["at_grpo/turns"] = float(
             np.mean([1 + max(c.turn for c in candidates if c.problem == i) for i in range(len(problems))])
         )
         extras["at_grpo/solved"] = float(np.mean([r.solved for r in last]))
-        return Rollout(
-            [c.generation for c in candidates],
-            ids,
-            rewards,
-            np.asarray(advantages),
-            [c.passed for c in candidates],
-            extras,
+        return episodes
+
+    def credit(self, episodes: Episodes):
+        """GRPO within each (problem, turn, agent) group of candidates (`grouping`, `pool_size`)."""
+        c = self.cfg
+        return turnwise_advantages(
+            episodes, c.num_turns, len(self.env.roles), c.estimator, c.grouping, c.pool_size
         )
 
     def evaluate(
@@ -239,10 +251,11 @@ class AtGrpoWorkflow(Workflow[AtGrpoConfig]):
         agents: Mapping[str, Agent],
         generator: Generator,
         verifier: Verifier,
+        train_generator: Generator | None = None,
     ) -> dict[str, float]:
         """One (greedy, with a greedy generator) candidate per agent per turn; the final state counts:
         pass@1 of the coder's last code (all tests), or the planner's success (goal reached)."""
-        _, last = self.play(problems, agents, generator, verifier, 0, 1)
+        _, last = self.sample_tree(problems, agents, generator, verifier, 0, 1)
         main = self.env.roles[0]
         name = "success" if self.cfg.task == "plan" else "pass_at_1"
         return {

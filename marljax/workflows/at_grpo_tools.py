@@ -25,14 +25,13 @@ one sequence).
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Mapping, Sequence
 from typing import Literal
 
-import jax.numpy as jnp
 import numpy as np
 from pydantic import Field, model_validator
 
-from marljax import kernels
 from marljax.envs import StepResult, best_branch
 from marljax.envs.grid import grid_prompt, parse_moves, plan_reward, run_plan
 from marljax.envs.tasks import grid_checker_tool, numeric_score
@@ -41,9 +40,11 @@ from marljax.envs.tool_env import extract_tagged_answer
 from marljax.envs.tools import ToolBox
 from marljax.rewards import Problem, Verifier
 from marljax.seeds import derive_seed
+from marljax.workflows.at_grpo import turnwise_advantages
 from marljax.workflows.base import Agent, BaseWorkflowConfig, Generator, Workflow, register_workflow
+from marljax.workflows.episodes import Episodes
 from marljax.workflows.tool_use import TaskTools, ToolsConfig, process_reward, tool_prompt
-from marljax.workflows.types import Generation, Rollout
+from marljax.workflows.types import Generation
 
 TOOL_TASK = "Use the tools to check ideas before the plan agent commits. Report what you found."
 PLAN_TASK = {
@@ -113,9 +114,10 @@ class Candidate:
 
 @register_workflow("at_grpo_tools")
 class AtGrpoToolsWorkflow(Workflow[AtGrpoToolsConfig]):
-    def __init__(self, *args, **options):
-        super().__init__(*args, **options)
-        self.task = TaskTools(self.cfg.tools)
+    @functools.cached_property
+    def task(self) -> TaskTools:
+        """The configured task's tools and answer score."""
+        return TaskTools(self.cfg.tools)
 
     def _start(self, problem: Problem) -> State:
         if self.cfg.tools.task == "plan":
@@ -214,55 +216,50 @@ class AtGrpoToolsWorkflow(Workflow[AtGrpoToolsConfig]):
                     s.pos = moved
         return out, states
 
-    def rollout(
+    def play(
         self,
         problems: Sequence[Problem],
         agents: Mapping[str, Agent],
         generator: Generator,
         verifier: Verifier,
         seed: int,
-    ) -> Rollout:
+    ) -> Episodes:
         c = self.cfg
         cands, states = self._play(problems, agents, generator, seed, c.num_candidates)
-        gens = [x.generation for x in cands]
-        rewards = np.array([x.reward for x in cands]) + self.length_penalties(gens)
-        advantages = kernels.at_grpo_advantages(
-            jnp.asarray(rewards, jnp.float32),
-            jnp.asarray([x.problem for x in cands], jnp.int32),
-            jnp.asarray([x.turn for x in cands], jnp.int32),
-            jnp.asarray([x.agent for x in cands], jnp.int32),
-            num_problems=len(problems),
-            num_turns=c.num_turns,
-            num_agents=2,
-            scale="std" if c.estimator == "grpo" else "none",
-        )
         K = c.num_candidates
-        ids = [
-            dict(
+        episodes = Episodes(len(problems))
+        for x in cands:
+            episodes.add(
+                x.generation,
                 problem=problems[x.problem].id,
                 episode=x.problem,
                 node=x.node(K),
                 parent=x.parent,
                 depth=2 * x.turn + x.agent,
                 turn=x.turn,
+                reward=x.reward,
+                passed=x.passed,
+                agent=x.agent,
             )
-            for x in cands
-        ]
         tool = [x for x in cands if x.agent == 0]
-        extras = {
-            "team/reward": float(np.mean([s.last_reward for s in states])),
-            "team/pass_rate": float(np.mean([s.solved for s in states])),
-            "at_grpo/turns": float(
-                np.mean([max(x.turn for x in cands if x.problem == i) + 1 for i in range(len(problems))])
-            ),
-            "tools/call_frac": float(
-                np.mean([bool(parse_tool_calls(x.generation.text).attempted) for x in tool])
-            ),
-            "tools/process_reward": float(np.mean([x.reward for x in tool])),
-        }
-        return Rollout(
-            gens, ids, rewards, np.asarray(advantages), np.array([x.passed for x in cands]), extras
+        episodes.extras.update(
+            {
+                "team/reward": float(np.mean([s.last_reward for s in states])),
+                "team/pass_rate": float(np.mean([s.solved for s in states])),
+                "at_grpo/turns": float(
+                    np.mean([max(x.turn for x in cands if x.problem == i) + 1 for i in range(len(problems))])
+                ),
+                "tools/call_frac": float(
+                    np.mean([bool(parse_tool_calls(x.generation.text).attempted) for x in tool])
+                ),
+                "tools/process_reward": float(np.mean([x.reward for x in tool])),
+            }
         )
+        return episodes
+
+    def credit(self, episodes: Episodes):
+        """GRPO within each (problem, turn, agent) group of candidates."""
+        return turnwise_advantages(episodes, self.cfg.num_turns, 2, self.cfg.estimator)
 
     def evaluate(
         self,
@@ -270,6 +267,7 @@ class AtGrpoToolsWorkflow(Workflow[AtGrpoToolsConfig]):
         agents: Mapping[str, Agent],
         generator: Generator,
         verifier: Verifier,
+        train_generator: Generator | None = None,
     ) -> dict[str, float]:
         """One (greedy, with a greedy generator) candidate per agent and turn for each held-out problem."""
         _, states = self._play(problems, agents, generator, 0, 1)

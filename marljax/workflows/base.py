@@ -1,11 +1,14 @@
-"""The workflow contract: a typed config, a `Workflow` that rolls out and evaluates, and a registry.
+"""The workflow contract: a typed config, a `Workflow` that plays, credits and evaluates, and a registry.
 
 A workflow is one module: a config class (a `BaseWorkflowConfig` whose `kind`
 is a Literal naming the workflow) and a `Workflow[Config]` subclass registered
-under that kind. The workflow reads its options from `self.cfg`, asks a
-`Generator` for text, scores it with a `Verifier`, assigns credit with the
-kernels and returns a `Rollout` of arrays; the trainer does everything common
-(per-agent metrics, buffers, versions, updates, checkpoints).
+under that kind. The workflow reads its options from `self.cfg`; `play` asks a
+`Generator` for text, scores it with a `Verifier` and returns `Episodes` (one
+row of columns per generation); `credit` turns those columns into advantages
+with the kernels. `rollout` (here, shared) runs play, shapes the rewards
+(`overlong`), runs credit and hands the trainer a `Rollout` of arrays; the
+trainer does everything common (per-agent metrics, buffers, versions, updates,
+checkpoints).
 
     class EchoConfig(BaseWorkflowConfig):
         kind: Literal["echo"] = "echo"
@@ -13,8 +16,9 @@ kernels and returns a `Rollout` of arrays; the trainer does everything common
 
     @register_workflow("echo")
     class EchoWorkflow(Workflow[EchoConfig]):
-        def rollout(self, problems, agents, generator, verifier, seed): ...
-        def evaluate(self, problems, agents, generator, verifier): ...
+        def play(self, problems, agents, generator, verifier, seed) -> Episodes: ...
+        def credit(self, episodes) -> advantages: ...
+        def evaluate(self, problems, agents, generator, verifier, train_generator=None): ...
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from pydantic import Field, model_validator
 from marljax import kernels
 from marljax.rewards import Problem, Verifier
 from marljax.settings import StrictModel
+from marljax.workflows.episodes import Episodes
 from marljax.workflows.types import Generation, Prompt, Rollout
 
 
@@ -54,12 +59,12 @@ class OverlongConfig(StrictModel):
 class BaseWorkflowConfig(StrictModel):
     """Base of each workflow's typed options (`kind` names the workflow in YAML)."""
 
-    # the bool option that adds test-time search to evaluation (`marljax eval --search`);
-    # None: the workflow has no such search. A workflow with one takes `train_generator=` in
-    # `evaluate` as well (the training sampling, for a search that must not decode greedily)
-    search_option: ClassVar[str | None] = None
-
     kind: str
+    module: str | None = Field(
+        None,
+        description="module that registers this kind, imported before the section is read "
+        "(a workflow defined outside marljax.workflows)",
+    )
     overlong: OverlongConfig | None = Field(
         None, description="DAPO's overlong penalty, added to each completion's reward before credit"
     )
@@ -205,8 +210,8 @@ class Workflow(abc.ABC, Generic[C]):
         return cls(cfg)
 
     def length_penalties(self, generations: Sequence[Generation]) -> np.ndarray:
-        """`overlong`'s penalty of each generation by its completion length (zeros when unset); a
-        workflow adds it to each completion's reward before assigning credit."""
+        """`overlong`'s penalty of each generation by its completion length (zeros when unset): the
+        reward shaping `rollout` adds to each reward between play and credit."""
         o = self.cfg.overlong
         if o is None:
             return np.zeros(len(generations))
@@ -230,7 +235,6 @@ class Workflow(abc.ABC, Generic[C]):
             "overlong/frac_penalized": float((penalties < 0).mean()),
         }
 
-    @abc.abstractmethod
     def rollout(
         self,
         problems: Sequence[Problem],
@@ -239,7 +243,36 @@ class Workflow(abc.ABC, Generic[C]):
         verifier: Verifier,
         seed: int,
     ) -> Rollout:
-        """Sample, score and credit one batch of problems (`seed` fixes every random choice)."""
+        """Play, shape the rewards, credit: one batch of problems as a `Rollout`."""
+        episodes = self.play(problems, agents, generator, verifier, seed)
+        if not episodes.shaped:
+            rewards = episodes["reward"]
+            episodes["reward"] = rewards + self.length_penalties(episodes.generations).astype(rewards.dtype)
+            episodes.shaped = True
+        advantages = np.asarray(self.credit(episodes))
+        return Rollout(
+            episodes.generations,
+            episodes.ids,
+            episodes["reward"],
+            advantages.reshape(-1),
+            episodes["passed"],
+            episodes.extras,
+        )
+
+    @abc.abstractmethod
+    def play(
+        self,
+        problems: Sequence[Problem],
+        agents: Mapping[str, Agent],
+        generator: Generator,
+        verifier: Verifier,
+        seed: int,
+    ) -> Episodes:
+        """Sample and score one batch of problems (`seed` fixes every random choice)."""
+
+    @abc.abstractmethod
+    def credit(self, episodes: Episodes) -> Any:
+        """Advantages `[N]` (an array) of the played episodes, from their columns (shaped rewards)."""
 
     @abc.abstractmethod
     def evaluate(
@@ -248,9 +281,11 @@ class Workflow(abc.ABC, Generic[C]):
         agents: Mapping[str, Agent],
         generator: Generator,
         verifier: Verifier,
+        train_generator: Generator | None = None,
     ) -> dict[str, float]:
-        """Held-out metrics, keys `eval/...`; the trainer passes a generator with evaluation's
-        sampling (greedy by default)."""
+        """Held-out metrics, keys `eval/...`. `generator` samples as evaluation does (greedy by
+        default); `train_generator` as training does, for a test-time search that must not decode
+        greedily (most workflows leave it unused)."""
 
     def state_dict(self) -> dict[str, Any]:
         return {}

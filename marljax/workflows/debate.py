@@ -16,15 +16,14 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
-import jax.numpy as jnp
 import numpy as np
 from pydantic import Field
 
-from marljax import kernels
 from marljax.rewards import Problem, Verifier
 from marljax.seeds import derive_seed
 from marljax.workflows.base import Agent, BaseWorkflowConfig, Generator, Workflow, register_workflow
-from marljax.workflows.types import Generation, Rollout
+from marljax.workflows.episodes import Episodes, agentwise_advantages
+from marljax.workflows.types import Generation
 
 REVISE = "Revise your answer in the light of the other answer. Reply with your complete final answer."
 
@@ -79,15 +78,15 @@ class DebateWorkflow(Workflow[DebateConfig]):
         revised = [[gens[2 * d + j][0] for j in range(2)] for d in range(len(first))]
         return first, revised
 
-    def rollout(
+    def play(
         self,
         problems: Sequence[Problem],
         agents: Mapping[str, Agent],
         generator: Generator,
         verifier: Verifier,
         seed: int,
-    ) -> Rollout:
-        n, P = self.cfg.group_size, len(problems)
+    ) -> Episodes:
+        n = self.cfg.group_size
         first, revised = self.debate(problems, agents, generator, seed, n)
         debates = range(len(first))
         # one scoring batch for both rounds; the first round's scores are only reported
@@ -97,45 +96,37 @@ class DebateWorkflow(Workflow[DebateConfig]):
         )
         joint = np.array([(scores[4 * d + 2].reward + scores[4 * d + 3].reward) / 2 for d in debates])
         both = np.array([scores[4 * d + 2].passed and scores[4 * d + 3].passed for d in debates])
+        episodes = Episodes(len(problems))
         # four turns per debate: each agent's first answer (nodes 0, 1), then its revision (nodes 2, 3)
-        rewards, passed = np.repeat(joint, 4), np.repeat(both, 4)
-        rewards = rewards + self.length_penalties([g for d in debates for g in (*first[d], *revised[d])])
-        agent_ids = np.tile([0, 1, 0, 1], len(first))
-        groups = np.repeat(np.arange(P), 4 * n)
-        advantages, _ = kernels.dr_mas_advantages(
-            jnp.asarray(rewards, jnp.float32),
-            jnp.asarray(agent_ids),
-            2,
-            group_ids=jnp.asarray(groups),
-            num_groups=P,
+        for d in debates:
+            for node, g in enumerate((*first[d], *revised[d])):
+                episodes.add(
+                    g,
+                    problem=problems[d // n].id,
+                    episode=d,
+                    node=node,
+                    parent=node - 2 if node >= 2 else -1,
+                    depth=node // 2,
+                    turn=node // 2,
+                    reward=joint[d],
+                    passed=both[d],
+                    agent=node % 2,
+                    group=d // n,
+                )
+        episodes.extras.update(
+            {
+                "team/reward": float(joint.mean()),
+                "team/pass_rate": float(both.mean()),
+                "debate/first_reward": float(
+                    np.mean([scores[4 * d + j].reward for d in debates for j in (0, 1)])
+                ),
+            }
         )
-        ids = [
-            dict(
-                problem=problems[d // n].id,
-                episode=d,
-                node=node,
-                parent=node - 2 if node >= 2 else -1,
-                depth=node // 2,
-                turn=node // 2,
-            )
-            for d in debates
-            for node in range(4)
-        ]
-        extras = {
-            "team/reward": float(joint.mean()),
-            "team/pass_rate": float(both.mean()),
-            "debate/first_reward": float(
-                np.mean([scores[4 * d + j].reward for d in debates for j in (0, 1)])
-            ),
-        }
-        return Rollout(
-            [g for d in debates for g in (*first[d], *revised[d])],
-            ids,
-            rewards,
-            np.asarray(advantages),
-            passed,
-            extras,
-        )
+        return episodes
+
+    def credit(self, episodes: Episodes):
+        """Each agent's turns normalised among that agent's turns on the same problem."""
+        return agentwise_advantages(episodes, 2)
 
     def evaluate(
         self,
@@ -143,6 +134,7 @@ class DebateWorkflow(Workflow[DebateConfig]):
         agents: Mapping[str, Agent],
         generator: Generator,
         verifier: Verifier,
+        train_generator: Generator | None = None,
     ) -> dict[str, float]:
         """One (greedy, with a greedy generator) debate per held-out problem: each agent's revised
         answer's pass@1, and the pair's."""

@@ -55,7 +55,8 @@ from marljax.seeds import derive_seed
 from marljax.shapes import power_of_two_bucket
 from marljax.workflows.base import Agent, BaseWorkflowConfig, Generator, Workflow, register_workflow
 from marljax.workflows.diversity import grouped_diversity
-from marljax.workflows.types import Generation, Prompt, Rollout
+from marljax.workflows.episodes import Episodes
+from marljax.workflows.types import Generation, Prompt
 
 ROLES = ("solver", "verifier", "router")
 _VERDICT = re.compile(r"\b(ACCEPT|REVISE)\b", re.I)
@@ -69,14 +70,20 @@ def parse_verdict(text: str) -> tuple[bool, str]:
     return m.group(1).upper() == "ACCEPT", text[m.end() :].strip(" \t\n:.-")
 
 
-def parse_route(text: str, names: Sequence[str]) -> str | None:
-    """The first of `names` mentioned in `text` (whole word, any case), or None."""
+def route_mentions(text: str, names: Sequence[str]) -> list[str]:
+    """The mentions of `names` in `text` (whole words, any case), in the order they occur."""
     hits = [
         (m.start(), name)
         for name in names
-        if (m := re.search(rf"(?<!\w){re.escape(name)}(?!\w)", text, re.I)) is not None
+        for m in re.finditer(rf"(?<!\w){re.escape(name)}(?!\w)", text, re.I)
     ]
-    return min(hits)[1] if hits else None
+    return [name for _, name in sorted(hits)]
+
+
+def parse_route(text: str, names: Sequence[str]) -> str | None:
+    """The first of `names` mentioned in `text` (whole word, any case), or None."""
+    found = route_mentions(text, names)
+    return found[0] if found else None
 
 
 def _fence(code: str, problem: Problem) -> str:
@@ -261,57 +268,54 @@ class DrMasWorkflow(Workflow[DrMasConfig]):
                 self._record_solutions([e for e, _ in solved], [g for _, g in solved], verifier)
 
     # ----------------------------------------------------------- interface
-    def rollout(
+    def play(
         self,
         problems: Sequence[Problem],
         agents: Mapping[str, Agent],
         generator: Generator,
         verifier: Verifier,
         seed: int,
-    ) -> Rollout:
-        G, P, roles = self.cfg.group_size, len(problems), self.roles
-        eps = self._episodes(problems, agents, generator, verifier, seed, G)
-        flat = [(n, t, turn) for n, e in enumerate(eps) for t, turn in enumerate(e.turns)]
-        N = len(flat)
-        rewards = np.array(
-            [turn.reward if turn.role == "verifier" else eps[n].score.reward for n, _, turn in flat],
-            np.float64,
-        )
-        rewards += self.length_penalties([turn.generation for _, _, turn in flat])
-        passed = [turn.reward if turn.role == "verifier" else eps[n].score.passed for n, _, turn in flat]
+    ) -> Episodes:
+        eps = self._episodes(problems, agents, generator, verifier, seed, self.cfg.group_size)
+        episodes = Episodes(len(problems))
+        episodes.context["episodes"] = eps
+        for n, e in enumerate(eps):
+            for t, turn in enumerate(e.turns):
+                episodes.add(
+                    turn.generation,
+                    problem=e.problem.id,
+                    episode=n,
+                    node=t,
+                    parent=t - 1,
+                    depth=t,
+                    turn=t,
+                    reward=turn.reward if turn.role == "verifier" else e.score.reward,
+                    passed=turn.reward if turn.role == "verifier" else e.score.passed,
+                    agent=self.roles.index(turn.role),
+                    group=e.group,
+                )
+        return episodes
+
+    def credit(self, episodes: Episodes):
+        """Dr. MAS: each agent's rewards normalised per problem (or all agents together: `global`)."""
+        N, P = len(episodes), episodes.num_problems
         # padded to a power of two (masked out) so the jitted kernels compile for few sizes
         size = power_of_two_bucket(N)
-        padded = np.zeros(size, np.float32)
-        agent_ids, group_ids = np.zeros(size, np.int32), np.zeros(size, np.int32)
-        padded[:N] = rewards
-        agent_ids[:N] = [roles.index(turn.role) for _, _, turn in flat]
-        group_ids[:N] = [eps[n].group for n, _, _ in flat]
+        rewards, groups = episodes.array("reward", size), episodes.array("group", size)
         mask = jnp.arange(size) < N
         advantages, stats = kernels.dr_mas_advantages(
-            jnp.asarray(padded),
-            jnp.asarray(agent_ids),
-            len(roles),
+            rewards,
+            episodes.array("agent", size),
+            len(self.roles),
             mask,
-            group_ids=jnp.asarray(group_ids),
+            group_ids=groups,
             num_groups=P,
             singleton=self.cfg.singleton,
         )
         if self.cfg.normalization == "global":  # all agents of a problem together (GRPO's group baseline)
-            advantages = kernels.group_advantages(
-                jnp.asarray(padded), jnp.asarray(group_ids), P, mask, singleton=self.cfg.singleton
-            )
-        ids = [
-            dict(problem=eps[n].problem.id, episode=n, node=t, parent=t - 1, depth=t, turn=t)
-            for n, t, _ in flat
-        ]
-        return Rollout(
-            [turn.generation for _, _, turn in flat],
-            ids,
-            rewards,
-            np.asarray(advantages)[:N],
-            passed,
-            self._extras(eps, agent_ids[:N], stats),
-        )
+            advantages = kernels.group_advantages(rewards, groups, P, mask, singleton=self.cfg.singleton)
+        episodes.extras.update(self._extras(episodes.context["episodes"], episodes["agent"], stats))
+        return np.asarray(advantages)[:N]
 
     def _extras(
         self, eps: list[Episode], agent_ids: np.ndarray, stats: Mapping[str, Any]
@@ -342,6 +346,7 @@ class DrMasWorkflow(Workflow[DrMasConfig]):
         agents: Mapping[str, Agent],
         generator: Generator,
         verifier: Verifier,
+        train_generator: Generator | None = None,
     ) -> dict[str, float]:
         """One (greedy, with a greedy generator) episode per held-out problem: the team's pass@1."""
         eps = self._episodes(problems, agents, generator, verifier, 0, 1)

@@ -21,19 +21,19 @@ turns train as one sequence each with the notes and tool results masked, or one 
 from __future__ import annotations
 
 import dataclasses
-import re
+import functools
 from collections.abc import Mapping, Sequence
 from typing import Literal
 
-import jax.numpy as jnp
 import numpy as np
 from pydantic import Field, model_validator
 
-from marljax import kernels
 from marljax.envs.tool_env import ANSWER_FORMAT, extract_tagged_answer
 from marljax.rewards import Problem, Verifier
 from marljax.seeds import derive_seed
 from marljax.workflows.base import Agent, BaseWorkflowConfig, Generator, Workflow, register_workflow
+from marljax.workflows.dr_mas import route_mentions
+from marljax.workflows.episodes import Episodes, agentwise_advantages
 from marljax.workflows.tool_use import (
     AgentEpisode,
     TaskTools,
@@ -41,16 +41,16 @@ from marljax.workflows.tool_use import (
     episode_generations,
     process_reward,
 )
-from marljax.workflows.types import Generation, Prompt, Rollout
+from marljax.workflows.types import Generation, Prompt
 
-_ROUTE = re.compile(r"\b(search|answer)\b", re.IGNORECASE)
 ROUTER_TASK = "Reply 'search' to gather more information, or 'answer' when the notes suffice."
 
 
-def parse_route(text: str, have_notes: bool) -> str:
-    found = _ROUTE.findall(text)
+def router_choice(text: str, have_notes: bool) -> str:
+    """The router's last word of 'search' or 'answer'; without one, answer once there are notes."""
+    found = route_mentions(text, ("search", "answer"))
     if found:
-        return found[-1].lower()
+        return found[-1]
     return "answer" if have_notes else "search"
 
 
@@ -109,9 +109,10 @@ def _notes_text(notes: Sequence[str]) -> str:
 
 @register_workflow("dr_mas_search")
 class DrMasSearchWorkflow(Workflow[DrMasSearchConfig]):
-    def __init__(self, *args, **options):
-        super().__init__(*args, **options)
-        self.task = TaskTools(self.cfg.tools)
+    @functools.cached_property
+    def task(self) -> TaskTools:
+        """The configured task's tools and answer score."""
+        return TaskTools(self.cfg.tools)
 
     def _play(self, problems, agents, generator, seed, G) -> list[Episode]:
         c = self.cfg
@@ -133,7 +134,7 @@ class DrMasSearchWorkflow(Workflow[DrMasSearchConfig]):
                 for e, (g,) in zip(active, gens):
                     e.router_turns.append(g)
                     searching = e.search is None or not e.search.done
-                    routes[id(e)] = parse_route(g.text, bool(e.notes)) if searching else "answer"
+                    routes[id(e)] = router_choice(g.text, bool(e.notes)) if searching else "answer"
             to_search = [e for e in active if routes.get(id(e)) == "search"]
             for e in to_search:
                 if e.search is None:
@@ -172,19 +173,19 @@ class DrMasSearchWorkflow(Workflow[DrMasSearchConfig]):
                     e.router_prompt = e.router_prompt.continued(g, follow, raw)
         return episodes
 
-    def rollout(
+    def play(
         self,
         problems: Sequence[Problem],
         agents: Mapping[str, Agent],
         generator: Generator,
         verifier: Verifier,
         seed: int,
-    ) -> Rollout:
-        c, G, P = self.cfg, self.cfg.group_size, len(problems)
-        episodes = self._play(problems, agents, generator, seed, G)
-        names = [c.router, c.searcher, c.answerer]
-        gens, ids, rewards, agent_ids, groups, scores, fallbacks = [], [], [], [], [], [], 0
-        for n, e in enumerate(episodes):
+    ) -> Episodes:
+        c, G = self.cfg, self.cfg.group_size
+        played = self._play(problems, agents, generator, seed, G)
+        episodes = Episodes(len(problems))
+        scores, fallbacks = [], 0
+        for n, e in enumerate(played):
             R = self.task.score(problems[e.problem], e.answer)
             scores.append(R)
             search_bonus = c.process_weight * process_reward(e.search.steps) if e.search else 0.0
@@ -195,43 +196,41 @@ class DrMasSearchWorkflow(Workflow[DrMasSearchConfig]):
                 samples, fell_back = episode_generations(turns, c.tools.multi_turn)
                 fallbacks += fell_back
                 for t, g in enumerate(samples):
-                    gens.append(g)
-                    ids.append(
-                        dict(
-                            problem=problems[e.problem].id,
-                            episode=n,
-                            node=node,
-                            parent=node - 1,
-                            depth=k,
-                            turn=t,
-                        )
+                    episodes.add(
+                        g,
+                        problem=problems[e.problem].id,
+                        episode=n,
+                        node=node,
+                        parent=node - 1,
+                        depth=k,
+                        turn=t,
+                        reward=reward,
+                        passed=R == 1.0,
+                        agent=k,
+                        group=e.problem,
                     )
                     node += 1
-                    rewards.append(reward)
-                    agent_ids.append(k)
-                    groups.append(e.problem)
-        rewards = np.asarray(rewards) + self.length_penalties(gens)
-        advantages, _ = kernels.dr_mas_advantages(
-            jnp.asarray(rewards, jnp.float32),
-            jnp.asarray(agent_ids, jnp.int32),
-            len(names),
-            group_ids=jnp.asarray(groups, jnp.int32),
-            num_groups=P,
-        )
         scores = np.asarray(scores)
-        passed = np.asarray([scores[i["episode"]] == 1.0 for i in ids])
-        steps = [s for e in episodes if e.search for s in e.search.steps]
+        steps = [s for e in played if e.search for s in e.search.steps]
         calls = sum(s.info.get("calls", 0) for s in steps)
-        extras = {
-            "team/reward": float(scores.mean()),
-            "team/pass_rate": float((scores == 1.0).mean()),
-            "dr_mas/rounds": float(np.mean([e.rounds for e in episodes])),
-            "dr_mas/search_turns": float(np.mean([len(e.search.turns) if e.search else 0 for e in episodes])),
-            "tools/calls_per_episode": calls / len(episodes),
-            "tools/valid_call_frac": sum(s.info.get("valid_calls", 0) for s in steps) / max(calls, 1),
-            "multiturn/fallbacks": float(fallbacks),
-        }
-        return Rollout(gens, ids, rewards, np.asarray(advantages), passed, extras)
+        episodes.extras.update(
+            {
+                "team/reward": float(scores.mean()),
+                "team/pass_rate": float((scores == 1.0).mean()),
+                "dr_mas/rounds": float(np.mean([e.rounds for e in played])),
+                "dr_mas/search_turns": float(
+                    np.mean([len(e.search.turns) if e.search else 0 for e in played])
+                ),
+                "tools/calls_per_episode": calls / len(played),
+                "tools/valid_call_frac": sum(s.info.get("valid_calls", 0) for s in steps) / max(calls, 1),
+                "multiturn/fallbacks": float(fallbacks),
+            }
+        )
+        return episodes
+
+    def credit(self, episodes: Episodes):
+        """Dr. MAS: each agent's rewards normalised among its own on the same problem."""
+        return agentwise_advantages(episodes, 3)
 
     def evaluate(
         self,
@@ -239,6 +238,7 @@ class DrMasSearchWorkflow(Workflow[DrMasSearchConfig]):
         agents: Mapping[str, Agent],
         generator: Generator,
         verifier: Verifier,
+        train_generator: Generator | None = None,
     ) -> dict[str, float]:
         """One (greedy, with a greedy generator) episode per held-out problem."""
         episodes = self._play(problems, agents, generator, 0, 1)

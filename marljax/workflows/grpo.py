@@ -10,15 +10,14 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
-import jax.numpy as jnp
 import numpy as np
 from pydantic import Field
 
 from marljax import kernels
 from marljax.rewards import Problem, Verifier
 from marljax.workflows.base import Agent, BaseWorkflowConfig, Generator, Workflow, register_workflow
+from marljax.workflows.episodes import Episodes
 from marljax.workflows.scoring import RewardKind, as_reward
-from marljax.workflows.types import Rollout
 
 ESTIMATORS = {
     "grpo": kernels.grpo_advantages,
@@ -53,28 +52,29 @@ class GrpoWorkflow(Workflow[GrpoConfig]):
             raise ValueError(f"GRPO runs one agent; name it with workflow.agent (agents: {sorted(agents)})")
         return next(iter(agents.values()))
 
-    def rollout(
+    def play(
         self,
         problems: Sequence[Problem],
         agents: Mapping[str, Agent],
         generator: Generator,
         verifier: Verifier,
         seed: int,
-    ) -> Rollout:
+    ) -> Episodes:
         agent, G = self._agent(agents), self.cfg.group_size
         gens = generator.generate([(agent, agent.render(p.prompt)) for p in problems], G, seed)
         flat = [(i, g) for i, group in enumerate(gens) for g in group]
         scores = verifier.score([problems[i] for i, _ in flat], [g.text for _, g in flat])
-        rewards = np.array([as_reward(s.reward, self.cfg.reward) for s in scores], np.float32)
-        rewards += self.length_penalties([g for _, g in flat]).astype(np.float32)
-        group_ids = np.repeat(np.arange(len(problems)), G)
+        episodes = Episodes(len(problems), reward_dtype=np.float32)
+        for k, ((i, g), s) in enumerate(zip(flat, scores)):
+            reward = as_reward(s.reward, self.cfg.reward)
+            episodes.add(
+                g, problem=problems[i].id, episode=k // G, node=k, reward=reward, passed=s.passed, group=i
+            )
+        return episodes
+
+    def credit(self, episodes: Episodes):
         estimator = ESTIMATORS[self.cfg.estimator]
-        advantages = estimator(jnp.asarray(rewards), jnp.asarray(group_ids), num_groups=len(problems))
-        ids = [
-            dict(problem=problems[i].id, episode=k // G, node=k, parent=-1, depth=0, turn=0)
-            for k, (i, _) in enumerate(flat)
-        ]
-        return Rollout([g for _, g in flat], ids, rewards, np.asarray(advantages), [s.passed for s in scores])
+        return estimator(episodes.array("reward"), episodes.array("group"), num_groups=episodes.num_problems)
 
     def evaluate(
         self,
@@ -82,6 +82,7 @@ class GrpoWorkflow(Workflow[GrpoConfig]):
         agents: Mapping[str, Agent],
         generator: Generator,
         verifier: Verifier,
+        train_generator: Generator | None = None,
     ) -> dict[str, float]:
         """pass@1 of one (greedy, with a greedy generator) answer per held-out problem."""
         agent = self._agent(agents)

@@ -56,7 +56,8 @@ from marljax.workflows.base import (
     register_workflow,
     template_fields,
 )
-from marljax.workflows.types import Generation, Rollout
+from marljax.workflows.episodes import Episodes
+from marljax.workflows.types import Generation
 
 
 class MagrpoConfig(BaseWorkflowConfig):
@@ -239,7 +240,7 @@ class MagrpoWorkflow(Workflow[MagrpoConfig]):
                     next_id[e] += 1
         return Tree(nodes, joints, len(problems))
 
-    def credit(self, tree: Tree, num_agents: int, n: int) -> tuple[np.ndarray, np.ndarray]:
+    def tree_credit(self, tree: Tree, num_agents: int, n: int) -> tuple[np.ndarray, np.ndarray]:
         """Returns-to-go `[M]` and advantages `[M, N]` of the tree's joint actions (kernels).
 
         Each episode gets a masked placeholder parent above its root's joint actions, so that
@@ -277,46 +278,55 @@ class MagrpoWorkflow(Workflow[MagrpoConfig]):
             raise ValueError(f"MAGRPO agents {missing} are not among the run's agents {sorted(agents)}")
         return [agents[a] for a in self.cfg.agents]
 
-    def rollout(
+    def play(
         self,
         problems: Sequence[Problem],
         agents: Mapping[str, Agent],
         generator: Generator,
         verifier: Verifier,
         seed: int,
-    ) -> Rollout:
+    ) -> Episodes:
+        """Each agent's completion is a row; its reward is the mean of the joint actions using it,
+        whose rewards already carry their members' overlong penalty (so the rows come shaped)."""
         team, G = self._agents(agents), self.cfg.group_size
         tree = self.grow(problems, team, generator, verifier, seed, G)
-        returns, adv = self.credit(tree, len(team), G)
         rewards = np.array([j.reward for j in tree.joints], np.float32)
         passed = np.array([j.passed for j in tree.joints], np.float32)
-        gens, ids, sample_rewards, sample_adv, sample_passed = [], [], [], [], []
+        episodes = Episodes(len(problems), shaped=True)
+        episodes.context.update(tree=tree, agents=len(team))
         for s in tree.nodes:
             for i in range(len(team)):
                 for g, gen in enumerate(s.gens[i]):
                     mine = [j for j in s.joints if tree.joints[j].combo[i] == g]  # joint actions using it
-                    gens.append(gen)
-                    ids.append(
-                        dict(
-                            problem=problems[s.episode].id,
-                            episode=s.episode,
-                            node=s.id,
-                            parent=s.parent,
-                            depth=s.turn,
-                            turn=s.turn,
-                        )
+                    episodes.add(
+                        gen,
+                        problem=problems[s.episode].id,
+                        episode=s.episode,
+                        node=s.id,
+                        parent=s.parent,
+                        depth=s.turn,
+                        turn=s.turn,
+                        reward=float(rewards[mine].mean()),
+                        passed=float(passed[mine].mean()),
+                        joint=mine[0],
+                        agent=i,
                     )
-                    sample_rewards.append(float(rewards[mine].mean()))
-                    sample_adv.append(adv[mine[0], i])
-                    sample_passed.append(float(passed[mine].mean()))
+        return episodes
+
+    def credit(self, episodes: Episodes):
+        """Each completion's advantage is that of (the first) joint action using it, from the tree's
+        returns-to-go; also reports the team's rewards and returns."""
+        tree, num_agents = episodes.context["tree"], episodes.context["agents"]
+        returns, adv = self.tree_credit(tree, num_agents, self.cfg.group_size)
+        rewards = np.array([j.reward for j in tree.joints], np.float32)
+        passed = np.array([j.passed for j in tree.joints], np.float32)
         turns = np.array([j.node.turn for j in tree.joints])
-        extras = {
-            "team/reward": float(rewards.mean()),
-            "team/pass_rate": float(passed.mean()),
-            "team/return": float(returns[turns == 0].mean()),
-            "tree/nodes": len(tree.nodes) / tree.episodes,
-            "tree/joint_actions": len(tree.joints) / tree.episodes,
-        }
+        extras = episodes.extras
+        extras["team/reward"] = float(rewards.mean())
+        extras["team/pass_rate"] = float(passed.mean())
+        extras["team/return"] = float(returns[turns == 0].mean())
+        extras["tree/nodes"] = len(tree.nodes) / tree.episodes
+        extras["tree/joint_actions"] = len(tree.joints) / tree.episodes
         if self.cfg.num_turns > 1:
             for t in range(int(turns.max()) + 1):
                 extras[f"team/reward_turn{t}"] = float(rewards[turns == t].mean())
@@ -324,14 +334,7 @@ class MagrpoWorkflow(Workflow[MagrpoConfig]):
             extras["tree/early_stop_rate"] = float(
                 np.mean([self.stops(s, tree.joints) for s in inner]) if inner else 0.0
             )
-        return Rollout(
-            gens,
-            ids,
-            np.array(sample_rewards, np.float64),
-            np.array(sample_adv, np.float32),
-            sample_passed,
-            extras,
-        )
+        return np.asarray(adv[episodes["joint"], episodes["agent"]], np.float32)
 
     def evaluate(
         self,
@@ -339,6 +342,7 @@ class MagrpoWorkflow(Workflow[MagrpoConfig]):
         agents: Mapping[str, Agent],
         generator: Generator,
         verifier: Verifier,
+        train_generator: Generator | None = None,
     ) -> dict[str, float]:
         """One (greedy, with a greedy generator) joint answer per problem and turn, for `num_turns`
         turns or until the early-stop reward; the last joint answer counts."""

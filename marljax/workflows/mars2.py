@@ -37,9 +37,8 @@ import itertools
 import re
 import string
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, ClassVar, Literal
+from typing import Any, Literal
 
-import jax.numpy as jnp
 import numpy as np
 from pydantic import Field, field_validator
 
@@ -55,10 +54,10 @@ from marljax.workflows.base import (
     register_workflow,
     template_fields,
 )
+from marljax.workflows.episodes import Episodes, agentwise_advantages
 from marljax.workflows.mars2_search import CONT, RewardAverage, Tree, select_final
 from marljax.workflows.mars2_search import depth_gamma as make_gamma
 from marljax.workflows.scoring import RewardKind, as_reward
-from marljax.workflows.types import Rollout
 
 REFINE_NOTE = "Refine the previous attempt so that it passes all tests. Reply with the complete program."
 # reward_model(problem, candidate texts, their public-test reports) -> one score per candidate (higher is better)
@@ -135,7 +134,6 @@ class Mars2Config(BaseWorkflowConfig):
         "earliest", description="T+ final answer among equal scores: the earliest node, or the latest (MARTI)"
     )
     # MARS2-T+: the same tree search at test time, on public tests, scored on private ones
-    search_option: ClassVar[str | None] = "eval_search"
     eval_search: bool = Field(False, description="also run MARS2-T+ search at evaluation")
     eval_max_nodes: int | None = Field(None, ge=2, description="T+ nodes per tree; None: max_nodes")
     # greedy decoding (evaluation's default) makes every fresh node of one agent the same program: a
@@ -342,56 +340,60 @@ class Mars2Workflow(Workflow[Mars2Config]):
             return None
         return {a.name: self.averages.prior(a.name, self.cfg.prior_strength) for a in team}
 
-    def rollout(
+    def play(
         self,
         problems: Sequence[Problem],
         agents: Mapping[str, Agent],
         generator: Generator,
         verifier: Verifier,
         seed: int,
-    ) -> Rollout:
+    ) -> Episodes:
         team = self._team(agents)
         trees, rounds = run_search(problems, team, generator, verifier, seed, self.cfg, self.priors(team))
-        flat = [(i, n) for i, t in enumerate(trees) for n in t.nodes]
-        rewards = np.array([n.reward for _, n in flat], np.float32)
-        rewards += self.length_penalties([n.data["gen"] for _, n in flat]).astype(np.float32)
-        tree_ids = jnp.asarray([i for i, _ in flat], jnp.int32)
+        index = {a.name: k for k, a in enumerate(team)}
+        episodes = Episodes(len(problems), reward_dtype=np.float32)
+        for i, t in enumerate(trees):
+            for n in t.nodes:
+                episodes.add(
+                    n.data["gen"],
+                    problem=problems[i].id,
+                    episode=i,
+                    node=n.index,
+                    parent=n.parent,
+                    depth=n.depth,
+                    turn=n.index,
+                    reward=n.reward,
+                    passed=n.solved,
+                    agent=index[n.agent],
+                )
+        episodes.context.update(team=team, trees=trees)
+        extras = episodes.extras
+        extras["mars2/nodes_per_tree"] = float(np.mean([len(t.nodes) for t in trees]))
+        extras["mars2/solved"] = float(np.mean([t.solved for t in trees]))
+        extras["mars2/max_depth"] = float(np.mean([max(n.depth for n in t.nodes) for t in trees]))
+        extras["mars2/rounds"] = float(rounds)
+        return episodes
+
+    def credit(self, episodes: Episodes):
+        """One advantage group per tree (or per agent inside it); the shaped rewards also feed each
+        agent's running average (the `reward_average` prior) and its metrics."""
+        team, trees = episodes.context["team"], episodes.context["trees"]
         if self.cfg.normalization == "agent":
-            index = {a.name: k for k, a in enumerate(team)}
-            agent_ids = jnp.asarray([index[n.agent] for _, n in flat], jnp.int32)
-            advantages, _ = kernels.dr_mas_advantages(
-                jnp.asarray(rewards), agent_ids, len(team), group_ids=tree_ids, num_groups=len(trees)
-            )
+            advantages = agentwise_advantages(episodes, len(team), "episode", len(trees))
         else:
-            advantages = kernels.mars2_advantages(jnp.asarray(rewards), tree_ids, num_trees=len(trees))
-        for (_, n), r in zip(flat, rewards):
+            rewards, tree_ids = episodes.array("reward"), episodes.array("episode")
+            advantages = kernels.mars2_advantages(rewards, tree_ids, num_trees=len(trees))
+        nodes = [n for t in trees for n in t.nodes]
+        for n, r in zip(nodes, episodes["reward"]):
             self.averages.add(n.agent, float(r))
-        ids = [
-            dict(
-                problem=problems[i].id, episode=i, node=n.index, parent=n.parent, depth=n.depth, turn=n.index
-            )
-            for i, n in flat
-        ]
-        extras = {
-            "mars2/nodes_per_tree": float(np.mean([len(t.nodes) for t in trees])),
-            "mars2/solved": float(np.mean([t.solved for t in trees])),
-            "mars2/max_depth": float(np.mean([max(n.depth for n in t.nodes) for t in trees])),
-            "mars2/rounds": float(rounds),
-        }
+        extras = episodes.extras
         for a in team:
-            nodes = [n for _, n in flat if n.agent == a.name]
-            extras[f"agent/{a.name}/nodes"] = len(nodes) / len(trees)
-            if nodes:
-                extras[f"agent/{a.name}/refine_frac"] = float(np.mean([n.kind == CONT for n in nodes]))
+            mine = [n for n in nodes if n.agent == a.name]
+            extras[f"agent/{a.name}/nodes"] = len(mine) / len(trees)
+            if mine:
+                extras[f"agent/{a.name}/refine_frac"] = float(np.mean([n.kind == CONT for n in mine]))
                 extras[f"agent/{a.name}/prior_mean"] = self.averages.mean(a.name)
-        return Rollout(
-            [n.data["gen"] for _, n in flat],
-            ids,
-            rewards,
-            np.asarray(advantages),
-            [n.solved for _, n in flat],
-            extras,
-        )
+        return advantages
 
     def evaluate(
         self,

@@ -49,7 +49,8 @@ from marljax.rewards import Problem, Verifier, extract_code
 from marljax.seeds import derive_seed
 from marljax.workflows.base import Agent, BaseWorkflowConfig, Generator, Workflow, register_workflow
 from marljax.workflows.diversity import grouped_diversity
-from marljax.workflows.types import Generation, Rollout
+from marljax.workflows.episodes import Episodes
+from marljax.workflows.types import Generation
 
 MAX_EXACT_WORKERS = 8  # 2^8 programs per episode; beyond, use shapley: sampled
 _ITEM = re.compile(r"^\s*(?:step\s*)?(\d+)\s*[.):]\s*(.+?)\s*$", re.I | re.M)
@@ -264,14 +265,14 @@ class SharpWorkflow(Workflow[SharpConfig]):
             tables[n, m] = res.pass_fraction()
         return tables, len(set(keys))
 
-    def rollout(
+    def play(
         self,
         problems: Sequence[Problem],
         agents: Mapping[str, Agent],
         generator: Generator,
         verifier: Verifier,
         seed: int,
-    ) -> Rollout:
+    ) -> Episodes:
         c, G = self.cfg, self.cfg.group_size
         W, P = len(c.workers), len(problems)
         trajs = self._team(problems, agents, generator, seed, G)
@@ -306,23 +307,23 @@ class SharpWorkflow(Workflow[SharpConfig]):
                 process_weight=c.process_weight,
             )
         )
-        penalties = self.length_penalties([g for t in trajs for g in (t.plan, *t.work)])
-        rewards = rewards + penalties.reshape(rewards.shape).astype(rewards.dtype)
-        groups = jnp.asarray([t.group for t in trajs], jnp.int32)
-        advantages = np.asarray(kernels.sharp_advantages(jnp.asarray(rewards), groups, P))
         team = [agents[c.planner]] + [agents[w] for w in c.workers]
-        ids = [
-            dict(
-                problem=t.problem.id,
-                episode=n,
-                node=k,
-                parent=-1 if k == 0 else 0,
-                depth=min(k, 1),
-                turn=min(k, 1),
-            )
-            for n, t in enumerate(trajs)
-            for k in range(len(team))
-        ]
+        # every agent of a trajectory is credited with its team's program: it passes when that program does
+        episodes = Episodes(P, reward_dtype=rewards.dtype)
+        for n, t in enumerate(trajs):
+            for k, g in enumerate((t.plan, *t.work)):
+                episodes.add(
+                    g,
+                    problem=t.problem.id,
+                    episode=n,
+                    node=k,
+                    parent=-1 if k == 0 else 0,
+                    depth=min(k, 1),
+                    turn=min(k, 1),
+                    reward=rewards[n, k],
+                    passed=outcome[n] == 1.0,
+                    group=t.group,
+                )
         extras = {
             "team/reward": float(outcome.mean()),
             "team/pass_rate": float((outcome == 1.0).mean()),
@@ -333,16 +334,15 @@ class SharpWorkflow(Workflow[SharpConfig]):
             extras[f"agent/{a.name}/process"] = float(process[:, k].mean())
         programs = [[coalition_code(t.codes, full) for t in trajs if t.group == i] for i in range(P)]
         extras.update(grouped_diversity(programs, "team"))
-        # every agent of a trajectory is credited with its team's program: it passes when that program does
-        passed = np.repeat(outcome == 1.0, len(team))
-        return Rollout(
-            [g for t in trajs for g in (t.plan, *t.work)],
-            ids,
-            rewards.reshape(-1),
-            advantages.reshape(-1),
-            passed,
-            extras,
-        )
+        episodes.extras.update(extras)
+        return episodes
+
+    def credit(self, episodes: Episodes):
+        """SHARP's advantages: each agent's rewards normalised within its problem's trajectories."""
+        K = 1 + len(self.cfg.workers)
+        rewards = episodes.array("reward").reshape(-1, K)
+        groups = episodes.array("group")[::K]
+        return kernels.sharp_advantages(rewards, groups, episodes.num_problems)
 
     def evaluate(
         self,
@@ -350,6 +350,7 @@ class SharpWorkflow(Workflow[SharpConfig]):
         agents: Mapping[str, Agent],
         generator: Generator,
         verifier: Verifier,
+        train_generator: Generator | None = None,
     ) -> dict[str, float]:
         """One (greedy, with a greedy generator) team program per held-out problem: pass@1."""
         trajs = self._team(problems, agents, generator, 0, 1)

@@ -27,6 +27,7 @@ results masked, or one sample per turn (`tools.multi_turn`).
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Mapping, Sequence
 from typing import Literal
 
@@ -38,6 +39,7 @@ from marljax import kernels
 from marljax.rewards import Problem, Verifier
 from marljax.seeds import derive_seed
 from marljax.workflows.base import Agent, Generator, Workflow, register_workflow
+from marljax.workflows.episodes import Episodes
 from marljax.workflows.sharp import SharpTeamConfig, parse_subtasks
 from marljax.workflows.tool_use import (
     AgentEpisode,
@@ -47,7 +49,7 @@ from marljax.workflows.tool_use import (
     process_reward,
     run_episodes,
 )
-from marljax.workflows.types import Generation, Rollout
+from marljax.workflows.types import Generation
 
 NO_PLAN = "(no plan)"
 
@@ -90,9 +92,10 @@ def plan_lists_subtasks(plan: str, workers: int) -> float:
 
 @register_workflow("sharp_tools")
 class SharpToolsWorkflow(Workflow[SharpToolsConfig]):
-    def __init__(self, *args, **options):
-        super().__init__(*args, **options)
-        self.task = TaskTools(self.cfg.tools)
+    @functools.cached_property
+    def task(self) -> TaskTools:
+        """The configured task's tools and answer score."""
+        return TaskTools(self.cfg.tools)
 
     def _plan_prompt(self, planner: Agent, problem: Problem) -> str:
         W = len(self.cfg.workers)
@@ -166,14 +169,14 @@ class SharpToolsWorkflow(Workflow[SharpToolsConfig]):
         )
         return plans, actual
 
-    def rollout(
+    def play(
         self,
         problems: Sequence[Problem],
         agents: Mapping[str, Agent],
         generator: Generator,
         verifier: Verifier,
         seed: int,
-    ) -> Rollout:
+    ) -> Episodes:
         c, G, P = self.cfg, self.cfg.group_size, len(problems)
         W, K = len(c.workers), len(c.workers) + 1
         plans, actual = self._episodes(problems, agents, generator, seed, G)
@@ -211,35 +214,30 @@ class SharpToolsWorkflow(Workflow[SharpToolsConfig]):
             ),
             np.float64,
         )
-        groups = jnp.asarray([p for p, _ in plans], jnp.int32)
-        advantages = np.asarray(kernels.sharp_advantages(jnp.asarray(rewards, jnp.float32), groups, P))
-        gens, ids, r, a, passed, fallbacks = [], [], [], [], [], 0
+        episodes = Episodes(P)
+        # credit is per (trajectory, agent) slot, on these rewards; a slot's rows share its advantage
+        episodes.context.update(rewards=rewards, groups=[p for p, _ in plans])
+        fallbacks = 0
         for n, (p, plan) in enumerate(plans):
             node = 0
-            gens.append(plan)
-            ids.append(dict(problem=problems[p].id, episode=n, node=0, parent=-1, depth=0, turn=0))
-            r.append(rewards[n, 0])
-            a.append(advantages[n, 0])
+            row = dict(problem=problems[p].id, episode=n, passed=outcome[n] == 1.0)
+            episodes.add(plan, **row, node=0, reward=rewards[n, 0], slot=n * K)
             for i, w in enumerate(actual[n].work):
                 samples, fell_back = episode_generations(w.turns, c.tools.multi_turn)
                 fallbacks += fell_back
                 for t, g in enumerate(samples):
                     node += 1
-                    gens.append(g)
-                    ids.append(
-                        dict(
-                            problem=problems[p].id,
-                            episode=n,
-                            node=node,
-                            parent=0 if t == 0 else node - 1,
-                            depth=1 + i,
-                            turn=t,
-                        )
+                    parent = 0 if t == 0 else node - 1
+                    episodes.add(
+                        g,
+                        **row,
+                        node=node,
+                        parent=parent,
+                        depth=1 + i,
+                        turn=t,
+                        reward=rewards[n, i + 1],
+                        slot=n * K + i + 1,
                     )
-                    r.append(rewards[n, i + 1])
-                    a.append(advantages[n, i + 1])
-            passed += [outcome[n] == 1.0] * (len(gens) - len(passed))
-        r = np.asarray(r) + self.length_penalties(gens)
         steps = [s for run in actual for w in run.work for s in w.steps]
         calls = sum(s.info.get("calls", 0) for s in steps)
         extras = {
@@ -254,7 +252,17 @@ class SharpToolsWorkflow(Workflow[SharpToolsConfig]):
         for k, name in enumerate(team):
             extras[f"agent/{name}/credit"] = float(credit[:, k].mean())
             extras[f"agent/{name}/process"] = float(process[:, k].mean())
-        return Rollout(gens, ids, r, np.asarray(a), np.asarray(passed), extras)
+        episodes.extras.update(extras)
+        return episodes
+
+    def credit(self, episodes: Episodes):
+        """SHARP's advantages of each (trajectory, agent) slot, on the slots' unshaped rewards
+        (a slot spans a worker's turns), handed to each of the slot's rows."""
+        rewards, groups = episodes.context["rewards"], episodes.context["groups"]
+        advantages = kernels.sharp_advantages(
+            jnp.asarray(rewards, jnp.float32), jnp.asarray(groups, jnp.int32), episodes.num_problems
+        )
+        return np.asarray(advantages).reshape(-1)[episodes["slot"]]
 
     def evaluate(
         self,
@@ -262,6 +270,7 @@ class SharpToolsWorkflow(Workflow[SharpToolsConfig]):
         agents: Mapping[str, Agent],
         generator: Generator,
         verifier: Verifier,
+        train_generator: Generator | None = None,
     ) -> dict[str, float]:
         """One (greedy, with a greedy generator) team run per held-out problem."""
         plans, actual = self._episodes(problems, agents, generator, 0, 1)

@@ -2,8 +2,8 @@
 
 Entry i of every array of a `Rollout` belongs to completion i: one agent's
 completion at one node of one episode (or search tree), with its reward,
-advantage and pass flag. Credit assignment (the kernels) runs inside the
-workflow, because only it knows the group structure; the statistics every
+advantage and pass flag. Credit assignment (the kernels) runs in the
+workflow's `credit`, because only it knows the group structure; the statistics every
 workflow reports per agent are computed here, once, from the arrays.
 The trainer routes the samples to their policy's buffer.
 """

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Literal
 
@@ -24,10 +25,13 @@ class EchoConfig(BaseWorkflowConfig):
 
 
 class Echo(Workflow[EchoConfig]):
-    def rollout(self, problems, agents, generator, verifier, seed):
+    def play(self, problems, agents, generator, verifier, seed):
         raise NotImplementedError
 
-    def evaluate(self, problems, agents, generator, verifier):
+    def credit(self, episodes):
+        raise NotImplementedError
+
+    def evaluate(self, problems, agents, generator, verifier, train_generator=None):
         return {}
 
 
@@ -40,12 +44,12 @@ def registry():
     REGISTRY.update(saved)
 
 
-def test_a_workflow_without_rollout_cannot_be_registered_or_built(registry):
+def test_a_workflow_without_play_and_credit_cannot_be_registered_or_built(registry):
     class NoRollout(Workflow[EchoConfig]):
-        def evaluate(self, problems, agents, generator, verifier):
+        def evaluate(self, problems, agents, generator, verifier, train_generator=None):
             return {}
 
-    with pytest.raises(TypeError, match="does not implement rollout"):
+    with pytest.raises(TypeError, match="does not implement credit, play"):
         register_workflow("echo")(NoRollout)
     with pytest.raises(TypeError, match="abstract"):
         NoRollout()
@@ -144,13 +148,118 @@ def test_rollout_refuses_ragged_arrays_and_extras_that_shadow_common_metrics():
         _ = clash.metrics
 
 
-def test_search_option_names_a_bool_option_and_the_cli_refuses_workflows_without_one(tmp_path, capsys):
+def test_eval_search_is_a_bool_option_and_the_cli_refuses_workflows_without_one(tmp_path, capsys):
     from marljax import cli
 
-    searching = [c for c, _ in REGISTRY.values() if c.search_option is not None]
+    searching = [c for c, _ in REGISTRY.values() if "eval_search" in c.model_fields]
     assert searching  # mars2
     for config_type in searching:
-        assert config_type.model_fields[config_type.search_option].annotation is bool
+        assert config_type.model_fields["eval_search"].annotation is bool
     config = Path(__file__).parents[2] / "configs" / "grpo_tiny.yaml"
     code = cli.main(["eval", str(config), "--search", f"run_dir={tmp_path}"])
     assert code == 2 and "'grpo' has no test-time search" in capsys.readouterr().err
+
+
+OUTSIDE_WORKFLOW = """
+from typing import Literal
+
+from pydantic import Field
+
+from marljax import kernels
+from marljax.workflows import BaseWorkflowConfig, Workflow, register_workflow
+from marljax.workflows.episodes import Episodes
+
+
+class BestOfConfig(BaseWorkflowConfig):
+    kind: Literal["best_of_outside"] = "best_of_outside"
+    group_size: int = Field(2, ge=2)
+
+
+@register_workflow("best_of_outside")
+class BestOf(Workflow[BestOfConfig]):
+    def play(self, problems, agents, generator, verifier, seed):
+        agent = next(iter(agents.values()))
+        gens = generator.generate([(agent, agent.render(p.prompt)) for p in problems], self.cfg.group_size, seed)
+        episodes = Episodes(len(problems))
+        for i, group in enumerate(gens):
+            scores = verifier.score([problems[i]] * len(group), [g.text for g in group])
+            for k, (g, s) in enumerate(zip(group, scores)):
+                episodes.add(g, problem=problems[i].id, episode=i, node=k, reward=s.reward, passed=s.passed)
+        return episodes
+
+    def credit(self, episodes):
+        return kernels.grpo_advantages(
+            episodes.array("reward"), episodes.array("episode"), num_groups=episodes.num_problems
+        )
+
+    def evaluate(self, problems, agents, generator, verifier, train_generator=None):
+        return {}
+"""
+
+
+def test_a_workflow_module_outside_the_package_registers_and_runs_from_yaml(tmp_path, monkeypatch, registry):
+    from marljax.rewards import Problem, Score
+    from marljax.train.config import ConfigError, load_config
+    from marljax.workflows import Agent, ScriptedGenerator
+
+    (tmp_path / "outside_workflow.py").write_text(OUTSIDE_WORKFLOW)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "outside_workflow", raising=False)
+    config = tmp_path / "run.yaml"
+    config.write_text(
+        "policies: {p: {model: {preset: tiny-qwen3}}}\n"
+        "agents: {solver: {policy: p}}\n"
+        "data: {synthetic: {n_train: 2}}\n"
+        "workflow: {module: outside_workflow, kind: best_of_outside, group_size: 3}\n"
+    )
+    cfg = load_config(str(config))  # imports the module, which registers its kind
+    assert type(cfg.workflow) is sys.modules["outside_workflow"].BestOfConfig and cfg.workflow.group_size == 3
+    config.write_text(config.read_text().replace("module: outside_workflow", "module: no_such_module"))
+    with pytest.raises(ConfigError, match="no_such_module"):
+        load_config(str(config))
+    wf = build_workflow(cfg.workflow)
+
+    class Longest:
+        def score(self, problems, texts):
+            return [Score(reward=len(t) / 3, passed=len(t) == 3) for t in texts]
+
+    problem = Problem("p0", "say", "math", "test:1", {})
+    rollout = wf.rollout(
+        [problem],
+        {"solver": Agent("solver", "p")},
+        ScriptedGenerator(lambda a, p, k, s: "x" * (k + 1)),
+        Longest(),
+        0,
+    )
+    assert [i["node"] for i in rollout.ids] == [0, 1, 2] and rollout.passed.tolist() == [0, 0, 1]
+    assert rollout.advantages[0] < 0 < rollout.advantages[2]
+
+
+def test_rollout_shapes_the_reward_column_once_between_play_and_credit():
+    from marljax.workflows import Episodes
+
+    seen = {}
+
+    class Fixed(Echo):
+        def play(self, problems, agents, generator, verifier, seed):
+            episodes = Episodes(1, shaped=self.cfg.note == "shaped")
+            for k, n in enumerate((1, 30, 60)):
+                g = Generation("x" * n, np.array([1]), np.arange(n), np.zeros(n, np.float32), agent="a")
+                episodes.add(g, problem="p", episode=0, node=k, reward=1.0, passed=True, group=0)
+            return episodes
+
+        def credit(self, episodes):
+            seen["reward"] = episodes["reward"]
+            return -episodes.array("reward")
+
+    overlong = {"max_len": 40, "buffer_len": 20, "factor": 1.0}
+    out = Fixed(overlong=overlong).rollout([], {}, None, None, 0)
+    np.testing.assert_allclose(seen["reward"], [1.0, 0.5, 0.0])  # ramp from 20 to 40 tokens
+    np.testing.assert_allclose(out.rewards, seen["reward"])
+    np.testing.assert_allclose(out.advantages, -out.rewards)
+    assert [i["node"] for i in out.ids] == [0, 1, 2] and out.passed.tolist() == [1, 1, 1]
+    already = Fixed(overlong=overlong, note="shaped").rollout([], {}, None, None, 0)
+    np.testing.assert_allclose(already.rewards, [1.0, 1.0, 1.0])  # play shaped them itself (joint actions)
+    episodes = Fixed().play([], {}, None, None, 0)
+    with pytest.raises(ValueError, match="differ"):  # every row has the same columns
+        episodes.add(out.generations[0], problem="p", episode=0, node=3, reward=1.0, passed=True)

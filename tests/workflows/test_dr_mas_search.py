@@ -13,7 +13,7 @@ from marljax.rewards import SandboxVerifier
 from marljax.tasks import make_multihop
 from marljax.workflows import REGISTRY
 from marljax.workflows.base import Agent, ScriptedGenerator
-from marljax.workflows.dr_mas_search import DrMasSearchConfig, DrMasSearchWorkflow, parse_route
+from marljax.workflows.dr_mas_search import DrMasSearchConfig, DrMasSearchWorkflow, router_choice
 
 PROBLEMS, _ = make_multihop(1, seed=5, hops=[2])
 AGENTS = {name: Agent(name, f"pol_{name}", f"{name}: ") for name in ("router", "searcher", "answerer")}
@@ -51,9 +51,10 @@ def test_registered():
 
 
 def test_route_parsing():
-    assert parse_route("I will search. No, answer.", True) == "answer"
-    assert parse_route("SEARCH", True) == "search"
-    assert parse_route("hmm", False) == "search" and parse_route("hmm", True) == "answer"
+    assert router_choice("I will search. No, answer.", True) == "answer"
+    assert router_choice("SEARCH", True) == "search"
+    assert router_choice("hmm", False) == "search" and router_choice("hmm", True) == "answer"
+    assert router_choice("answer, then research_more", False) == "answer"  # whole words only
 
 
 @pytest.mark.parametrize("multi_turn", ["merged", "per_turn"])

@@ -245,7 +245,7 @@ def test_two_turn_returns_and_sibling_advantages_by_hand(pool):
         return two_turn_script(agent, prompt, k, seed)
 
     tree = wf.grow(problems, list(team().values()), ScriptedGenerator(recording), pool, seed=1, n=3)
-    returns, _ = wf.credit(tree, 2, 3)
+    returns, _ = wf.tree_credit(tree, 2, 3)
     # Turn 0: half 0.5, zero 0, quarter 0.25; children by parent (mean reward of the child node's joints).
     leaf = {0: [1.0, 0.25, 0.0], 1: [0.5, 0.5, 1.0], 2: [0.0, 0.0, 0.0]}
     root = [0.5 + 0.9 * np.mean(leaf[0]), 0.0 + 0.9 * np.mean(leaf[1]), 0.25 + 0.9 * np.mean(leaf[2])]
@@ -318,7 +318,7 @@ def test_a_perfect_answer_is_never_credited_below_a_sibling_fixed_next_turn(pool
         (1, 0, 1, 0),
         (2, 0, 1, 1),
     ]
-    returns, adv = wf.credit(tree, 2, 2)
+    returns, adv = wf.tree_credit(tree, 2, 2)
     np.testing.assert_allclose(returns, [1.0 + 0.9, 0.5 + 0.9, 1.0, 1.0, 1.0, 1.0], atol=1e-6)
     assert adv[0, 1] > 0 > adv[1, 1]  # main's perfect answer above its half-right sibling
     rollout = wf.rollout([code_problem()], team(), gen, pool, seed=0)
@@ -340,7 +340,7 @@ def test_a_node_whose_mean_reward_reaches_the_threshold_stops_as_a_whole(pool):
 
     tree = wf.grow(problems, list(team().values()), ScriptedGenerator(script), pool, seed=0, n=2)
     assert [(s.episode, s.turn) for s in tree.nodes] == [(0, 0), (1, 0), (1, 1), (1, 1)]
-    returns, _ = wf.credit(tree, 2, 2)
+    returns, _ = wf.tree_credit(tree, 2, 2)
     np.testing.assert_allclose(
         returns[:4], [1.0, 0.5, 0.5 + 0.9, 0.0 + 0.9], atol=1e-6
     )  # p0 leaves, p1 roots

@@ -19,7 +19,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from marljax.settings import resolve_annotation
-from marljax.train.config.schema import WORKFLOW_KINDS, RunConfig
+from marljax.train.config.schema import RunConfig, workflow_kinds
 
 __all__ = ["ConfigError", "apply_overrides", "config_from_dict", "dump_config", "load_config"]
 
@@ -131,7 +131,7 @@ def _lines(err: ValidationError, source: str, original: Any, touched: Sequence[t
     lines = []
     for e in err.errors():
         loc = list(e["loc"])
-        if len(loc) >= 2 and loc[0] == "workflow" and loc[1] in WORKFLOW_KINDS:
+        if len(loc) >= 2 and loc[0] == "workflow" and loc[1] in workflow_kinds():
             del loc[1]  # pydantic puts the union tag in the path; the YAML has no such level
         if e["type"] == "config":  # our cross-field checks: expand each with its own key
             found = [(loc + list(sub), msg, value, True) for sub, msg, value in e["ctx"]["problems"]]
@@ -140,7 +140,7 @@ def _lines(err: ValidationError, source: str, original: Any, touched: Sequence[t
                 found = [
                     (
                         loc + ["kind"],
-                        f"unknown workflow kind; known: {', '.join(WORKFLOW_KINDS)}",
+                        f"unknown workflow kind; known: {', '.join(workflow_kinds())}",
                         e["input"].get("kind"),
                         True,
                     )

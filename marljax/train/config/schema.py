@@ -10,13 +10,25 @@ number is still an error. Checks that involve several fields raise through
 
 from __future__ import annotations
 
+import functools
+import importlib
 import re
 import string
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import ConfigDict, Discriminator, Field, Tag, WrapValidator, field_validator, model_validator
+from pydantic import (
+    ConfigDict,
+    Discriminator,
+    Field,
+    SerializeAsAny,
+    Tag,
+    TypeAdapter,
+    WrapValidator,
+    field_validator,
+    model_validator,
+)
 from pydantic_core import PydanticCustomError
 
 from marljax.kernels.losses import AGG_MODES, LOSS_TYPES
@@ -27,7 +39,7 @@ from marljax.models.lora import TARGETS, LoraSpec
 from marljax.settings import StrictModel
 from marljax.tasks import SOURCES, Source
 from marljax.train.distributed import DistributedConfig
-from marljax.workflows import REGISTRY
+from marljax.workflows import REGISTRY, BaseWorkflowConfig
 from marljax.workflows.grpo import GrpoConfig
 
 __all__ = [
@@ -457,20 +469,41 @@ class SamplerConfig(FrozenModel):
     stop: tuple[str, ...] = Field((), description="stop strings (the completion keeps them)")
 
 
-# Workflow option models live beside their workflows (marljax.workflows.REGISTRY); `kind` picks one.
-WORKFLOWS = tuple(settings for settings, _ in REGISTRY.values())
-WORKFLOW_KINDS = tuple(m.model_fields["kind"].default for m in WORKFLOWS)
+def workflow_kinds() -> tuple[str, ...]:
+    """The registered workflow kinds (`marljax.workflows.REGISTRY`), the default first; read when a
+    config is validated, so that a workflow module imported after this one (outside the package)
+    can be named in YAML."""
+    return tuple(REGISTRY)
 
 
-def _workflow_kind(v: Any) -> Any:
-    # A mapping without `kind` means the default workflow, as the field default does.
-    return v.get("kind", WORKFLOW_KINDS[0]) if isinstance(v, dict) else getattr(v, "kind", None)
+@functools.cache
+def _workflow_union(kinds: tuple[str, ...]) -> TypeAdapter:
+    # Workflow option models live beside their workflows; `kind` picks one, a mapping without
+    # `kind` means the default workflow, as the field default does.
+    models = [REGISTRY[k][0] for k in kinds]
+    return TypeAdapter(
+        Annotated[
+            Union[tuple(Annotated[m, Tag(k)] for m, k in zip(models, kinds))],  # noqa: UP007 (no `|` form for a tuple)
+            Discriminator(
+                lambda v: v.get("kind", kinds[0]) if isinstance(v, dict) else getattr(v, "kind", None)
+            ),
+        ]
+    )
 
 
-WorkflowConfig = Annotated[
-    Union[tuple(Annotated[m, Tag(k)] for m, k in zip(WORKFLOWS, WORKFLOW_KINDS))],  # noqa: UP007 (no `|` form for a tuple)
-    Discriminator(_workflow_kind),
-]
+def _validate_workflow(value: Any, handler: Any) -> BaseWorkflowConfig:
+    del handler  # the registry's union validates instead of the declared base class
+    module = value.get("module") if isinstance(value, dict) else None
+    if module:
+        try:
+            importlib.import_module(module)  # registers its workflow kinds
+        except ImportError as e:
+            raise ValueError(f"module {module!r} (workflow.module) cannot be imported: {e}") from e
+    return _workflow_union(workflow_kinds()).validate_python(value)
+
+
+# serialised as the concrete workflow config it holds, not as the base class
+WorkflowConfig = Annotated[SerializeAsAny[BaseWorkflowConfig], WrapValidator(_validate_workflow)]
 
 
 class SandboxPoolConfig(FrozenModel):
