@@ -209,7 +209,7 @@ def test_a_workflow_module_outside_the_package_registers_and_runs_from_yaml(tmp_
     config.write_text(
         "policies: {p: {model: {preset: tiny-qwen3}}}\n"
         "agents: {solver: {policy: p}}\n"
-        "data: {synthetic: {n_train: 2}}\n"
+        "data: {source: {kind: synthetic, n_train: 2}}\n"
         "workflow: {module: outside_workflow, kind: best_of_outside, group_size: 3}\n"
     )
     cfg = load_config(str(config))  # imports the module, which registers its kind
