@@ -36,7 +36,7 @@ def decode_rate(config, batch: int, prompt: int, new: int, repeats: int) -> dict
     import numpy as np
 
     from marljax.models.tiny import random_model
-    from marljax.sampler import generate
+    from marljax.sampler import SamplingParams, generate
 
     model = random_model(config)
     ids = np.random.default_rng(0).integers(3, config.vocab_size, size=(batch, prompt)).tolist()
@@ -44,7 +44,7 @@ def decode_rate(config, batch: int, prompt: int, new: int, repeats: int) -> dict
     def seconds(n_new: int) -> float:
         def call():
             return jax.block_until_ready(
-                generate(model, ids, max_new_tokens=n_new, temperature=0.0, eos_ids=(), seed=0).tokens
+                generate(model, ids, SamplingParams(n_new, temperature=0.0), eos_ids=(), seed=0).tokens
             )
 
         call()
