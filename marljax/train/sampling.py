@@ -13,7 +13,7 @@ sample together: their adapters are stacked once per change of the team or of an
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -41,7 +41,7 @@ class SamplerView:
         config: ModelConfig,
         turns: TurnFormat,
         *,
-        trainable,
+        trainable: Callable[[], dict],
         frozen: dict | None,
         lora: LoraSpec | None,
         sampler_mesh: Mesh | None,
