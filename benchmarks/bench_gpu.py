@@ -35,7 +35,7 @@ def decode_rate(config, batch: int, prompt: int, new: int, repeats: int) -> dict
     import jax
     import numpy as np
 
-    from marljax.sampler import generate
+    from marljax.sampler import SamplingParams, generate
     from marljax.testing import random_model
 
     model = random_model(config)
@@ -44,7 +44,7 @@ def decode_rate(config, batch: int, prompt: int, new: int, repeats: int) -> dict
     def seconds(n_new: int) -> float:
         def call():
             return jax.block_until_ready(
-                generate(model, ids, max_new_tokens=n_new, temperature=0.0, eos_ids=(), seed=0).tokens
+                generate(model, ids, SamplingParams(n_new, temperature=0.0), eos_ids=(), seed=0).tokens
             )
 
         call()

@@ -206,7 +206,7 @@ def child_team(level: int, team: int, p: dict) -> dict:
     pool = [str(w) for w in rng.choice(words, p["prompt"])]
 
     def n_tokens(text: str) -> int:
-        return len(policies[names[0]].encode_prompt(text))
+        return len(policies[names[0]].turns.encode_prompt(text))
 
     k = 1
     while k < len(pool) and n_tokens(" ".join(["#", *pool[: k + 1]])) <= p["prompt"]:
@@ -251,7 +251,7 @@ def child_team(level: int, team: int, p: dict) -> dict:
         {
             x.unsafe_buffer_pointer()
             for pol in policies.values()
-            for x in jax.tree.leaves(pol.base_params if pol.lora is not None else pol.params)
+            for x in jax.tree.leaves(pol.params if pol.learner.frozen is None else pol.learner.frozen)
         }
     )
     return {
@@ -290,7 +290,7 @@ def child_sampling(p: dict) -> dict:
     from marljax.models import ModelConfig, init_model
     from marljax.models.decoder import get_params
     from marljax.models.lora import LoraSpec, init_adapter, stack_adapters
-    from marljax.sampler import Schedule, generate, get_engine
+    from marljax.sampler import SamplingParams, Schedule, generate, get_engine
 
     dtype = p.get("dtype", "float32")
     config = ModelConfig.preset(p["shape"], dtype=dtype, param_dtype=dtype)
@@ -311,17 +311,17 @@ def child_sampling(p: dict) -> dict:
     alone = [{**base, "lora": stack_adapters([ad])} for ad in adapters]
     ids = [i // rows for i in range(A * rows)]
     # no end of sequence: every row generates exactly `new` tokens, whatever the random weights
-    kw = dict(temperature=1.0, seed=1, eos_ids=[], schedule=Schedule(slots=A * rows))
+    kw = dict(seed=1, eos_ids=[], schedule=Schedule(slots=A * rows))
 
     def calls_for(new: int) -> dict:
         def one_call(params, **extra):
-            return lambda: generate(config, prompts, params=params, max_new_tokens=new, **extra, **kw)
+            return lambda: generate(config, prompts, SamplingParams(new), params=params, **extra, **kw)
 
         def separate_calls(params_of):
             def call():
                 for i in range(A):
                     part = prompts[i * rows : (i + 1) * rows]
-                    generate(config, part, params=params_of(i), max_new_tokens=new, **kw)
+                    generate(config, part, SamplingParams(new), params=params_of(i), **kw)
 
             return call
 

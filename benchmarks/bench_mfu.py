@@ -6,7 +6,7 @@
 Each case is one shape x attention (XLA's from a dense mask, or "cudnn" fused flash attention) x
 remat policy, at 8 rows x 1024 tokens, bfloat16 compute, float32 master weights, the trainer's
 optimiser (`OptimizerConfig()`: AdamW, global-norm clipping) and loss (`LossConfig()`: PPO,
-token-mean). The update is the trainer's own (`marljax.train.policy.step_functions`, one device,
+token-mean). The update is the trainer's own (`marljax.train.learner.step_functions`, one device,
 no mesh), compiled ahead of time, then called
 `--steps` times after `--warmup` calls, each timed to `block_until_ready`.
 
@@ -60,7 +60,7 @@ from marljax.models.config import ModelConfig  # noqa: E402
 from marljax.models.decoder import get_params, init_model  # noqa: E402
 from marljax.testing.real_shapes import SHAPES as REAL_SHAPES  # noqa: E402
 from marljax.train.config import LossConfig, OptimizerConfig  # noqa: E402
-from marljax.train.policy import step_functions  # noqa: E402
+from marljax.train.learner import step_functions  # noqa: E402
 
 # HF config values of Qwen2.5-1.5B(-Instruct); marljax.testing.real_shapes has only the 0.5B shape
 QWEN25_1_5B = dict(

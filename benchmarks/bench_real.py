@@ -209,7 +209,7 @@ def child_train(work: Path, args) -> dict:
     sampling, updates, captured, prompts = [], {}, {}, {}
     for name, pol in tr.policies.items():
 
-        def generate(prompt_ids, *, n, seed, sampler, _orig=pol.generate, _name=name, **settings):
+        def generate(prompt_ids, *, n, seed, sampler, _orig=pol.sampler.generate, _name=name, **settings):
             note(f"sampling {_name}: {len(prompt_ids) * n} rows")
             prompts.setdefault(_name, list(prompt_ids[0]))  # what the sampler was given, markup included
             t = time.perf_counter()
@@ -243,7 +243,7 @@ def child_train(work: Path, args) -> dict:
             }
             return pending
 
-        pol.generate, pol.start_update = generate, start_update
+        pol.sampler.generate, pol.start_update = generate, start_update
     phases.current = "step"
     with phases("step"):
         metrics = tr.train_step()
@@ -258,7 +258,7 @@ def child_train(work: Path, args) -> dict:
     markup = {}
     for name, ids in prompts.items():
         shape = POLICIES[name]
-        text = tr.policies[name].tokenizer.decode(ids, skip_special_tokens=False)
+        text = tr.policies[name].turns.tokenizer.decode(ids, skip_special_tokens=False)
         head, tail = MARKUP[shape]
         markup[name] = {
             "ok": text.startswith(head) and text.endswith(tail),
@@ -365,13 +365,14 @@ def child_compare(work: Path, args) -> dict:
         update={"micro_batch_size": len(samples), "model": pcfg.model.model_copy(update={"remat": "none"})}
     )
     pol = Policy("coder_qwen", pcfg, norm_constant=float(args.max_new_tokens), seed=cfg.seed)
-    batch = pol._collate(samples)
+    batch = pol.learner.collate(samples)
     host = {k: np.asarray(v)[0] for k, v in jax.device_get(batch).items()}  # [rows, T]
     if not np.all(host["temperature"] == 1.0):
         raise AssertionError("the torch side assumes samples drawn at temperature 1")
 
     def marljax_step():
-        pol.params, pol.opt_state, m = pol._rl_update(pol.params, pol.opt_state, batch)
+        params, opt_state, m = pol.learner._rl_update(pol.params, pol.state.opt_state, batch, None)
+        pol.state = pol.state.replace(params=params, opt_state=opt_state)
         return {k: float(v) for k, v in jax.device_get(m).items()}
 
     calls = {}

@@ -11,7 +11,7 @@ charged to the inner one only):
 
     compile       lowering to StableHLO and XLA compilation (jax.monitoring events),
                   wherever it happens (mostly inside sampling and update)
-    sampling      Policy.generate (the jitted sampler)
+    sampling      SamplerView.generate (the jitted sampler)
     sandbox       SandboxPool.map (running and scoring the programs)
     advantages    the advantage kernels the workflows call
     update        Trainer.update_ready_policies (every policy update of the step: collate,
@@ -122,7 +122,7 @@ def instrumented(clock: Clock):
     from marljax.rewards.pool import SandboxPool
     from marljax.train import loop
     from marljax.train.metrics import MetricsWriter
-    from marljax.train.policy import Policy
+    from marljax.train.sampling import SamplerView
     from marljax.workflows import grpo
     from marljax.workflows import types as workflow_types
 
@@ -138,7 +138,7 @@ def instrumented(clock: Clock):
         return res
 
     patches = [
-        (Policy, "generate", "sampling"),
+        (SamplerView, "generate", "sampling"),
         (SandboxPool, "map", "sandbox"),
         (loop.Trainer, "update_ready_policies", "update"),
         (workflow_types, "agent_metrics", "metrics"),

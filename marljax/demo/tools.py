@@ -114,7 +114,7 @@ def demonstrations(
 ) -> dict[str, list[tuple[str, str]]]:
     """(prompt, reply) pairs per agent from `rounds` rollouts of the run config's workflow with the
     teacher playing every agent, over its train problems batch by batch. Without `policies` (name ->
-    `Policy`) no model is needed, but a prompt continuing an earlier turn of an agent holds that
+    its `TurnFormat`, `Policy.turns`) no model is needed, but a prompt continuing an earlier turn of an agent holds that
     turn's bytes, not tokens: only its text is of use (a tokenizer's corpus). With them, every
     prompt encodes as the policy will see it when it samples the same turns (the earlier turns'
     tokens, each ending with an end-of-turn token), which SFT needs."""
@@ -287,7 +287,13 @@ def warm_started_run(
     trainer = Trainer(config_from_dict(raw, source=f"<{kind} sft>"))
     try:
         # the same demonstrations again (a fresh teacher draws the same slips), now tokenised
-        pairs = demonstrations(cfg, teacher(kind, slips, seed), demo_rounds, seed, trainer.policies)
+        pairs = demonstrations(
+            cfg,
+            teacher(kind, slips, seed),
+            demo_rounds,
+            seed,
+            {n: p.turns for n, p in trainer.policies.items()},
+        )
         losses = sft_on_pairs(trainer, pairs, sft_steps, sft_batch)
         (out / "sft_losses.json").write_text(json.dumps(losses))
         trainer.policies[policy].export(out / "model-sft")

@@ -14,6 +14,7 @@ described in plain text); `marljax.envs.tool_calls` reads calls back with them.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -181,3 +182,49 @@ def generation_eos_ids(path: str | os.PathLike | None) -> list[int]:
     if not all(isinstance(v, int) and not isinstance(v, bool) for v in values):
         raise ValueError(f"{file}: eos_token_id must be an int or a list of ints, got {eos!r}")
     return values
+
+
+# ------------------------------------------------------------------ a policy's turn format
+@dataclasses.dataclass(frozen=True)
+class TurnFormat:
+    """How one policy's turns are written as tokens: its tokenizer, whether prompts go through the
+    chat template, the ids that end a turn and the pad id. `policy` names the policy: a prompt that
+    continues this policy's own earlier turn (`Prompt.continues`) starts with that turn's exact tokens.
+    """
+
+    policy: str
+    tokenizer: Any
+    chat: bool
+    eos_ids: tuple[int, ...]
+    pad_id: int
+
+    @classmethod
+    def of(cls, policy: str, tokenizer: Any, *, chat: str, eos: Any, path: str | None) -> TurnFormat:
+        """The format of `policy`: `chat` its mode (`use_chat`); `eos` the model config's EOS id(s),
+        else the tokenizer's; then those of the model directory's `generation_config.json` (`path`):
+        instruct models end a turn with a token (`<|im_end|>`, `<|eot_id|>`) listed there."""
+        eos = tokenizer.eos_token_id if eos is None else eos
+        ids = [int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos]) if e is not None]
+        pad = tokenizer.pad_token_id
+        return cls(
+            policy,
+            tokenizer,
+            use_chat(chat, tokenizer, f"policies.{policy}"),
+            tuple(dict.fromkeys(ids + generation_eos_ids(path))),
+            int(pad if pad is not None else 0),
+        )
+
+    def encode_prompt(self, prompt: str) -> list[int]:
+        """The token ids the sampler gets for `prompt` (chat template or raw text)."""
+        where = f"policies.{self.policy}"
+        after = getattr(prompt, "continues", None)
+        if after is not None and after.policy == self.policy:
+            ids = encode_continuation(self.tokenizer, prompt, chat=self.chat, where=where)
+            if ids is not None:
+                return ids
+        return encode_prompt(self.tokenizer, prompt, chat=self.chat, where=where)
+
+    def encode_completion(self, text: str) -> list[int]:
+        """The token ids of `text` written as this policy's turn: no BOS, ending with its first EOS id
+        (a chat turn's end), as a completion it sampled to its end."""
+        return [*self.tokenizer(text, add_special_tokens=False)["input_ids"], *self.eos_ids[:1]]

@@ -1,8 +1,7 @@
 """Generation with continuous batching over KV-cache slots under `jit`: tokens and log-probs.
 
-    from marljax.sampler import generate, generate_text
-    out = generate(model, [[5, 6, 7], [8, 9]], max_new_tokens=64, temperature=1.0,
-                   top_p=0.9, n=4, seed=0)
+    from marljax.sampler import SamplingParams, generate, generate_text
+    out = generate(model, [[5, 6, 7], [8, 9]], SamplingParams(max_new_tokens=64, top_p=0.9), n=4, seed=0)
     out.tokens, out.lengths, out.finish_reason, out.logprobs   # [B*n, 64], [B*n], ...
 
 Knows nothing about RL: `logprobs` are under `softmax(logits / temperature)` without
@@ -16,7 +15,15 @@ The model maths (prefill, the one-token decode step, log-probs) lives in `marlja
 from marljax.sampler.api import SamplerOutput, TextOutput, generate, generate_stream, generate_text
 from marljax.sampler.engine import Engine, EngineStats, get_engine
 from marljax.sampler.sampling import argmax_first, sample_tokens, truncation_mask
-from marljax.sampler.schedule import REASONS, Buckets, Completion, Request, Schedule, next_bucket
+from marljax.sampler.schedule import (
+    REASONS,
+    Buckets,
+    Completion,
+    Request,
+    SamplingParams,
+    Schedule,
+    next_bucket,
+)
 
 __all__ = [
     "SamplerOutput",
@@ -30,6 +37,7 @@ __all__ = [
     "Engine",
     "EngineStats",
     "Request",
+    "SamplingParams",
     "Schedule",
     "get_engine",
     "next_bucket",

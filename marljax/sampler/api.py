@@ -14,7 +14,7 @@ from marljax.models import Decoder, ModelConfig, get_params
 from marljax.models.lora import num_adapters
 from marljax.sampler.engine import Engine, get_engine, mesh_of
 from marljax.sampler.sampling import DEFAULT_BOUND
-from marljax.sampler.schedule import Buckets, Completion, Request, Schedule
+from marljax.sampler.schedule import Buckets, Completion, Request, SamplingParams, Schedule
 
 
 @dataclasses.dataclass
@@ -95,18 +95,7 @@ def _as_prompts(prompt_ids) -> list[list[int]]:
     return prompts
 
 
-def _per_prompt(value, name: str, count: int, valid, what: str) -> list:
-    """`value` as one entry per prompt: a scalar is repeated, a sequence must have `count`
-    entries; each entry must pass `valid` (else a ValueError naming `name` and `what`)."""
-    values = list(value) if isinstance(value, (list, tuple, np.ndarray)) else [value] * count
-    if len(values) != count or not all(valid(v) for v in values):
-        raise ValueError(f"{name} must be {what}, one value or one per prompt; got {value!r}")
-    return values
-
-
-def _requests(
-    config: ModelConfig, prompt_ids, max_new_tokens, temperature, top_p, top_k, n, seed, adapter=0
-) -> list[Request]:
+def _requests(config: ModelConfig, prompt_ids, sampling, n, seed, adapter=0) -> list[Request]:
     """Checked arguments as requests: sample `j` of prompt `i` is request `i * n + j`."""
     prompts = _as_prompts(prompt_ids)
     if not prompts:
@@ -117,28 +106,28 @@ def _requests(
             raise ValueError(f"prompt {i} is empty")
         if min(p) < 0 or max(p) >= V:
             raise ValueError(f"prompt {i} has token ids outside [0, {V})")
-    budgets = (
-        [max_new_tokens] * len(prompts)
-        if isinstance(max_new_tokens, (int, np.integer))
-        else list(max_new_tokens)
-    )
-    if len(budgets) != len(prompts) or not all(isinstance(m, (int, np.integer)) and m >= 1 for m in budgets):
-        raise ValueError(f"max_new_tokens must be a positive int or one per prompt, got {max_new_tokens!r}")
+    B = len(prompts)
+    settings = _per_prompt(sampling, "sampling", B, lambda s: isinstance(s, SamplingParams), "SamplingParams")
     if not isinstance(n, (int, np.integer)) or n < 1:
         raise ValueError(f"n must be a positive int, got {n!r}")
-    B = len(prompts)
-    temps = _per_prompt(temperature, "temperature", B, lambda t: t >= 0, ">= 0")
-    top_ps = _per_prompt(top_p, "top_p", B, lambda p: 0 < p <= 1, "in (0, 1]")
     is_int = (int, np.integer)
-    top_ks = _per_prompt(top_k, "top_k", B, lambda k: isinstance(k, is_int) and k >= 0, "an int >= 0")
     adapters = _per_prompt(adapter, "adapter", B, lambda a: isinstance(a, is_int) and a >= 0, "an int >= 0")
     if not isinstance(seed, (int, np.integer)) or not 0 <= seed < 2**32:
         raise ValueError(f"seed must be an int in [0, 2**32), got {seed!r}")
     return [
-        Request(np.asarray(p, np.int32), int(m), float(t), int(k), float(tp), adapter=int(a))
-        for p, m, t, k, tp, a in zip(prompts, budgets, temps, top_ks, top_ps, adapters)
+        Request(np.asarray(p, np.int32), s, adapter=int(a))
+        for p, s, a in zip(prompts, settings, adapters)
         for _ in range(n)
     ]
+
+
+def _per_prompt(value, name: str, count: int, valid, what: str) -> list:
+    """`value` as one entry per prompt: a single value is repeated, a sequence must have `count`
+    entries; each entry must pass `valid` (else a ValueError naming `name` and `what`)."""
+    values = list(value) if isinstance(value, (list, tuple, np.ndarray)) else [value] * count
+    if len(values) != count or not all(valid(v) for v in values):
+        raise ValueError(f"{name} must be {what}, one value or one per prompt; got {value!r}")
+    return values
 
 
 def _pad_id(config, pad_id: int | None) -> int:
@@ -150,16 +139,14 @@ def _pad_id(config, pad_id: int | None) -> int:
 def generate_stream(
     model: Any,
     prompt_ids: Any,
+    sampling: SamplingParams | Sequence[SamplingParams],
     *,
-    max_new_tokens: int | Sequence[int],
-    temperature: float = 1.0,
-    top_p: float = 1.0,
-    top_k: int = 0,
-    stop: Sequence[Sequence[int]] | None = None,
-    eos_ids: int | Sequence[int] | None = None,
     n: int = 1,
     seed: int = 0,
     params: Any = None,
+    stop: Sequence[Sequence[int]] | None = None,
+    eos_ids: int | Sequence[int] | None = None,
+    adapter: int | Sequence[int] = 0,
     return_sampling_logprobs: bool = False,
     pad_id: int | None = None,
     mesh: Mesh | None = None,
@@ -167,12 +154,12 @@ def generate_stream(
     schedule: Schedule | None = None,
     topk_bound: int = DEFAULT_BOUND,
     fuse_projections: bool | None = None,
-    adapter: int | Sequence[int] = 0,
 ) -> Iterator[Completion]:
     """`generate`'s completions one by one, in the order they finish (`Completion.index` is
-    the row of `generate`'s output: sample `j` of prompt `i` is `i * n + j`)."""
+    the row of `generate`'s output: sample `j` of prompt `i` is `i * n + j`); the arguments are
+    `generate`'s."""
     config, params = _resolve(model, params)
-    requests = _requests(config, prompt_ids, max_new_tokens, temperature, top_p, top_k, n, seed, adapter)
+    requests = _requests(config, prompt_ids, sampling, n, seed, adapter)
     if any(r.adapter for r in requests):
         count = num_adapters(params["lora"]) if "lora" in params else 1
         if max(r.adapter for r in requests) >= count:
@@ -196,26 +183,7 @@ def generate_stream(
 
 
 def generate(
-    model: Any,
-    prompt_ids: Any,
-    *,
-    max_new_tokens: int | Sequence[int],
-    temperature: float | Sequence[float] = 1.0,
-    top_p: float | Sequence[float] = 1.0,
-    top_k: int | Sequence[int] = 0,
-    stop: Sequence[Sequence[int]] | None = None,
-    eos_ids: int | Sequence[int] | None = None,
-    n: int = 1,
-    seed: int = 0,
-    params: Any = None,
-    return_sampling_logprobs: bool = False,
-    pad_id: int | None = None,
-    mesh: Mesh | None = None,
-    buckets: Buckets | None = None,
-    schedule: Schedule | None = None,
-    topk_bound: int = DEFAULT_BOUND,
-    fuse_projections: bool | None = None,
-    adapter: int | Sequence[int] = 0,
+    model: Any, prompt_ids: Any, sampling: SamplingParams | Sequence[SamplingParams], **call
 ) -> SamplerOutput:
     """Sample `n` completions for each prompt from one set of parameters.
 
@@ -226,20 +194,21 @@ def generate(
     Args:
       model: a `Decoder`, or a `ModelConfig` together with `params=`.
       prompt_ids: `B` prompts of token ids, of any lengths (a list of lists, or a `[B, L]` array).
-      max_new_tokens: tokens to generate at most per row: one int, or one per prompt.
-      temperature: 0 means greedy (argmax); else logits are divided by it.
-      top_p: nucleus mass in (0, 1]; 1 disables. top_k: 0 disables.
-        Order and semantics as transformers (see `marljax.sampler.sampling`).
-        Each of temperature, top_p and top_k: one value, or one per prompt.
-      stop: token-id sequences; a row stops when its completion ends with one
-        (matched inside the completion only; the sequence is kept in the output).
-      eos_ids: ids that end a row (kept in the output); default the config's
-        `eos_token_id`; `()` for none.
+      sampling: how to sample (`SamplingParams`: budget, temperature, top-p, top-k): one for
+        every prompt, or one per prompt. Its stop strings are not read: see `stop`.
+      call: keyword arguments, as `generate_stream` names them:
       n: samples per prompt (they share the prompt's prefill).
       seed: row `r` uses the key `fold_in(key(seed), r)`, and its token `t`
         `fold_in(row_key, t)`: results are reproducible and independent of batching and slots.
       params: parameters to use instead of the model's own (any agent's
         parameters of the same shapes; no recompilation).
+      stop: token-id sequences; a row stops when its completion ends with one
+        (matched inside the completion only; the sequence is kept in the output).
+      eos_ids: ids that end a row (kept in the output); default the config's
+        `eos_token_id`; `()` for none.
+      adapter: with LoRA adapters in `params["lora"]` (`marljax.models.lora.stack_adapters`),
+        the adapter of each prompt's rows (one int, or one per prompt): rows of different
+        adapters of one base decode in one batch.
       return_sampling_logprobs: also return log-probs under the sampling distribution.
       pad_id: fills tokens past each row's end (default the config's pad id, else 0).
       mesh: run sharded on this mesh (default: the mesh of `params`, if sharded);
@@ -247,53 +216,29 @@ def generate(
       buckets, schedule: shape buckets and how requests share the slots (`Schedule`).
       topk_bound, fuse_projections: the top-k fast-path size and whether decode uses fused
         q/k/v and gate/up weights (None: automatic); see `Engine`.
-      adapter: with LoRA adapters in `params["lora"]` (`marljax.models.lora.stack_adapters`),
-        the adapter of each prompt's rows (one int, or one per prompt): rows of different
-        adapters of one base decode in one batch.
 
     Returns:
       a `SamplerOutput` with host (numpy) arrays.
     """
-    config, params = _resolve(model, params)
-    stream = generate_stream(
-        config,
-        prompt_ids,
-        max_new_tokens=max_new_tokens,
-        temperature=temperature,
-        top_p=top_p,
-        top_k=top_k,
-        stop=stop,
-        eos_ids=eos_ids,
-        n=n,
-        seed=seed,
-        params=params,
-        return_sampling_logprobs=return_sampling_logprobs,
-        pad_id=pad_id,
-        mesh=mesh,
-        buckets=buckets,
-        schedule=schedule,
-        topk_bound=topk_bound,
-        fuse_projections=fuse_projections,
-        adapter=adapter,
-    )
-    done = sorted(stream, key=lambda c: c.index)
-    budgets = max_new_tokens if isinstance(max_new_tokens, (int, np.integer)) else max(max_new_tokens)
-    N, T = len(done), int(budgets)
-    tokens = np.full((N, T), _pad_id(config, pad_id), np.int32)
+    config, call["params"] = _resolve(model, call.get("params"))
+    done = sorted(generate_stream(config, prompt_ids, sampling, **call), key=lambda c: c.index)
+    settings = [sampling] if isinstance(sampling, SamplingParams) else sampling
+    N, T = len(done), max(s.max_new_tokens for s in settings)
+    tokens = np.full((N, T), _pad_id(config, call.get("pad_id")), np.int32)
     logprobs = np.zeros((N, T), np.float32)
-    sampling = np.zeros((N, T), np.float32) if return_sampling_logprobs else None
+    sampling_lp = np.zeros((N, T), np.float32) if call.get("return_sampling_logprobs") else None
     for c in done:
         k = len(c.tokens)
         tokens[c.index, :k], logprobs[c.index, :k] = c.tokens, c.logprobs
-        if sampling is not None:
-            sampling[c.index, :k] = c.sampling_logprobs
+        if sampling_lp is not None:
+            sampling_lp[c.index, :k] = c.sampling_logprobs
     return SamplerOutput(
         tokens=tokens,
         lengths=np.array([len(c.tokens) for c in done], np.int32),
         finish_reason=np.array([c.finish_reason for c in done]),
         logprobs=logprobs,
-        sampling_logprobs=sampling,
-        prompt_index=np.arange(N, dtype=np.int32) // n,
+        sampling_logprobs=sampling_lp,
+        prompt_index=np.arange(N, dtype=np.int32) // call.get("n", 1),
     )
 
 
@@ -301,14 +246,13 @@ def generate_text(
     model: Any,
     tokenizer: Any,
     prompts: Sequence[Any],
+    sampling: SamplingParams,
     *,
-    max_new_tokens: int,
     chat: bool = True,
     system: str | None = None,
-    stop: Sequence[str] | None = None,
     eos_ids: Any = None,
     skip_special_tokens: bool = True,
-    **kwargs: Any,
+    **call: Any,
 ) -> TextOutput:
     """Text in, text out, through `tokenizer` (a transformers tokenizer).
 
@@ -316,13 +260,13 @@ def generate_text(
     messages). With `chat=True` (default) a string becomes one user message
     (after an optional `system` message) and every conversation goes through
     the tokenizer's chat template with the generation prompt; `chat=False`
-    tokenizes strings as they are. stop: strings, tokenized on their own
+    tokenizes strings as they are. `sampling.stop`: strings, tokenized on their own
     (`add_special_tokens=False`) into stop sequences -- the model must emit that
     tokenization; the decoded text is also cut at the first stop string.
     eos_ids: default the config's EOS ids plus the tokenizer's `eos_token_id`.
-    Other keyword arguments go to `generate` (temperature, top_p, top_k, n, seed, params, ...).
+    Other keyword arguments go to `generate` (n, seed, params, ...).
     """
-    config, _ = _resolve(model, kwargs.get("params"))
+    config, _ = _resolve(model, call.get("params"))
     texts_in: list[str] = []
     for p in prompts:
         if isinstance(p, str) and not chat:
@@ -340,9 +284,9 @@ def generate_text(
         eos_ids = _eos_ids(None, config)
         if getattr(tokenizer, "eos_token_id", None) is not None and tokenizer.eos_token_id not in eos_ids:
             eos_ids.append(int(tokenizer.eos_token_id))
-    stop_strs = list(stop or [])
+    stop_strs = list(sampling.stop)
     stop_ids = [tokenizer.encode(s, add_special_tokens=False) for s in stop_strs]
-    out = generate(model, ids, max_new_tokens=max_new_tokens, stop=stop_ids, eos_ids=eos_ids, **kwargs)
+    out = generate(model, ids, sampling, stop=stop_ids, eos_ids=eos_ids, **call)
     eos_set = set(_eos_ids(eos_ids, config))
     texts = []
     for row, length, why in zip(out.tokens, out.lengths, out.finish_reason):

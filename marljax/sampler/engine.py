@@ -61,7 +61,7 @@ from marljax.models.decode import (
     position_axis,
 )
 from marljax.models.sharding import activation_sharding, batch_sharding, logical_to_spec
-from marljax.sampler.sampling import DEFAULT_BOUND, sample_tokens
+from marljax.sampler.sampling import DEFAULT_BOUND, sample_tokens, scaled
 from marljax.sampler.schedule import (
     EOS,
     LENGTH,
@@ -294,10 +294,8 @@ class Engine:
             truncate=truncate,
             bound=self.topk_bound,
         )
-        scale = jnp.where(state.temperature > 0, state.temperature, 1.0)
-        if greedy:
-            scale = jnp.ones_like(scale)
-        lp = logprobs_from_logits(logits / scale[:, None], tok)
+        # (a greedy call's busy rows all have temperature 0: their log-probs are at temperature 1)
+        lp = logprobs_from_logits(scaled(logits, state.temperature), tok)
         recent = jnp.concatenate([state.recent[:, 1:], tok[:, None]], axis=1)
         is_eos = jnp.any(tok[:, None] == tables.eos[None, :], axis=1)
         match = jnp.all((recent[:, None, :] == tables.stop_seqs[None]) | ~tables.stop_valid[None], axis=2)

@@ -129,9 +129,18 @@ def _as_rows(a, B, dtype):
     return jnp.broadcast_to(a, (B,)) if a.ndim == 0 else a
 
 
-def _scaled(logits: jax.Array, temperature: jax.Array) -> jax.Array:
-    """`logits / temperature` per row `[B]`; rows with temperature 0 (greedy) scaled by 1."""
-    return logits / jnp.where(temperature > 0, temperature, 1.0)[:, None]
+def logprob_temperature(temperature):
+    """The temperature a row's log-probs are taken at: its sampling temperature, and 1 for a greedy
+    row (temperature 0), whose log-probs are then the model's own. `temperature`: a host number,
+    or a `[B]` array (traced values are fine)."""
+    if isinstance(temperature, (int, float)):
+        return float(temperature) if temperature > 0 else 1.0
+    return jnp.where(temperature > 0, temperature, 1.0)
+
+
+def scaled(logits: jax.Array, temperature: jax.Array) -> jax.Array:
+    """`logits [B, V]` divided by each row's `logprob_temperature`."""
+    return logits / logprob_temperature(temperature)[:, None]
 
 
 def truncation_mask(
@@ -160,7 +169,7 @@ def truncation_mask(
     temperature = _as_rows(temperature, B, jnp.float32)
     top_k = _as_rows(top_k, B, jnp.int32)
     top_p = _as_rows(top_p, B, jnp.float32)
-    x = _scaled(logits, temperature)
+    x = scaled(logits, temperature)
     k_active = (top_k > 0) & (top_k < V)
     p_active = top_p < 1.0
 
@@ -215,7 +224,7 @@ def sample_tokens(
             logits, temperature=temperature, top_k=top_k, top_p=top_p, bound=bound, method=method
         )
     else:
-        x = _scaled(logits, temperature)
+        x = scaled(logits, temperature)
         keep = jnp.ones_like(x, bool)
     m = jnp.max(x, axis=1, keepdims=True)
     w = jnp.where(keep, jnp.exp(x - m), 0.0)

@@ -112,15 +112,43 @@ class Tables(NamedTuple):
     seed: jax.Array  # [] uint32
 
 
+@dataclasses.dataclass(frozen=True)
+class SamplingParams:
+    """How one prompt is sampled, from a run's config (`SamplerConfig.sampling`) to its `Request`.
+
+    max_new_tokens: tokens to generate at most. temperature: 0 means greedy (argmax), else the
+    logits are divided by it. top_p: nucleus mass in (0, 1], 1 disables; top_k: 0 disables (order
+    and semantics as transformers: `marljax.sampler.sampling`). stop: strings that end a completion
+    (kept in it); the caller tokenizes them, one set per sampler call (`generate(stop=)`).
+    """
+
+    max_new_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    stop: tuple[str, ...] = ()
+
+    def __post_init__(self):
+        is_int = (int, np.integer)
+        for ok, why in (
+            (
+                isinstance(self.max_new_tokens, is_int) and self.max_new_tokens >= 1,
+                "max_new_tokens must be an int >= 1",
+            ),
+            (self.temperature >= 0, "temperature must be >= 0"),
+            (0 < self.top_p <= 1, "top_p must be in (0, 1]"),
+            (isinstance(self.top_k, is_int) and self.top_k >= 0, "top_k must be an int >= 0"),
+        ):
+            if not ok:
+                raise ValueError(f"{why}, got {self}")
+
+
 @dataclasses.dataclass
 class Request:
-    """One completion to generate: its prompt ids, token budget and sampling settings."""
+    """One completion to generate: its prompt ids, sampling settings and adapter."""
 
     prompt: np.ndarray
-    max_new: int
-    temperature: float = 1.0
-    top_k: int = 0
-    top_p: float = 1.0
+    sampling: SamplingParams
     adapter: int = 0  # which LoRA adapter of the parameters (`marljax.models.lora`) samples it
 
 
@@ -142,11 +170,12 @@ class HostLoop:
         e = self.engine = engine
         self.requests = list(requests)
         self.schedule, self.want_slp, self.pad_id = schedule, bool(want_sampling_lp), int(pad_id)
-        self.greedy = all(r.temperature == 0 for r in self.requests)
-        self.truncate = any(r.top_k > 0 or r.top_p < 1 for r in self.requests)
+        settings = [r.sampling for r in self.requests]
+        self.greedy = all(s.temperature == 0 for s in settings)
+        self.truncate = any(s.top_k > 0 or s.top_p < 1 for s in settings)
         N = len(self.requests)
         self.capacity = e.prompt_bucket(max(len(r.prompt) for r in self.requests)) + e.new_tokens_bucket(
-            max(r.max_new for r in self.requests)
+            max(s.max_new_tokens for s in settings)
         )
         self.slots = e.batch_bucket(min(N, schedule.slots))
         b = e.buckets
@@ -250,8 +279,9 @@ class HostLoop:
             rest = req.prompt[n:]
             slots[j], source[j], starts[j] = slot, src, n
             tokens[j, : len(rest)], lengths[j] = rest, len(rest)
-            request[j], max_new[j] = r, req.max_new
-            temperature[j], top_k[j], top_p[j] = req.temperature, req.top_k, req.top_p
+            s = req.sampling
+            request[j], max_new[j] = r, s.max_new_tokens
+            temperature[j], top_k[j], top_p[j] = s.temperature, s.top_k, s.top_p
             adapter[j] = req.adapter
             e.stats.prefill_tokens += len(rest)
             e.stats.shared_tokens += n

@@ -4,7 +4,7 @@ For each policy of a run config this builds the inputs of its programs as abstra
 (`jax.ShapeDtypeStruct`s with their shardings; no weights are loaded or allocated) on the
 policy's mesh over the target devices, lowers and compiles
 
-- `update`: the RL update step, the trainer's own (`marljax.train.policy.step_functions`), on a
+- `update`: the RL update step, the trainer's own (`marljax.train.learner.step_functions`), on a
   batch `[M, micro_batch_size, T]` as `collate` makes it, rows over `("data", "fsdp")`;
 - `prefill`: the sampler's insert of a full slot batch of prompts (`Engine._insert`);
 - `decode`: the sampler's decode loop over the whole cache (`Engine._decode`);
@@ -303,7 +303,7 @@ def compile_policy(
     from marljax.sampler.engine import Engine
     from marljax.sampler.schedule import Buckets, Schedule, next_bucket
     from marljax.train.batch import geometric_bucket
-    from marljax.train.policy import step_functions
+    from marljax.train.learner import step_functions
 
     options = None if dump_to is None else {"xla_dump_to": str(dump_to), "xla_dump_hlo_as_text": True}
 
@@ -390,7 +390,7 @@ def compile_policy(
         loss = cfg.loss
         if loss.norm_constant is None:  # the trainer's default: the generation budget
             loss = loss.model_copy(update={"norm_constant": float(s.max_new_tokens)})
-        # the trainer's own update program (`Policy` builds it the same way)
+        # the trainer's own update program (`Learner` builds it the same way)
         optimizer, fn, _, _ = step_functions(config, cfg.optimizer, loss, cfg.mini_batches > 1, lora, mesh)
         M = micro_batches or geometric_bucket(
             -(-cfg.buffer.threshold // (cfg.mini_batches * cfg.micro_batch_size))
@@ -405,9 +405,7 @@ def compile_policy(
             if on
         ]
         batch = abstract_batch(M, cfg.micro_batch_size, T, mesh, extra)
-        args = (params, abstract_opt_state(optimizer, params, mesh), batch) + (
-            () if frozen is None else (frozen,)
-        )
+        args = (params, abstract_opt_state(optimizer, params, mesh), batch, frozen)
         what = f"gradients + activations ({est.remat} remat) + compute copies"
         elsewhere = est.reference + est.sampler_copy
         compiled = compile_or_report("update", fn.lower(*args), elsewhere, est.update, what)

@@ -18,6 +18,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
+from marljax.sampler.sampling import logprob_temperature
+from marljax.sampler.schedule import SamplingParams
 from marljax.seeds import derive_seed
 from marljax.train.config import SamplerConfig
 from marljax.train.policy import Policy
@@ -42,11 +44,12 @@ class PolicyGenerator:
         agent_sampling: Mapping[str, SamplerConfig] | None = None,
     ):
         self.policies, self.sampler, self.max_prompt_len = policies, sampler, max_prompt_len
-        self.agent_sampling = dict(agent_sampling or {})
+        self.agent_sampling = {a: s.sampling() for a, s in (agent_sampling or {}).items()}
+        self.default_sampling = sampler.sampling()
         self._warned: set[str] = set()
 
-    def settings(self, agent: str) -> SamplerConfig:
-        return self.agent_sampling.get(agent, self.sampler)
+    def settings(self, agent: str) -> SamplingParams:
+        return self.agent_sampling.get(agent, self.default_sampling)
 
     def _fit(self, agent: str, ids: list[int]) -> list[int]:
         """`ids` cut to `max_prompt_len` by dropping the middle: the start (system turn, the problem's
@@ -69,8 +72,8 @@ class PolicyGenerator:
     def _call_key(self, agent: Agent) -> tuple:
         """Requests with equal keys share a sampler call: one policy, or adapter policies of one base
         sampling on one mesh; one set of stop strings."""
-        policy = self.policies[agent.policy]
-        who = agent.policy if policy.base_key is None else (policy.base_key, policy.sampler_mesh)
+        view = self.policies[agent.policy].sampler
+        who = agent.policy if view.base_key is None else (view.base_key, view.mesh)
         return (who, self.settings(agent.name).stop)
 
     def generate(self, requests: Sequence[tuple[Agent, str]], n: int, seed: int) -> list[list[Generation]]:
@@ -100,20 +103,20 @@ class PolicyGenerator:
     ) -> list[list[Generation]]:
         names = sorted({requests[i][0].policy for i in idx})
         lead = self.policies[names[0]]
-        tok = lead.tokenizer  # adapter policies on one base share its tokenizer
+        tok = lead.turns.tokenizer  # adapter policies on one base share its tokenizer
         prompts = [
-            self._fit(agent.name, self.policies[agent.policy].encode_prompt(text))
+            self._fit(agent.name, self.policies[agent.policy].turns.encode_prompt(text))
             for agent, text in (requests[i] for i in idx)
         ]
         settings = [self.settings(requests[i][0].name) for i in idx]
         versions = {name: self.policies[name].version for name in names}
-        team = [self.policies[name] for name in names] if lead.lora is not None else None
-        res = lead.generate(
+        team = [self.policies[name].sampler for name in names] if lead.sampler.base_key is not None else None
+        res = lead.sampler.generate(
             prompts,
             n=n,
             seed=derive_seed(seed, k, "policy"),
             sampler=self.sampler,
-            settings=settings,
+            sampling=settings,
             team=team,
             adapter=[names.index(requests[i][0].policy) for i in idx],
         )
@@ -134,7 +137,7 @@ class PolicyGenerator:
                         agent=agent.name,
                         policy=agent.policy,
                         version=versions[agent.policy],
-                        temperature=settings[j].temperature or 1.0,  # greedy: the model's own
+                        temperature=logprob_temperature(settings[j].temperature),
                     )
                 )
             out.append(gens)
@@ -145,7 +148,7 @@ def disjoint_devices(policies: Sequence[Policy]) -> bool:
     """True when every policy samples on its own mesh and no two meshes share a device."""
     seen: set = set()
     for p in policies:
-        mesh = p.sampler_mesh
+        mesh = p.sampler.mesh
         if mesh is None:
             return False
         devices = set(mesh.devices.flat)

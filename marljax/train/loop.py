@@ -36,8 +36,9 @@ from marljax.train.config import RunConfig, config_to_record, dump_config
 from marljax.train.data import ProblemStream
 from marljax.train.generation import PolicyGenerator
 from marljax.train.metrics import MetricsWriter, Progress
-from marljax.train.policy import BaseStore, Policy
+from marljax.train.policy import BaseStore, build_policies
 from marljax.train.sft import run_sft
+from marljax.train.state import PolicyState
 from marljax.workflows import build_workflow
 from marljax.workflows.base import Agent
 from marljax.workflows.diversity import per_agent_diversity
@@ -65,7 +66,7 @@ class Trainer:
         distributed.initialize(cfg.distributed)  # multi-process runs: before any JAX computation
         self.run_dir = Path(cfg.resolved_run_dir())
         self.bases = BaseStore()  # frozen bases of adapter policies, one copy per model
-        self.policies = {name: self._build_policy(name) for name in sorted(cfg.policies)}
+        self.policies = build_policies(cfg, self.bases)
         seq_len = cfg.sampler.max_prompt_len + cfg.sampler.max_new_tokens
         memory.log_estimates(self.policies, seq_len, log, cfg.sampler.slots)
         self.agents = {
@@ -100,21 +101,6 @@ class Trainer:
         )
         self.step = 0
         self._pool: SandboxPool | None = None
-
-    def _build_policy(self, name: str) -> Policy:
-        # Dr.GRPO's constant: the generation budget (the largest of the policy's agents)
-        budgets = [
-            self.cfg.agent_sampling(a).max_new_tokens for a, c in self.cfg.agents.items() if c.policy == name
-        ]
-        norm = float(max(budgets, default=self.cfg.sampler.max_new_tokens))
-        return Policy(
-            name,
-            self.cfg.policies[name],
-            norm_constant=norm,
-            seed=self.cfg.seed,
-            model=self.cfg.policy_model(name),
-            bases=self.bases,
-        )
 
     # ------------------------------------------------------------ plumbing
     @property
@@ -176,11 +162,13 @@ class Trainer:
         self.workflow.load_state_dict(workflow)
 
     def save(self) -> None:
-        self.checkpointer.save(self.step, {n: p.state() for n, p in self.policies.items()}, self.loop_state())
+        self.checkpointer.save(
+            self.step, {n: p.state.checkpoint() for n, p in self.policies.items()}, self.loop_state()
+        )
 
     def restore(self) -> bool:
         """Load the newest complete checkpoint; False for a fresh run."""
-        targets = {n: p.abstract_state() for n, p in self.policies.items()}
+        targets = {n: p.state.restore_target() for n, p in self.policies.items()}
         # the restored states replace the loaded ones: free those first, else a resume needs the
         # memory of two full states at once
         released = self.checkpointer.latest_step() is not None
@@ -190,12 +178,11 @@ class Trainer:
         got = self.checkpointer.restore(targets)
         if got is None:
             if released:  # no step verified after all: start afresh from the initial weights
-                for name in self.policies:
-                    self.policies[name] = self._build_policy(name)
+                self.policies = build_policies(self.cfg, self.bases)
             return False
         step, states, loop = got
         for name, state in states.items():
-            self.policies[name].load_state(state)
+            self.policies[name].state = PolicyState.from_checkpoint(state)
         self._load_loop_state(loop)
         self.step = int(loop["step"])
         log.info("resumed %s at step %d", self.run_dir, step)
@@ -204,9 +191,9 @@ class Trainer:
     # ---------------------------------------------------------------- steps
     def sync_samplers(self) -> None:
         """Multi-process runs: every policy's per-process sampler copy, made now on every process
-        in the same order (`Policy.sync_sampler`), so sampling needs no collective."""
+        in the same order (`SamplerView.sync`), so sampling needs no collective."""
         for policy in self.policies.values():
-            policy.sync_sampler()
+            policy.sampler.sync()
 
     def update_ready_policies(self) -> dict[str, float]:
         """Update every policy whose buffer is full, as often as it is full. All updates are
@@ -288,7 +275,7 @@ class Trainer:
         0 only, like the metrics: on several hosts it logs its own share of the batch)."""
         every = self.cfg.train.log_rollouts
         if every and self.step % every == 0 and distributed.is_primary():
-            tokenizers = {name: p.tokenizer for name, p in self.policies.items()}
+            tokenizers = {name: p.turns.tokenizer for name, p in self.policies.items()}
             rollout_log.write_step(
                 self.run_dir, self.step, rollout_log.rollout_records(self.step, rollout, tokenizers)
             )

@@ -410,8 +410,9 @@ def policy_estimate(policy: Any, seq_len: int, sampler_slots: int = 64) -> Memor
     import jax
 
     cfg = policy.cfg
-    shape = None if policy.mesh is None else dict(policy.mesh.shape)
-    sampler = policy.sampler_mesh if getattr(policy, "_to_sampler", None) is not None else None
+    mesh = policy.learner.mesh
+    shape = None if mesh is None else dict(mesh.shape)
+    sampler = policy.sampler.mesh if policy.sampler.own_copy else None
     sampler_shape = None if sampler is None else {a: sampler.shape.get(a, 1) for a in MESH_AXES}
     return estimate(
         policy.config,
@@ -424,8 +425,8 @@ def policy_estimate(policy: Any, seq_len: int, sampler_slots: int = 64) -> Memor
         sampler_mesh_shape=sampler_shape,
         platform=jax.default_backend(),
         sampler_slots=sampler_slots,
-        lora=getattr(policy, "lora", None),
-        base_key=getattr(policy, "base_key", None),
+        lora=policy.learner.lora,
+        base_key=policy.sampler.base_key,
     )
 
 

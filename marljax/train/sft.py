@@ -47,10 +47,10 @@ def pair_samples(pairs: Sequence[tuple[str, str]], agent: Agent, policy: Any) ->
     it (chat template or raw text); the target ends with the first EOS id (a chat turn's end)."""
     out = []
     for prompt, target in pairs:
-        completion = policy.encode_completion(target)
+        completion = policy.turns.encode_completion(target)
         out.append(
             Sample(
-                policy.encode_prompt(prompt),
+                policy.turns.encode_prompt(prompt),
                 completion,
                 np.zeros(len(completion), np.float32),
                 reward=0.0,

@@ -179,12 +179,17 @@ def guarded_step(optimizer: optax.GradientTransformation, params, opt_state, gra
     )
 
 
+def whole(params, frozen=None):
+    """`combine` when the trainable parameters are the whole model (nothing frozen)."""
+    return params
+
+
 def make_update_fn(
     loss_fn: Callable,
     optimizer: optax.GradientTransformation,
     agg_mode: str,
     schedule: optax.Schedule | None = None,
-    combine: Callable | None = None,
+    combine: Callable = whole,
     mesh: Mesh | None = None,
     shardings=None,
 ):
@@ -192,14 +197,16 @@ def make_update_fn(
     params and optimiser state buffers are donated. The metrics include `skipped`, and `lr`
     given the optimiser's `schedule` (`marljax.train.optim.step_metrics`).
 
-    With `combine`, `params` are only the trainable part and the loss sees
-    `combine(params, frozen)` (adapter policies: the frozen base with the adapter): gradients,
-    optimiser state and the step cover `params` alone, and `frozen` is neither donated nor
-    changed. `mesh`: the activations' (see the module doc); `shardings`: the parameters', which
+    `params` are the trainable part and the loss sees `combine(params, frozen)` (by default the
+    trainable part is the whole model; adapter policies: the frozen base with the adapter):
+    gradients, optimiser state and the step cover `params` alone, and `frozen` is neither donated
+    nor changed. `mesh`: the activations' (see the module doc); `shardings`: the parameters', which
     the gradient accumulator keeps (`accumulate`)."""
 
     def update(params, opt_state, batch, frozen=None):
-        fn = loss_fn if combine is None else (lambda p, mb: loss_fn(combine(p, frozen), mb))
+        def fn(p, mb):
+            return loss_fn(combine(p, frozen), mb)
+
         with activation_sharding(mesh):
             loss, grads, metrics = accumulate(fn, params, batch, agg_mode, shardings)
         params, opt_state, grad_norm, skipped = guarded_step(optimizer, params, opt_state, grads, loss)
@@ -213,7 +220,7 @@ def make_update_fn(
 
 
 def make_agent_grad_norm_fn(
-    loss_fn: Callable, agg_mode: str, combine: Callable | None = None, mesh: Mesh | None = None
+    loss_fn: Callable, agg_mode: str, combine: Callable = whole, mesh: Mesh | None = None
 ):
     """Jitted `norms(params, batch, agent_rows, num_agents, frozen=None) -> [num_agents]`: a
     diagnostic, the global norm of the gradient of the loss of each agent's rows alone.
@@ -227,7 +234,8 @@ def make_agent_grad_norm_fn(
     one more forward and backward pass per agent, hence off unless asked for."""
 
     def norms(params, batch, agent_rows, num_agents, frozen=None):
-        fn = loss_fn if combine is None else (lambda p, mb: loss_fn(combine(p, frozen), mb))
+        def fn(p, mb):
+            return loss_fn(combine(p, frozen), mb)
 
         def one(k):
             mine = batch["loss_mask"] & (agent_rows == k)[:, :, None]

@@ -13,7 +13,7 @@ import numpy as np  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
 from marljax.models import ModelConfig, get_params, make_mesh, shard_model  # noqa: E402
-from marljax.sampler import Buckets, Schedule, generate, get_engine  # noqa: E402
+from marljax.sampler import Buckets, SamplingParams, Schedule, generate, get_engine  # noqa: E402
 from marljax.testing import random_model  # noqa: E402
 
 assert jax.device_count() == 8, jax.devices()
@@ -23,22 +23,22 @@ def main():
     cfg = ModelConfig.preset("tiny-qwen3", tie_word_embeddings=False)  # lm_head: vocab over tensor
     rng = np.random.RandomState(0)
     prompts = [rng.randint(3, 512, size=n).tolist() for n in (5, 2, 9, 12, 1)]
-    kw = dict(max_new_tokens=12, eos_ids=[7])
+    kw = dict(eos_ids=[7])
+    greedy, nucleus = SamplingParams(12, temperature=0.0), SamplingParams(12, top_p=0.9)
 
     single = random_model(cfg, seed=1)
-    g1 = generate(single, prompts, temperature=0.0, **kw)
-    s1 = generate(single, prompts, temperature=1.0, top_p=0.9, n=2, seed=3, **kw)
+    g1 = generate(single, prompts, greedy, **kw)
+    s1 = generate(single, prompts, nucleus, n=2, seed=3, **kw)
 
     mesh = make_mesh(data=4, tensor=2)
     sharded = shard_model(random_model(cfg, seed=1), mesh)
     params = get_params(sharded)
     assert params["layers"]["wq"].sharding.spec == P(None, None, "tensor"), params["layers"]["wq"].sharding
-    g2 = generate(sharded, prompts, temperature=0.0, **kw)  # mesh taken from the parameters
+    g2 = generate(sharded, prompts, greedy, **kw)  # mesh taken from the parameters
     s2 = generate(  # the second sample of each short prompt copies its prefill (a second call)
         sharded,
         prompts,
-        temperature=1.0,
-        top_p=0.9,
+        nucleus,
         n=2,
         seed=3,
         schedule=Schedule(min_shared_prefix=1),
@@ -50,8 +50,7 @@ def main():
     s3 = generate(
         sharded,
         prompts,
-        temperature=1.0,
-        top_p=0.9,
+        nucleus,
         n=2,
         seed=3,
         buckets=Buckets(min_window=16),

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from marljax.models import get_params
-from marljax.sampler import Schedule, generate, generate_stream, get_engine
+from marljax.sampler import SamplingParams, Schedule, generate, generate_stream, get_engine
 
 
 def _prompts(seed, lengths):
@@ -24,8 +24,9 @@ def test_tokens_do_not_depend_on_slots_queueing_or_chunks(qwen3, temperature):
     model, config, _ = qwen3
     prompts = _prompts(0, (5, 2, 9, 12, 1, 7, 3, 16, 4, 8))
     budgets = [3, 17, 9, 1, 24, 6, 12, 2, 20, 11]
-    kw = dict(max_new_tokens=budgets, temperature=temperature, top_p=0.9, n=2, seed=7, eos_ids=[5, 9])
-    ref = generate(model, prompts, **kw, schedule=Schedule(slots=32))
+    sampling = [SamplingParams(b, temperature=temperature, top_p=0.9) for b in budgets]
+    kw = dict(n=2, seed=7, eos_ids=[5, 9])
+    ref = generate(model, prompts, sampling, **kw, schedule=Schedule(slots=32))
     assert (ref.lengths <= np.repeat(budgets, 2)).all() and len(set(ref.lengths.tolist())) > 5
     engine = get_engine(config)
     schedules = [
@@ -34,7 +35,7 @@ def test_tokens_do_not_depend_on_slots_queueing_or_chunks(qwen3, temperature):
         Schedule(slots=4, chunk=32, refill_fraction=1.0, shrink=False),
     ]
     for schedule in schedules if temperature else schedules[:1]:  # greedy: the key-free path once
-        out = generate(model, prompts, **kw, schedule=schedule)
+        out = generate(model, prompts, sampling, **kw, schedule=schedule)
         np.testing.assert_array_equal(out.tokens, ref.tokens, err_msg=str(schedule))
         np.testing.assert_array_equal(out.lengths, ref.lengths)
         np.testing.assert_array_equal(out.finish_reason, ref.finish_reason)
@@ -53,11 +54,11 @@ def test_a_free_slot_takes_the_next_request_without_waiting(qwen3):
     stats = get_engine(config).stats
     prompts = _prompts(1, (6, 3, 8, 5, 2))
     before = (stats.decode_steps, stats.slot_steps, stats.useful_tokens)
+    sampling = [SamplingParams(b) for b in (40, 4, 4, 4, 4)]
     stream = generate_stream(
         model,
         prompts,
-        max_new_tokens=[40, 4, 4, 4, 4],
-        temperature=1.0,
+        sampling,
         seed=3,
         eos_ids=(),
         schedule=Schedule(slots=2, min_slots=1),
@@ -70,7 +71,7 @@ def test_a_free_slot_takes_the_next_request_without_waiting(qwen3):
     assert stats.slot_steps - before[1] == 2 * 12 + (39 - 12)
     assert stats.useful_tokens - before[2] == 56
     # the same completions as one batch of 5 slots
-    batch = generate(model, prompts, max_new_tokens=[40, 4, 4, 4, 4], temperature=1.0, seed=3, eos_ids=())
+    batch = generate(model, prompts, sampling, seed=3, eos_ids=())
     for c in done:
         np.testing.assert_array_equal(c.tokens, batch.tokens[c.index, : len(c.tokens)])
 
@@ -84,10 +85,12 @@ def test_shared_prefixes_are_prefilled_once_and_change_nothing(qwen3, slots):
     stats = get_engine(config).stats
     problem = _prompts(2, (40,))[0]
     prompts = [problem + [3 + i] + _prompts(10 + i, (4,))[0] for i in range(3)]  # differ at token 40
-    kw = dict(max_new_tokens=12, temperature=1.0, n=1, seed=5, eos_ids=(), return_sampling_logprobs=True)
-    plain = generate(model, prompts, **kw, schedule=Schedule(slots=slots, share_prefixes=False))
+    kw = dict(n=1, seed=5, eos_ids=(), return_sampling_logprobs=True)
+    plain = generate(
+        model, prompts, SamplingParams(12), **kw, schedule=Schedule(slots=slots, share_prefixes=False)
+    )
     before = (stats.prefill_tokens, stats.shared_tokens)
-    shared = generate(model, prompts, **kw, schedule=Schedule(slots=slots))
+    shared = generate(model, prompts, SamplingParams(12), **kw, schedule=Schedule(slots=slots))
     assert stats.shared_tokens - before[1] == 2 * 40
     assert stats.prefill_tokens - before[0] == 45 + 2 * 5
     np.testing.assert_array_equal(shared.tokens, plain.tokens)
@@ -102,13 +105,13 @@ def test_a_prompt_continuing_an_earlier_answer_reuses_its_cache(qwen3):
     params = get_params(model)
     stats = get_engine(config).stats
     first = _prompts(3, (20,))[0]
-    kw = dict(max_new_tokens=10, temperature=0.0, eos_ids=())
-    answer = generate(model, [first], **kw).completions()[0]
+    greedy, kw = SamplingParams(10, temperature=0.0), dict(eos_ids=())
+    answer = generate(model, [first], greedy, **kw).completions()[0]
     follow_up = first + answer + [7, 8, 9]
     before = stats.shared_tokens
-    out = generate(config, [first, follow_up], params=params, **kw, schedule=Schedule(slots=1))
+    out = generate(config, [first, follow_up], greedy, params=params, **kw, schedule=Schedule(slots=1))
     assert stats.shared_tokens - before == 20 + 10 - 1  # the last answer token was never fed back
-    alone = generate(model, [follow_up], **kw)
+    alone = generate(model, [follow_up], greedy, **kw)
     np.testing.assert_array_equal(out.tokens[1], alone.tokens[0])
     np.testing.assert_allclose(out.logprobs[1], alone.logprobs[0], atol=1e-5, rtol=0)
 
@@ -124,7 +127,7 @@ def test_the_accelerator_cache_layout_gives_the_same_completions(qwen3):
     prompts = _prompts(4, (5, 2, 9, 12, 1, 7)) + [_prompts(4, (9,))[0] + [11, 12]]  # the last shares 9
     budgets = [3, 11, 9, 1, 12, 6, 12]
     requests = [
-        Request(np.asarray(p, np.int32), b, temperature=1.0, top_p=0.9) for p, b in zip(prompts, budgets)
+        Request(np.asarray(p, np.int32), SamplingParams(b, top_p=0.9)) for p, b in zip(prompts, budgets)
     ]
     kw = dict(seed=3, eos=[5, 9], stop=[[7, 7]], schedule=Schedule(slots=4, chunk=4, shrink=False))
     runs = {}

@@ -12,7 +12,15 @@ import pytest
 
 from marljax import testing
 from marljax.models import forward, from_pretrained, get_params, load_tokenizer, token_logprobs
-from marljax.sampler import Buckets, Schedule, generate, generate_text, get_engine, truncation_mask
+from marljax.sampler import (
+    Buckets,
+    SamplingParams,
+    Schedule,
+    generate,
+    generate_text,
+    get_engine,
+    truncation_mask,
+)
 
 # one checkpoint per family: Qwen2 (biases, untied), Qwen3 (q/k norm, tied, head_dim 32),
 # Llama (llama3 rope scaling, GQA 1)
@@ -52,8 +60,7 @@ def test_greedy_equals_transformers_generate_per_row(checkpoint, case, fuse):
     out = generate(
         model,
         prompts,
-        max_new_tokens=MAX_NEW,
-        temperature=0.0,
+        SamplingParams(MAX_NEW, temperature=0.0),
         eos_ids=[testing.EOS_ID],
         fuse_projections=fuse,
     )
@@ -99,10 +106,7 @@ def test_logprobs_equal_teacher_forcing_for_sampled_tokens(qwen3):
     out = generate(
         model,
         prompts,
-        max_new_tokens=MAX_NEW,
-        temperature=temperature,
-        top_k=top_k,
-        top_p=top_p,
+        SamplingParams(MAX_NEW, temperature=temperature, top_p=top_p, top_k=top_k),
         n=2,
         seed=3,
         return_sampling_logprobs=True,
@@ -136,16 +140,16 @@ def test_decode_over_growing_cache_windows_equals_the_whole_cache(qwen3):
     model, config, _ = qwen3
     params = get_params(model)
     prompts = _prompts(seed=8)
-    kw = dict(max_new_tokens=40, temperature=1.0, n=2, seed=4, schedule=Schedule(chunk=4, idle_chunk=4))
+    kw = dict(n=2, seed=4, schedule=Schedule(chunk=4, idle_chunk=4))
     whole = Buckets(min_window=4096)  # every window is the whole cache
-    ref = generate(model, prompts, eos_ids=(), buckets=whole, **kw)
+    ref = generate(model, prompts, SamplingParams(40), eos_ids=(), buckets=whole, **kw)
     eos = int(ref.tokens[1, 4])  # ends row 1 (at least) in the first window
-    one = generate(model, prompts, eos_ids=[eos], buckets=whole, **kw)
+    one = generate(model, prompts, SamplingParams(40), eos_ids=[eos], buckets=whole, **kw)
     assert len(set(one.lengths.tolist())) >= 2 and one.lengths.max() > 20
     lp, _ = _teacher_forced(params, config, prompts, one)
     small = get_engine(config, buckets=Buckets(min_window=16))
     before = small.stats.decode_compiles
-    out = generate(model, prompts, eos_ids=[eos], buckets=Buckets(min_window=16), **kw)
+    out = generate(model, prompts, SamplingParams(40), eos_ids=[eos], buckets=Buckets(min_window=16), **kw)
     assert small.stats.decode_compiles - before >= 3  # windows of 16, 32 and 64 positions
     np.testing.assert_array_equal(out.tokens, one.tokens)
     np.testing.assert_array_equal(out.lengths, one.lengths)
@@ -158,7 +162,7 @@ def test_decode_over_growing_cache_windows_equals_the_whole_cache(qwen3):
 def test_rows_stop_independently_on_eos_and_stop_sequences(qwen3):
     model, _, _ = qwen3
     prompts = _prompts(seed=4)
-    free = generate(model, prompts, max_new_tokens=MAX_NEW, temperature=0.0, eos_ids=())
+    free = generate(model, prompts, SamplingParams(MAX_NEW, temperature=0.0), eos_ids=())
     G = free.tokens
     assert (free.finish_reason == "length").all() and (free.lengths == MAX_NEW).all()
 
@@ -171,7 +175,7 @@ def test_rows_stop_independently_on_eos_and_stop_sequences(qwen3):
     eos = int(G[0, 3])
     stop = [int(t) for t in G[1, 5:7]]
     out = generate(
-        model, prompts, max_new_tokens=MAX_NEW, temperature=0.0, eos_ids=[eos], stop=[stop, [511, 510, 509]]
+        model, prompts, SamplingParams(MAX_NEW, temperature=0.0), eos_ids=[eos], stop=[stop, [511, 510, 509]]
     )
     expected = []
     for r in range(len(prompts)):
@@ -190,8 +194,7 @@ def test_rows_stop_independently_on_eos_and_stop_sequences(qwen3):
     early = generate(
         model,
         prompts,
-        max_new_tokens=MAX_NEW,
-        temperature=0.0,
+        SamplingParams(MAX_NEW, temperature=0.0),
         eos_ids=sorted({int(G[r, 2]) for r in range(len(prompts))}),
     )
     assert (early.finish_reason == "eos").all() and early.lengths.max() <= 3
@@ -204,32 +207,27 @@ def test_same_seed_same_tokens_and_n_samples_share_one_prefill(qwen3):
     prompts = _prompts(seed=5)
     # prompts of 2-7 tokens: shared however short (the default waits for a second call only
     # for 16 tokens or more)
-    kw = dict(
-        max_new_tokens=MAX_NEW,
-        temperature=1.0,
-        top_p=0.95,
-        eos_ids=(),
-        schedule=Schedule(min_shared_prefix=1),
-    )
+    kw = dict(eos_ids=(), schedule=Schedule(min_shared_prefix=1))
+    nucleus = SamplingParams(MAX_NEW, top_p=0.95)
     stats = get_engine(config).stats
     before = (stats.insert_calls, stats.prefill_tokens, stats.shared_tokens)
-    a = generate(model, prompts, n=4, seed=11, **kw)
+    a = generate(model, prompts, nucleus, n=4, seed=11, **kw)
     # the first sample of each prompt prefills it; the other 3 copy all but its last token
     lengths = np.array([len(p) for p in prompts])
     assert stats.insert_calls - before[0] == 2
     assert stats.prefill_tokens - before[1] == lengths.sum() + 3 * 3
     assert stats.shared_tokens - before[2] == 3 * (lengths - 1).sum()
     assert stats.cache_bytes == get_engine(config).cache_bytes(16, 16 + 16)  # 12 samples -> 16 slots
-    b = generate(model, prompts, n=4, seed=11, **kw)
+    b = generate(model, prompts, nucleus, n=4, seed=11, **kw)
     np.testing.assert_array_equal(a.tokens, b.tokens)
     np.testing.assert_array_equal(a.logprobs, b.logprobs)
-    c = generate(model, prompts, n=4, seed=12, **kw)
+    c = generate(model, prompts, nucleus, n=4, seed=12, **kw)
     assert (a.tokens != c.tokens).mean() > 0.5
     np.testing.assert_array_equal(a.prompt_index, np.repeat(np.arange(3), 4))
     # the 4 samples of a prompt differ from each other ...
     assert len({tuple(r) for r in a.tokens[:4]}) == 4
     # ... and equal prefilling each prompt 4 times (row r keeps its key either way)
-    rep = generate(model, [p for p in prompts for _ in range(4)], n=1, seed=11, **kw)
+    rep = generate(model, [p for p in prompts for _ in range(4)], nucleus, n=1, seed=11, **kw)
     np.testing.assert_array_equal(rep.tokens, a.tokens)
     np.testing.assert_allclose(rep.logprobs, a.logprobs, atol=1e-5)
 
@@ -241,24 +239,32 @@ def test_new_parameters_and_sampling_settings_do_not_recompile(qwen3):
     prompts = _prompts(seed=6)
     # one program each for greedy calls, sampled calls, and sampled calls where some row truncates
     # (top-k or top-p); the settings' values are traced
-    generate(model, prompts, max_new_tokens=MAX_NEW, temperature=0.7, top_p=0.9, seed=0)
-    generate(model, prompts, max_new_tokens=MAX_NEW, temperature=0.7, seed=0)
-    greedy = generate(model, prompts, max_new_tokens=MAX_NEW, temperature=0.0)
+    generate(model, prompts, SamplingParams(MAX_NEW, temperature=0.7, top_p=0.9), seed=0)
+    generate(model, prompts, SamplingParams(MAX_NEW, temperature=0.7), seed=0)
+    greedy = generate(
+        model,
+        prompts,
+        SamplingParams(MAX_NEW, temperature=0.0),
+    )
     compiles = engine.stats.compiles
     other = jax.tree.map(lambda x: x * 1.05 + 0.01, params)  # another agent's parameters
-    other_greedy = generate(model, prompts, max_new_tokens=MAX_NEW, temperature=0.0, params=other)
+    other_greedy = generate(model, prompts, SamplingParams(MAX_NEW, temperature=0.0), params=other)
     assert (other_greedy.tokens != greedy.tokens).any()
-    for kw in [
-        dict(temperature=1.3, top_k=7, seed=5),
-        dict(temperature=0.5, top_p=0.5, seed=9),
-        dict(temperature=1.0, max_new_tokens=9),
-        dict(temperature=0.2, params=other),
+    for sampling, kw in [
+        (SamplingParams(MAX_NEW, temperature=1.3, top_k=7), dict(seed=5)),
+        (SamplingParams(MAX_NEW, temperature=0.5, top_p=0.5), dict(seed=9)),
+        (SamplingParams(9), {}),
+        (SamplingParams(MAX_NEW, temperature=0.2), dict(params=other)),
     ]:
-        kw = {"max_new_tokens": MAX_NEW, **kw}
-        generate(model, _prompts(seed=7, lengths=(3, 12, 7)), **kw)  # other lengths, same bucket
+        generate(model, _prompts(seed=7, lengths=(3, 12, 7)), sampling, **kw)  # other lengths, same bucket
     assert engine.stats.compiles == compiles
     # the config's own model with params passed separately: same engine, no compile either
-    again = generate(config, prompts, params=params, max_new_tokens=MAX_NEW, temperature=0.0)
+    again = generate(
+        config,
+        prompts,
+        SamplingParams(MAX_NEW, temperature=0.0),
+        params=params,
+    )
     np.testing.assert_array_equal(again.tokens, greedy.tokens)
     assert engine.stats.compiles == compiles
 
@@ -270,16 +276,27 @@ def test_generate_text_through_the_chat_template(qwen3):
         "hello agents",
         [{"role": "system", "content": "be brief"}, {"role": "user", "content": "what is 1 + 1?"}],
     ]
-    res = generate_text(model, tok, prompts, max_new_tokens=MAX_NEW, temperature=0.0)
+    res = generate_text(
+        model,
+        tok,
+        prompts,
+        SamplingParams(MAX_NEW, temperature=0.0),
+    )
     assert res.prompts[0] == "<|im_start|>user\nhello agents<|im_end|>\n<|im_start|>assistant\n"
     assert res.prompts[1].startswith("<|im_start|>system\nbe brief<|im_end|>")
     ids = [tok.encode(p, add_special_tokens=False) for p in res.prompts]
-    direct = generate(model, ids, max_new_tokens=MAX_NEW, temperature=0.0, eos_ids=[testing.EOS_ID])
+    direct = generate(model, ids, SamplingParams(MAX_NEW, temperature=0.0), eos_ids=[testing.EOS_ID])
     np.testing.assert_array_equal(res.output.tokens, direct.tokens)
     for text, row, n in zip(res.texts, direct.tokens, direct.lengths):
         toks = [t for t in row[:n].tolist() if t != testing.EOS_ID]
         assert isinstance(text, str) and text == tok.decode(toks, skip_special_tokens=True)
-    raw = generate_text(model, tok, ["hello agents"], chat=False, max_new_tokens=4, temperature=0.0)
+    raw = generate_text(
+        model,
+        tok,
+        ["hello agents"],
+        SamplingParams(4, temperature=0.0),
+        chat=False,
+    )
     assert raw.prompts == ["hello agents"] and len(raw.texts) == 1
 
 
@@ -288,19 +305,27 @@ def test_bad_arguments_are_clear_errors(qwen3):
     for kw, match in [
         (dict(prompt_ids=[[1, 2], []]), "prompt 1 is empty"),
         (dict(prompt_ids=[[1, 600]]), "outside"),
+        (dict(n=0), "n must"),
+        (dict(sampling=[SamplingParams(4)] * 2), "one per prompt"),  # 1 prompt, 2 settings
+        (dict(sampling=[4]), "one per prompt"),
+    ]:
+        args = {"prompt_ids": [[1, 2, 3]], "sampling": SamplingParams(4), **kw}
+        with pytest.raises(ValueError, match=match):
+            generate(model, args.pop("prompt_ids"), args.pop("sampling"), **args)
+    for bad, match in [
         (dict(top_p=0.0), "top_p"),
         (dict(temperature=-1.0), "temperature"),
         (dict(top_k=-2), "top_k"),
-        (dict(n=0), "n must"),
         (dict(max_new_tokens=0), "max_new_tokens"),
-        (dict(max_new_tokens=[4, 4]), "one per prompt"),  # 1 prompt, 2 budgets
-        (dict(max_new_tokens=[0]), "one per prompt"),
     ]:
-        args = {"prompt_ids": [[1, 2, 3]], "max_new_tokens": 4, **kw}
         with pytest.raises(ValueError, match=match):
-            generate(model, args.pop("prompt_ids"), **args)
+            SamplingParams(**{"max_new_tokens": 4, **bad})
     with pytest.raises(ValueError, match="params"):
-        generate(config, [[1, 2]], max_new_tokens=2)
+        generate(
+            config,
+            [[1, 2]],
+            SamplingParams(2),
+        )
     for bad in (dict(slots=0), dict(chunk=0), dict(refill_fraction=0.0), dict(min_slots=0)):
         with pytest.raises(ValueError, match="schedule"):
             Schedule(**bad)

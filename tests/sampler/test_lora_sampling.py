@@ -10,7 +10,7 @@ import pytest
 
 from marljax.models import get_params
 from marljax.models.lora import LoraSpec, init_adapter, stack_adapters
-from marljax.sampler import Schedule, generate
+from marljax.sampler import SamplingParams, Schedule, generate
 
 
 def _trained(config, spec, seed):
@@ -32,12 +32,15 @@ def test_many_adapters_in_one_call_equal_each_adapter_alone(qwen3):
     prompts = [shared, shared] + [rng.randint(3, 500, n).tolist() for n in (3, 9, 5, 12)]
     ids = [0, 1, 1, 0, 1, 0]
     temperature = [1.0, 1.0, 0.0, 1.0, 0.7, 0.0]  # per prompt; 0 = greedy rows among sampled ones
-    kw = dict(max_new_tokens=10, temperature=temperature, n=2, seed=5, schedule=Schedule(slots=4, chunk=4))
-    together = generate(config, prompts, params={**base, "lora": stack_adapters(adapters)}, adapter=ids, **kw)
+    sampling = [SamplingParams(10, temperature=t) for t in temperature]
+    kw = dict(n=2, seed=5, schedule=Schedule(slots=4, chunk=4))
+    together = generate(
+        config, prompts, sampling, params={**base, "lora": stack_adapters(adapters)}, adapter=ids, **kw
+    )
     changed = 0
     for a, ad in enumerate(adapters):
         # every prompt with adapter a alone: request indices (their sampling keys) match the mixed call's
-        alone = generate(config, prompts, params={**base, "lora": stack_adapters([ad])}, **kw)
+        alone = generate(config, prompts, sampling, params={**base, "lora": stack_adapters([ad])}, **kw)
         rows = np.repeat(np.asarray(ids) == a, 2)
         np.testing.assert_array_equal(together.tokens[rows], alone.tokens[rows])
         np.testing.assert_array_equal(together.lengths[rows], alone.lengths[rows])
@@ -54,4 +57,4 @@ def test_adapter_index_out_of_range_is_an_error(qwen3):
         "lora": stack_adapters([(spec, init_adapter(config, spec, jax.random.key(0)))]),
     }
     with pytest.raises(ValueError, match="adapter"):
-        generate(config, [[3, 4, 5]], params=params, max_new_tokens=2, adapter=[1])
+        generate(config, [[3, 4, 5]], SamplingParams(2), params=params, adapter=[1])

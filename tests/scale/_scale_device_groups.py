@@ -17,7 +17,7 @@ from jax.sharding import PartitionSpec as P  # noqa: E402
 
 from marljax.models import param_dict_shardings  # noqa: E402
 from marljax.models.sharding import reshard  # noqa: E402
-from marljax.sampler import generate  # noqa: E402
+from marljax.sampler import SamplingParams, generate  # noqa: E402
 from marljax.train.config import SamplerConfig  # noqa: E402
 from marljax.train.generation import PolicyGenerator, disjoint_devices  # noqa: E402
 from marljax.train.policy import Policy  # noqa: E402
@@ -54,14 +54,16 @@ def main():
         ),
     }
     for name, pol in pols.items():
-        assert devices_of(pol.state()) == GROUPS[name], (name, devices_of(pol.state()))
+        assert devices_of(pol.state.checkpoint()) == GROUPS[name], (name, devices_of(pol.state.checkpoint()))
 
     # the sampler copy of a: resharded on device (explicit host transfers are forbidden here)
     a = pols["a"]
-    target = param_dict_shardings(a.config, a.sampler_mesh)
+    target = param_dict_shardings(a.config, a.sampler.mesh)
     with no_host_transfers():
-        sp = a.sampler_params()
-        other = reshard(a.params, param_dict_shardings(a.config, pols["b"].mesh))  # onto the other group
+        sp = a.sampler.params()
+        other = reshard(
+            a.params, param_dict_shardings(a.config, pols["b"].learner.mesh)
+        )  # onto the other group
         try:  # control: plain device_put to the new layout goes through the host, and the guard sees it
             jax.device_put(a.params["layers"]["wq"], target["layers"]["wq"])
             raise AssertionError("device_put resharding was not caught by the transfer guard")
@@ -70,26 +72,25 @@ def main():
     assert devices_of(other) == GROUPS["b"] and max_diff(host(other), host(a.params)) == 0.0
     assert sp["layers"]["wq"].sharding.spec == P(None, None, "tensor"), sp["layers"]["wq"].sharding
     assert a.params["layers"]["wq"].sharding.spec == P(None, "fsdp"), a.params["layers"]["wq"].sharding
-    assert devices_of(sp) == GROUPS["a"] and set(a.sampler_mesh.devices.flat) == GROUPS["a"]
+    assert devices_of(sp) == GROUPS["a"] and set(a.sampler.mesh.devices.flat) == GROUPS["a"]
     assert max_diff(host(sp), host(a.params)) == 0.0
-    assert a.sampler_params() is sp  # cached until the parameters change
-    assert pols["b"].sampler_params() is pols["b"].params  # same layout: no copy
+    assert a.sampler.params() is sp  # cached until the parameters change
+    assert pols["b"].sampler.params() is pols["b"].params  # same layout: no copy
 
     # both sample on their own devices; a's sampler layout gives the trainer layout's tokens
     greedy = SamplerConfig(max_new_tokens=6, temperature=0.0)
     prompts = [[5, 9, 11, 40], [7, 8], [100, 3, 4, 5, 6, 7]]
-    outs = {name: pol.generate(prompts, n=2, seed=0, sampler=greedy) for name, pol in pols.items()}
+    outs = {name: pol.sampler.generate(prompts, n=2, seed=0, sampler=greedy) for name, pol in pols.items()}
     ref = generate(
         a.config,
         prompts,
+        SamplingParams(6, temperature=0.0),
         params=a.params,
         n=2,
         seed=0,
-        max_new_tokens=6,
-        temperature=0.0,
-        eos_ids=a.eos_ids,
-        pad_id=a.pad_id,
-        mesh=a.mesh,
+        eos_ids=a.turns.eos_ids,
+        pad_id=a.turns.pad_id,
+        mesh=a.learner.mesh,
     )
     np.testing.assert_array_equal(outs["a"].tokens, ref.tokens)
     np.testing.assert_allclose(outs["a"].logprobs, ref.logprobs, atol=1e-5)
@@ -110,9 +111,9 @@ def main():
         metrics = pol.update(samples(8, seed=10 + k))
         assert metrics["skipped"] == 0 and np.isfinite(metrics["loss"]), (name, metrics)
         assert max_diff(before, host(pol.params)) > MIN_CHANGE, name
-        assert devices_of(pol.state()) == GROUPS[name], name
+        assert devices_of(pol.state.checkpoint()) == GROUPS[name], name
         assert pol.version == 1
-    sp2 = a.sampler_params()
+    sp2 = a.sampler.params()
     assert sp2 is not sp and max_diff(host(sp2), host(a.params)) == 0.0  # re-synced after the update
     print("two policies on disjoint device groups: OK")
 

@@ -15,7 +15,7 @@ from _scale_common import MIN_CHANGE, host, max_diff, samples  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
 from marljax.models.lora import stack_adapters  # noqa: E402
-from marljax.sampler import generate  # noqa: E402
+from marljax.sampler import SamplingParams, generate  # noqa: E402
 from marljax.train.config import PolicyConfig, SamplerConfig  # noqa: E402
 from marljax.train.policy import BaseStore, Policy  # noqa: E402
 
@@ -42,36 +42,40 @@ def main():
     bases = BaseStore()
     pols = [Policy(f"a{i}", config(i), bases=bases) for i in range(2)]
     for i, pol in enumerate(pols):  # non-zero updates, as after training, different per adapter
-        pol.params = jax.tree.map(lambda x, i=i: x + 0.05 * (i + 1), pol.params)
+        pol.state = pol.state.replace(params=jax.tree.map(lambda x, i=i: x + 0.05 * (i + 1), pol.params))
 
     # one copy of the base in the sampler's layout, beside the trainer's, shared by the adapters
-    base = pols[0].sampler_base()
-    assert base is pols[1].sampler_base() and len(bases) == 1
+    base = pols[0].sampler.base()
+    assert base is pols[1].sampler.base() and len(bases) == 1
     assert base["layers"]["wq"].sharding.spec == P(None, None, "tensor"), base["layers"]["wq"].sharding
-    assert pols[0].base_params["layers"]["wq"].sharding.spec != base["layers"]["wq"].sharding.spec
-    assert max_diff(host(base), host(pols[0].base_params)) == 0.0
+    assert pols[0].learner.frozen["layers"]["wq"].sharding.spec != base["layers"]["wq"].sharding.spec
+    assert max_diff(host(base), host(pols[0].learner.frozen)) == 0.0
 
     greedy = SamplerConfig(max_new_tokens=6, temperature=0.0)
-    got = pols[0].generate(PROMPTS, n=1, seed=0, sampler=greedy, team=pols, adapter=ADAPTER)
+    got = pols[0].sampler.generate(
+        PROMPTS, n=1, seed=0, sampler=greedy, team=[p.sampler for p in pols], adapter=ADAPTER
+    )
     one_device = jax.device_put(
-        {**host(pols[0].base_params), "lora": stack_adapters([(p.lora, host(p.params)) for p in pols])},
+        {
+            **host(pols[0].learner.frozen),
+            "lora": stack_adapters([(p.learner.lora, host(p.params)) for p in pols]),
+        },
         jax.devices()[0],
     )
     want = generate(
         pols[0].config,
         PROMPTS,
+        SamplingParams(6, temperature=0.0),
         params=one_device,
-        max_new_tokens=6,
-        temperature=0.0,
-        eos_ids=pols[0].eos_ids,
-        pad_id=pols[0].pad_id,
+        eos_ids=pols[0].turns.eos_ids,
+        pad_id=pols[0].turns.pad_id,
         adapter=ADAPTER,
     )
     np.testing.assert_array_equal(got.tokens, want.tokens)
     np.testing.assert_allclose(got.logprobs, want.logprobs, atol=1e-5, rtol=0)
     # each row used its own adapter: adapter 1 alone gives its rows of the team call, and other
     # log-probs on adapter 0's prompts
-    alone = pols[1].generate(PROMPTS, n=1, seed=0, sampler=greedy)
+    alone = pols[1].sampler.generate(PROMPTS, n=1, seed=0, sampler=greedy)
     for row in (1, 3):
         np.testing.assert_array_equal(alone.tokens[row], got.tokens[row])
         np.testing.assert_allclose(alone.logprobs[row], got.logprobs[row], atol=1e-5, rtol=0)
@@ -79,12 +83,12 @@ def main():
         assert np.abs(alone.logprobs[row][:1] - got.logprobs[row][:1]).max() > 1e-3, "one adapter for both"
 
     # an update moves the adapter, and the sampler samples with the moved one
-    before = host(pols[0].sampler_params()["lora"])
+    before = host(pols[0].sampler.params()["lora"])
     metrics = pols[0].update(samples(8))
     assert metrics["skipped"] == 0 and np.isfinite(metrics["loss"]), metrics
-    after = host(pols[0].sampler_params()["lora"])
+    after = host(pols[0].sampler.params()["lora"])
     assert max_diff(before, after) > MIN_CHANGE
-    assert max_diff(after, host(stack_adapters([(pols[0].lora, pols[0].params)]))) == 0.0
+    assert max_diff(after, host(stack_adapters([(pols[0].learner.lora, pols[0].params)]))) == 0.0
     print("adapter policies sampling on their own mesh: OK")
 
 

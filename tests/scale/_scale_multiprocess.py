@@ -34,7 +34,7 @@ def moved_adapter(pol):
     """The adapter policy with a non-zero update (a new adapter computes exactly the base)."""
     import jax
 
-    pol.params = jax.tree.map(lambda x: x + 0.05, pol.params)
+    pol.state = pol.state.replace(params=jax.tree.map(lambda x: x + 0.05, pol.params))
     return pol
 
 
@@ -84,23 +84,25 @@ def worker(pid: int, port: int, out: Path) -> None:
     pol = Policy("p", policy_config({"data": 2, "fsdp": 2}, {"data": 2, "tensor": 2}, mini_batches=1))
     assert {d.process_index for d in pol.params["embed"].sharding.device_set} == {0, 1}
     # sampling: a per-process copy on this process's devices, each process with its own prompts
-    sp = pol.sampler_params()
+    sp = pol.sampler.params()
     assert all(x.is_fully_addressable for x in jax.tree.leaves(sp))
-    assert set(pol.sampler_mesh.devices.flat) == set(jax.local_devices())
+    assert set(pol.sampler.mesh.devices.flat) == set(jax.local_devices())
     assert sp["layers"]["wq"].sharding.spec == P(None, None, "tensor"), sp["layers"]["wq"].sharding
     assert max_diff(host(sp), host(multihost_utils.process_allgather(pol.params, tiled=True))) == 0.0
-    gen = pol.generate(PROMPTS[pid], n=1, seed=0, sampler=greedy())
+    gen = pol.sampler.generate(PROMPTS[pid], n=1, seed=0, sampler=greedy())
     q = moved_adapter(Policy("q", policy_config({"data": 2, "fsdp": 2}, {"data": 2, "tensor": 2}, lora=LORA)))
-    assert all(x.is_fully_addressable for x in jax.tree.leaves(q.sampler_params()))
-    assert q.sampler_base()["layers"]["wq"].sharding.spec == P(None, None, "tensor")
-    np.save(out / f"adapter_gen{pid}.npy", q.generate(PROMPTS[pid], n=1, seed=0, sampler=greedy()).tokens)
+    assert all(x.is_fully_addressable for x in jax.tree.leaves(q.sampler.params()))
+    assert q.sampler.base()["layers"]["wq"].sharding.spec == P(None, None, "tensor")
+    np.save(
+        out / f"adapter_gen{pid}.npy", q.sampler.generate(PROMPTS[pid], n=1, seed=0, sampler=greedy()).tokens
+    )
     for batch in BATCHES:  # this process's half of every batch
         metrics = pol.update(batch[pid::2])
         assert metrics["skipped"] == 0 and np.isfinite(metrics["loss"]), metrics
     params = multihost_utils.process_allgather(pol.params, tiled=True)
     with RunCheckpointer(out / "run", ["p"]) as ckpt:
-        ckpt.save(2, {"p": pol.state()}, {"step": 2})
-        ckpt.save(3, {"p": pol.state()}, {"step": 3})  # a second async save reuses every barrier
+        ckpt.save(2, {"p": pol.state.checkpoint()}, {"step": 2})
+        ckpt.save(3, {"p": pol.state.checkpoint()}, {"step": 3})  # a second async save reuses every barrier
     if pid == 0:
         np.savez(out / "params.npz", **flat(params))
     np.save(out / f"gen{pid}.npy", gen.tokens)
@@ -114,6 +116,7 @@ def single(out: Path) -> None:
 
     from marljax.train.checkpoint import RunCheckpointer
     from marljax.train.policy import Policy
+    from marljax.train.state import PolicyState
 
     assert jax.process_count() == 1
     shards = [set(json.loads((out / f"shard{pid}.json").read_text())) for pid in (0, 1)]
@@ -122,9 +125,9 @@ def single(out: Path) -> None:
     init = host(pol.params)
     q = moved_adapter(Policy("q", policy_config(lora=LORA)))
     for pid in (0, 1):  # the workers sampled from the same initial parameters
-        gen = pol.generate(PROMPTS[pid], n=1, seed=0, sampler=greedy())
+        gen = pol.sampler.generate(PROMPTS[pid], n=1, seed=0, sampler=greedy())
         np.testing.assert_array_equal(np.load(out / f"gen{pid}.npy"), gen.tokens)
-        gen = q.generate(PROMPTS[pid], n=1, seed=0, sampler=greedy())
+        gen = q.sampler.generate(PROMPTS[pid], n=1, seed=0, sampler=greedy())
         np.testing.assert_array_equal(np.load(out / f"adapter_gen{pid}.npy"), gen.tokens)
     for batch in BATCHES:
         pol.update(batch)
@@ -137,13 +140,13 @@ def single(out: Path) -> None:
 
     fresh = Policy("p", policy_config(mini_batches=1))
     with RunCheckpointer(out / "run", ["p"]) as ckpt:
-        step, states, loop = ckpt.restore({"p": fresh.abstract_state()})
+        step, states, loop = ckpt.restore({"p": fresh.state.restore_target()})
     assert step == 3 and loop == {"step": 3}, (step, loop)
     restored = states["p"]
     assert int(restored["version"]) == 2 and int(restored["step"]) == 2
     assert all(np.array_equal(got[k], v) for k, v in flat(host(restored["params"])).items())
-    assert max_diff(host(restored["opt_state"]), host(pol.opt_state)) <= TOL
-    fresh.load_state(restored)
+    assert max_diff(host(restored["opt_state"]), host(pol.state.opt_state)) <= TOL
+    fresh.state = PolicyState.from_checkpoint(restored)
     assert np.isfinite(fresh.update(BATCHES[0])["loss"])  # the restored state trains on
     print(f"single process: OK (max diff {diff:.2e}, parameters moved {moved:.2e})")
 

@@ -77,14 +77,17 @@ def main():
             assert len(x.sharding.device_set) == 8, path
             # each device holds 1 / (product of the spec's mesh axes) of the array
             split = math.prod(
-                pol.mesh.shape[a] for e in x.sharding.spec if e for a in (e if isinstance(e, tuple) else (e,))
+                pol.learner.mesh.shape[a]
+                for e in x.sharding.spec
+                if e
+                for a in (e if isinstance(e, tuple) else (e,))
             )
             assert x.addressable_shards[0].data.size * split == x.size, (path, x.sharding)
-        mu = pol.opt_state[1][0].mu  # clip -> adamw chain: (ScaleByAdamState, ...)
+        mu = pol.state.opt_state[1][0].mu  # clip -> adamw chain: (ScaleByAdamState, ...)
         assert mu["layers"]["wq"].sharding.spec == specs["wq"], mu["layers"]["wq"].sharding
         # the memory estimate's per-device parameter and optimiser bytes are what device 0 holds
         est = policy_estimate(pol, 64)
-        got_p, got_o = device0_bytes(pol.params), device0_bytes(pol.opt_state)
+        got_p, got_o = device0_bytes(pol.params), device0_bytes(pol.state.opt_state)
         assert (est.params, est.optimizer) == (got_p, got_o), ((est.params, est.optimizer), (got_p, got_o))
 
         metrics = pol.update(batch)

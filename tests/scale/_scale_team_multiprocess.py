@@ -128,7 +128,7 @@ def worker(pid: int, port: int, out: Path, nproc: int, mode: str) -> None:
     join(pid, port, nproc)
     if mode == "train":
         trainer = make_trainer(out, "run", steps=2)
-        assert len({d.process_index for d in trainer.policies["qwen"].mesh.devices.flat}) == nproc
+        assert len({d.process_index for d in trainer.policies["qwen"].learner.mesh.devices.flat}) == nproc
         trainer.run()
         params = gathered_params(trainer)
         if pid == 0:

@@ -42,9 +42,9 @@ def test_parameter_and_optimizer_bytes_are_the_real_ones(optimizer, param_dtype)
     pol = Policy("p", cfg)
     est = policy_estimate(pol, seq_len=64)
     assert est.params == est.total_params == nbytes(pol.params)
-    assert est.reference == nbytes(pol.ref_params)
+    assert est.reference == nbytes(pol.state.ref_params)
     # optax adds a few step counters (int32 scalars) besides the moments
-    assert 0 <= nbytes(pol.opt_state) - est.optimizer <= 16
+    assert 0 <= nbytes(pol.state.opt_state) - est.optimizer <= 16
     assert est.optimizer == (0 if optimizer == "sgd" else 2 * nbytes(pol.params))
     assert est.gradients == 2 * est.params and est.sampler_copy == 0
 

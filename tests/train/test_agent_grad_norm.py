@@ -3,6 +3,8 @@ holding only that agent's samples, and asking for them leaves the update itself 
 
 from __future__ import annotations
 
+import types
+
 import jax
 import numpy as np
 import pytest
@@ -45,11 +47,11 @@ def samples() -> list[Sample]:
 
 def by_hand(policy: Policy, mine: list[Sample]) -> float:
     """The norm of the gradient of the loss of a batch of `mine` only, in one micro-batch."""
-    batch = collate(mine, micro_batch_size=len(mine), pad_id=policy.pad_id)
+    batch = collate(mine, micro_batch_size=len(mine), pad_id=policy.turns.pad_id)
     mb = jax.tree.map(lambda x: x[0], batch)
 
     def loss(params):
-        return rl_loss(params, mb, config=policy.config, loss=policy.loss, use_old_logp=False)[0]
+        return rl_loss(params, mb, config=policy.config, loss=policy.learner.loss, use_old_logp=False)[0]
 
     grads = jax.grad(loss)(policy.params)
     return float(np.sqrt(sum(np.sum(np.square(np.asarray(g, np.float64))) for g in jax.tree.leaves(grads))))
@@ -65,9 +67,8 @@ def test_each_agents_norm_is_the_gradient_norm_of_its_own_batch(agg_mode):
     for a in ("a", "b"):
         assert metrics[f"agent_grad_norm/{a}"] == pytest.approx(expected[a], rel=1e-4)
     assert "agent_grad_norm/c" not in metrics  # no samples of c in the batch: nothing reported
-    assert Policy("p", config(agg_mode)).agent_grad_norms(data, ("a", "b")) == pytest.approx(
-        expected, rel=1e-4
-    )
+    fresh = Policy("p", config(agg_mode))
+    assert fresh.learner.agent_grad_norms(fresh.state, data, ("a", "b")) == pytest.approx(expected, rel=1e-4)
     assert expected["a"] > 0 and expected["b"] > 0
 
 
@@ -101,8 +102,7 @@ def test_trainer_reports_agent_grad_norms_only_when_asked():
             out = {"loss": 1.0, "skipped": 0.0}
             return out if agents is None else {**out, **{f"agent_grad_norm/{a}": 2.0 for a in agents}}
 
-        def sync_sampler(self):  # one process: nothing to copy
-            pass
+        sampler = types.SimpleNamespace(sync=lambda: None)  # one process: nothing to copy
 
     for enabled in (False, True):
         t = Trainer.__new__(Trainer)  # only the update routing, no models

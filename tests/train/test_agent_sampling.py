@@ -67,7 +67,9 @@ def test_each_agent_samples_with_its_own_settings(policy):
     assert [g.temperature for row in out for g in row] == [1.0] * 3 + [0.5] * 3 + [1.0] * 3
     # greedy rows: the argmax continuation, the same for every sample and as a greedy call alone
     assert len({tuple(g.completion_ids) for g in out[0]}) == 1
-    alone = policy.generate([policy.encode_prompt(prompt)], n=1, seed=0, sampler=settings["greedy"])
+    alone = policy.sampler.generate(
+        [policy.turns.encode_prompt(prompt)], n=1, seed=0, sampler=settings["greedy"]
+    )
     np.testing.assert_array_equal(out[0][0].completion_ids, alone.tokens[0, : alone.lengths[0]])
 
     # the trainer: log-probs at each sample's own temperature equal the sampler's
@@ -83,10 +85,10 @@ def test_each_agent_samples_with_its_own_settings(policy):
         )
         for g in out[1] + out[2]
     ]
-    batch = policy._collate(samples)
+    batch = policy.learner.collate(samples)
     mask = np.asarray(batch["loss_mask"])
     np.testing.assert_allclose(
-        np.asarray(policy._logprobs(policy.params, batch))[mask],
+        np.asarray(policy.learner._logprobs(policy.params, batch))[mask],
         np.asarray(batch["sampling_logp"])[mask],
         atol=2e-5,
         rtol=0,
@@ -98,7 +100,7 @@ def test_stop_strings_of_an_agent_end_its_completions(policy):
     # a stop string the tiny model emits often: its most frequent token in an unconstrained sample
     free = PolicyGenerator({"p": policy}, run).generate([(Agent("a", "p"), "x")], n=8, seed=2)[0]
     ids = np.concatenate([g.completion_ids for g in free])
-    tok = policy.tokenizer
+    tok = policy.turns.tokenizer
 
     def round_trips(t):  # a token that is its own text's tokenisation can be named by a stop string
         return tok.encode(tok.decode([int(t)]), add_special_tokens=False) == [int(t)]
@@ -129,8 +131,8 @@ def test_adapter_policies_on_one_base_sample_in_one_call():
     agents = [(Agent("ax", "x"), "def f():"), (Agent("ay", "y"), "def f():")]
     calls = []
     for p in team.values():  # count sampler calls
-        original = p.generate
-        p.generate = lambda *a, _o=original, **k: calls.append(1) or _o(*a, **k)
+        original = p.sampler.generate
+        p.sampler.generate = lambda *a, _o=original, **k: calls.append(1) or _o(*a, **k)
     together = PolicyGenerator(team, run).generate(agents, n=4, seed=3)
     assert len(calls) == 1
     x, y = together

@@ -50,9 +50,9 @@ def test_a_prompt_is_its_raw_text_and_its_chat_messages():
 
 
 def test_chat_prompts_are_the_chat_template_with_the_generation_prompt(chat_policy):
-    tok = chat_policy.tokenizer
-    assert chat_policy.chat
-    ids = chat_policy.encode_prompt(CODER.render("Add two numbers."))
+    tok = chat_policy.turns.tokenizer
+    assert chat_policy.turns.chat
+    ids = chat_policy.turns.encode_prompt(CODER.render("Add two numbers."))
     messages = [
         {"role": "system", "content": "You write Python."},
         {"role": "user", "content": "Add two numbers."},
@@ -66,7 +66,7 @@ def test_chat_prompts_are_the_chat_template_with_the_generation_prompt(chat_poli
     )
     assert tok.decode(ids, skip_special_tokens=False) == want
     # a plain string is one user turn
-    assert tok.decode(chat_policy.encode_prompt("hi"), skip_special_tokens=False) == (
+    assert tok.decode(chat_policy.turns.encode_prompt("hi"), skip_special_tokens=False) == (
         "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
     )
 
@@ -77,8 +77,8 @@ def test_chat_off_tokenizes_the_raw_text():
         assert PolicyConfig.model_validate({"model": {"preset": "tiny-qwen3"}, "chat": value}).chat == mode
     raw = policy("off")
     prompt = CODER.render("Add two numbers.")
-    assert not raw.chat
-    assert raw.encode_prompt(prompt) == raw.tokenizer(str(prompt))["input_ids"]
+    assert not raw.turns.chat
+    assert raw.turns.encode_prompt(prompt) == raw.turns.tokenizer(str(prompt))["input_ids"]
 
 
 def test_chat_on_needs_a_template(tmp_path):
@@ -88,7 +88,7 @@ def test_chat_on_needs_a_template(tmp_path):
     (path / "tokenizer_config.json").write_text(json.dumps(config))
     for f in path.glob("chat_template.*"):
         f.unlink()
-    assert not policy("auto", path).chat  # auto: raw text without a template
+    assert not policy("auto", path).turns.chat  # auto: raw text without a template
     with pytest.raises(ValueError, match=r"policies\.p: chat is 'on' but the tokenizer has no chat template"):
         policy("on", path)
 
@@ -114,19 +114,19 @@ def test_the_sampler_and_sft_get_the_chat_ids(chat_policy):
     gens = PolicyGenerator({"p": chat_policy}, SamplerConfig(max_new_tokens=4)).generate(
         [(CODER, prompt)], 2, 0
     )
-    want = chat_policy.encode_prompt(prompt)
+    want = chat_policy.turns.encode_prompt(prompt)
     for g in gens[0]:
         np.testing.assert_array_equal(g.prompt_ids, want)
     (sample,) = pair_samples([(prompt, "return a + b")], CODER, chat_policy)
     np.testing.assert_array_equal(sample.prompt_ids, want)
-    assert sample.completion_ids[-1] == chat_policy.eos_ids[0] == 2  # <|im_end|> ends the turn
+    assert sample.completion_ids[-1] == chat_policy.turns.eos_ids[0] == 2  # <|im_end|> ends the turn
 
 
 def test_generation_config_eos_ids_join_the_configs(tmp_path):
     path = write_random_checkpoint(tmp_path / "m", "qwen3")
-    assert policy(path=path).eos_ids == [2]
+    assert policy(path=path).turns.eos_ids == (2,)
     (path / "generation_config.json").write_text(json.dumps({"eos_token_id": [2, 0]}))
-    assert policy(path=path).eos_ids == [2, 0]
+    assert policy(path=path).turns.eos_ids == (2, 0)
     (path / "generation_config.json").write_text(json.dumps({"eos_token_id": "x"}))
     with pytest.raises(ValueError, match="generation_config.json: eos_token_id must be"):
         policy(path=path)
@@ -147,7 +147,7 @@ def test_a_cut_prompt_is_reported_once_per_agent(chat_policy, caplog):
     with caplog.at_level(logging.WARNING, logger="marljax.train.generation"):
         gens = gen.generate([(CODER, long), (CODER, long)], 1, 0)
         gen.generate([(CODER, long)], 1, 1)
-    ids = chat_policy.encode_prompt(long)
+    ids = chat_policy.turns.encode_prompt(long)
     np.testing.assert_array_equal(gens[0][0].prompt_ids, ids[:2] + ids[-6:])  # the middle goes
     cut = [r for r in caplog.records if "was cut" in r.getMessage()]
     assert len(cut) == 1 and "'coder'" in cut[0].getMessage()

@@ -374,7 +374,8 @@ def test_trainer_restore_frees_the_initial_state_first_and_rebuilds_it_when_no_s
     cfg = load_config(ROOT / "configs" / "grpo_tiny.yaml", overrides)
     first = Trainer(cfg)
     initial = jax.tree.map(np.asarray, first.policies["main"].params)
-    first.policies["main"].version = 7  # marks the saved state apart from a rebuilt one
+    main = first.policies["main"]
+    main.state = main.state.replace(version=7)  # marks the saved state apart from a rebuilt one
     first.save()
     first.close()
     if corrupt is not None:
@@ -385,7 +386,7 @@ def test_trainer_restore_frees_the_initial_state_first_and_rebuilds_it_when_no_s
     else:
         with pytest.warns(RuntimeWarning, match="step 0"):
             assert not second.restore()
-        assert second.policies["main"].version == 0 and second.policies["main"].opt_state is not None
+        assert second.policies["main"].version == 0 and second.policies["main"].state.opt_state is not None
     assert jax.tree.structure(second.policies["main"].params) == jax.tree.structure(initial)
     for got, want in zip(jax.tree.leaves(second.policies["main"].params), jax.tree.leaves(initial)):
         np.testing.assert_array_equal(np.asarray(got), want)

@@ -51,7 +51,9 @@ def trained(checkpoint):
 def _marljax_logits(policy, ids):
     from marljax.models import forward
 
-    logits, _ = jax.jit(forward, static_argnames="config")(policy.model_params(), ids, config=policy.config)
+    logits, _ = jax.jit(forward, static_argnames="config")(
+        policy.learner.model_params(policy.params), ids, config=policy.config
+    )
     return np.asarray(logits)
 
 

@@ -12,6 +12,7 @@ import pytest
 from marljax.train.checkpoint import RunCheckpointer
 from marljax.train.config import PolicyConfig, RunConfig
 from marljax.train.policy import BaseStore, Policy
+from marljax.train.state import PolicyState
 from marljax.workflows.types import Sample
 
 MODEL = {"preset": "tiny-qwen3", "seed": 3}
@@ -54,7 +55,7 @@ def test_adapters_on_one_base_share_one_copy_of_its_weights():
     team = [Policy(f"a{i}", config(lora={"rank": 2 + i, "alpha": 4}), bases=bases) for i in range(3)]
     full = Policy("full", PolicyConfig.model_validate({"model": MODEL}))
     n_leaves = len(jax.tree.leaves(full.params))
-    buffers = {x.unsafe_buffer_pointer() for p in team for x in jax.tree.leaves(p.base_params)}
+    buffers = {x.unsafe_buffer_pointer() for p in team for x in jax.tree.leaves(p.learner.frozen)}
     assert len(bases) == 1
     assert len(buffers) == n_leaves  # one buffer per base tensor, for the three policies together
     # the adapters are their own (and small): ranks 2, 3, 4 on q, v, down
@@ -67,15 +68,15 @@ def test_adapters_on_one_base_share_one_copy_of_its_weights():
 def test_an_update_changes_the_adapter_only_by_the_policy_own_learning_rate():
     bases = BaseStore()
     slow, fast = Policy("slow", config(1e-3), bases=bases), Policy("fast", config(3e-3), bases=bases)
-    base_before, slow_before = host(slow.base_params), host(slow.params)
+    base_before, slow_before = host(slow.learner.frozen), host(slow.params)
     for p in (slow, fast):
         p.update(samples())
     # the base is the same arrays, untouched
-    assert fast.base_params is slow.base_params
-    for a, b in zip(jax.tree.leaves(slow.base_params), jax.tree.leaves(base_before)):
+    assert fast.learner.frozen is slow.learner.frozen
+    for a, b in zip(jax.tree.leaves(slow.learner.frozen), jax.tree.leaves(base_before)):
         np.testing.assert_array_equal(np.asarray(a), b)
     # the optimiser state covers the adapter alone
-    assert {x.shape for x in jax.tree.leaves(slow.opt_state) if x.ndim} == {
+    assert {x.shape for x in jax.tree.leaves(slow.state.opt_state) if x.ndim} == {
         x.shape for x in jax.tree.leaves(slow.params)
     }
     # b was 0: Adam's first step moves every entry of b with a gradient by about lr
@@ -92,10 +93,10 @@ def test_the_kl_reference_is_the_base_without_the_adapter():
     kl = {"reference": True, "loss": {"kl_coef": 0.1}}
     p = Policy("p", config(**kl), bases=bases)
     p.update(samples())  # the adapter moves; its reference stays the base
-    batch = p._collate(samples(seed=1))
-    ref = p._logprobs(p.model_params(p.ref_params), batch)
-    base = p._logprobs(p.base_params, batch)
-    now = p._logprobs(p.model_params(), batch)
+    batch = p.learner.collate(samples(seed=1))
+    ref = p.learner._logprobs(p.learner.model_params(p.state.ref_params), batch)
+    base = p.learner._logprobs(p.learner.frozen, batch)
+    now = p.learner._logprobs(p.learner.model_params(p.params), batch)
     np.testing.assert_array_equal(np.asarray(ref), np.asarray(base))
     assert float(np.abs(np.asarray(now) - np.asarray(base)).max()) > 0
 
@@ -114,16 +115,18 @@ def test_checkpoint_and_exact_resume_per_adapter(tmp_path):
     for p in first.values():
         p.update(samples(seed=0))
     with RunCheckpointer(tmp_path, ["a", "b"], async_save=False) as ck:
-        ck.save(1, {n: p.state() for n, p in first.items()}, {"step": 1})
+        ck.save(1, {n: p.state.checkpoint() for n, p in first.items()}, {"step": 1})
     resumed = team()
     with RunCheckpointer(tmp_path, ["a", "b"], async_save=False) as ck:
-        step, states, _ = ck.restore({n: p.abstract_state() for n, p in resumed.items()})
+        step, states, _ = ck.restore({n: p.state.restore_target() for n, p in resumed.items()})
     assert step == 1
     assert set(states["a"]) == {"params", "opt_state", "step", "version"}  # no base in the checkpoint
     for n, p in resumed.items():
-        p.load_state(states[n])
+        p.state = PolicyState.from_checkpoint(states[n])
         p.update(samples(seed=1))
-        for x, y in zip(jax.tree.leaves(p.state()), jax.tree.leaves(straight[n].state())):
+        for x, y in zip(
+            jax.tree.leaves(p.state.checkpoint()), jax.tree.leaves(straight[n].state.checkpoint())
+        ):
             np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
 
 
@@ -211,20 +214,22 @@ def test_adapter_dropout_trains_reproducibly():
 def test_a_team_call_stacks_its_adapters_once_per_update(monkeypatch):
     """Sampling the same team again reuses its stacked adapters; after one adapter's update the
     team call is rebuilt and equals that adapter sampled alone."""
-    import marljax.train.policy as policy_module
+    import marljax.train.sampling as sampling_module
     from marljax.train.config import SamplerConfig
 
     bases = BaseStore()
     team = [Policy(f"a{i}", config(lr=3e-2), bases=bases) for i in range(2)]
     calls = []
-    real = policy_module.stack_adapters
+    real = sampling_module.stack_adapters
     # (an update and a policy alone stack their one adapter through the same function)
-    monkeypatch.setattr(policy_module, "stack_adapters", lambda a: calls.append(len(a)) or real(a))
+    monkeypatch.setattr(sampling_module, "stack_adapters", lambda a: calls.append(len(a)) or real(a))
     greedy = SamplerConfig(max_new_tokens=4, temperature=0.0)
     prompts, which = [[5, 9, 11], [7, 8, 9, 10]], [0, 1]
 
     def team_call():
-        return team[0].generate(prompts, n=1, seed=0, sampler=greedy, team=team, adapter=which)
+        return team[0].sampler.generate(
+            prompts, n=1, seed=0, sampler=greedy, team=[p.sampler for p in team], adapter=which
+        )
 
     first = team_call()
     team_call()
@@ -232,7 +237,7 @@ def test_a_team_call_stacks_its_adapters_once_per_update(monkeypatch):
     team[1].update(samples())
     updated = team_call()
     assert calls.count(2) == 2
-    alone = team[1].generate(prompts[1:], n=1, seed=0, sampler=greedy)
+    alone = team[1].sampler.generate(prompts[1:], n=1, seed=0, sampler=greedy)
     np.testing.assert_array_equal(updated.tokens[1], alone.tokens[0])
     np.testing.assert_allclose(updated.logprobs[1], alone.logprobs[0], atol=1e-5)
     # the update moved adapter 1's log-probs (so a stale stack would have shown)

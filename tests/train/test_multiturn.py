@@ -141,15 +141,17 @@ def test_the_policy_continues_its_own_generations_only():
 
     policy = Policy("p", PolicyConfig.model_validate({"model": {"preset": "tiny-qwen3", "seed": 1}}))
     first = Prompt("Q?", [("user", "Q?")])
-    ids0 = policy.encode_prompt(first)
-    sampled = [70, 71, 72, *policy.eos_ids[:1]]
-    text = policy.tokenizer.decode(sampled, skip_special_tokens=True)
+    ids0 = policy.turns.encode_prompt(first)
+    sampled = [70, 71, 72, *policy.turns.eos_ids[:1]]
+    text = policy.turns.tokenizer.decode(sampled, skip_special_tokens=True)
     mine = first.continued(gen(ids0, sampled, text=text, policy="p"), "obs", "raw", role="tool")
-    ids = policy.encode_prompt(mine)
+    ids = policy.turns.encode_prompt(mine)
     assert ids[: len(ids0) + len(sampled)] == ids0 + sampled
     theirs = first.continued(gen(ids0, sampled, text=text, policy="q"), "obs", "raw", role="tool")
-    assert policy.encode_prompt(theirs) == encode_prompt(policy.tokenizer, theirs, chat=True)
-    assert policy.tokenizer.decode(ids) == policy.tokenizer.decode(policy.encode_prompt(theirs))
+    assert policy.turns.encode_prompt(theirs) == encode_prompt(policy.turns.tokenizer, theirs, chat=True)
+    assert policy.turns.tokenizer.decode(ids) == policy.turns.tokenizer.decode(
+        policy.turns.encode_prompt(theirs)
+    )
 
 
 def test_a_template_that_rewrites_the_answer_is_not_continued(tok):

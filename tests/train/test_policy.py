@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from marljax.train.config import PolicyConfig
-from marljax.train.policy import Policy, step_functions
+from marljax.train.learner import step_functions
+from marljax.train.policy import Policy
 from marljax.workflows.types import Sample
 
 
@@ -97,9 +98,9 @@ def test_a_non_finite_update_is_skipped_reported_and_not_counted():
     bad[1].advantage = float("nan")
     metrics = policy.update(bad)
     assert metrics["skipped"] == 1.0 and metrics["lr"] == pytest.approx(1e-3)
-    assert moved(policy, before) == 0.0 and policy.step == 0 and policy.version == 1
+    assert moved(policy, before) == 0.0 and policy.state.step == 0 and policy.version == 1
     metrics = policy.update(samples())
-    assert metrics["skipped"] == 0.0 and moved(policy, before) > 0 and policy.step == 1
-    assert int(policy.state()["step"]) == 1
+    assert metrics["skipped"] == 0.0 and moved(policy, before) > 0 and policy.state.step == 1
+    assert int(policy.state.checkpoint()["step"]) == 1
     policy.reset_optimizer()  # e.g. after SFT: RL starts its schedule afresh
-    assert policy.step == 0
+    assert policy.state.step == 0

@@ -71,7 +71,7 @@ def test_each_step_logs_its_samples_as_the_model_saw_them(logged_run):
     assert sorted(p.name for p in (run_dir / "rollouts").iterdir()) == [
         f"step_00000{s}.jsonl" for s in (1, 2, 3)
     ]
-    tok = trainer.policies["main"].tokenizer
+    tok = trainer.policies["main"].turns.tokenizer
     for step, rollout in enumerate(rollouts, 1):
         records = rollout_log.read_step(run_dir, step)
         assert len(records) == len(rollout) == 8

@@ -55,10 +55,10 @@ def sampled(policy: Policy, temperature: float, top_p: float, top_k: int) -> lis
 def test_trainer_logprobs_equal_the_samplers(policy, temperature, top_p, top_k):
     samples = sampled(policy, temperature, top_p, top_k)
     assert {s.temperature for s in samples} == {temperature}
-    batch = policy._collate(samples)
+    batch = policy.learner.collate(samples)
     mask = np.asarray(batch["loss_mask"])
     sampler_lp = np.asarray(batch["sampling_logp"])[mask]
-    trainer_lp = np.asarray(policy._logprobs(policy.params, batch))[mask]
+    trainer_lp = np.asarray(policy.learner._logprobs(policy.params, batch))[mask]
     np.testing.assert_allclose(trainer_lp, sampler_lp, atol=2e-5, rtol=0)
 
     # independently: full logits of one row, divided by T, no truncation
@@ -69,7 +69,7 @@ def test_trainer_logprobs_equal_the_samplers(policy, temperature, top_p, top_k):
     want = z[np.arange(len(s.completion_ids)), s.completion_ids] - np.log(np.exp(z).sum(-1))
     np.testing.assert_allclose(s.sampling_logprobs, want, atol=2e-5, rtol=0)
 
-    loss = functools.partial(rl_loss, config=policy.config, loss=policy.loss, use_old_logp=False)
+    loss = functools.partial(rl_loss, config=policy.config, loss=policy.learner.loss, use_old_logp=False)
     _, metrics = jax.jit(loss)(policy.params, jax.tree.map(lambda x: x[0], batch))
     assert abs(float(metrics["tis_weight_mean"]) - 1.0) < 1e-4
     assert abs(float(metrics["tis_mismatch_kl"])) < 1e-5
@@ -84,7 +84,7 @@ def test_tis_mode_and_veto_come_from_the_config(policy):
         LossConfig(tis_veto=0.1)
     assert LossConfig(tis_cap=2.0, tis_mode="mask", tis_veto=0.1).tis_mode == "mask"
 
-    batch = jax.tree.map(lambda x: x[0], policy._collate(sampled(policy, 1.0, 1.0, 0)))
+    batch = jax.tree.map(lambda x: x[0], policy.learner.collate(sampled(policy, 1.0, 1.0, 0)))
     mask = np.asarray(batch["loss_mask"])
     rows = np.flatnonzero(mask.any(1))
     first = np.flatnonzero(mask[rows[0]])[0]
@@ -92,7 +92,7 @@ def test_tis_mode_and_veto_come_from_the_config(policy):
     batch["sampling_logp"] = batch["sampling_logp"].at[rows[0], first].add(3.0)
 
     def metrics(**tis):
-        loss = policy.loss.model_copy(update=tis)
+        loss = policy.learner.loss.model_copy(update=tis)
         return jax.jit(functools.partial(rl_loss, config=policy.config, loss=loss, use_old_logp=False))(
             policy.params, batch
         )[1]

@@ -191,7 +191,9 @@ def test_corrupt_latest_checkpoint_falls_back_and_says_so(grpo_run, tmp_path):
     data = biggest.read_bytes()
     biggest.write_bytes(data[: len(data) // 2])
     with pytest.warns(RuntimeWarning, match="30"):
-        got = RunCheckpointer(run_dir, ["main"]).restore({"main": trainer.policies["main"].abstract_state()})
+        got = RunCheckpointer(run_dir, ["main"]).restore(
+            {"main": trainer.policies["main"].state.restore_target()}
+        )
     assert got is not None and got[0] == 20
     assert int(got[1]["main"]["version"]) == 20 and got[2]["step"] == 20
 
@@ -271,4 +273,4 @@ def test_sft_warm_start_lowers_the_nll_of_reference_solutions(tmp_path):
     assert len(nll) == 25 and nll[-1] < 0.5 * nll[0], nll
     policy = trainer.policies["main"]
     # RL restarts the optimiser's step count after SFT: 16 samples / threshold 8 = 2 updates
-    assert policy.step == policy.version == 2
+    assert policy.state.step == policy.version == 2

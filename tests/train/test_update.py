@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import types
 
 import jax
 import jax.numpy as jnp
@@ -328,8 +329,7 @@ def test_skewed_rates_fast_policy_updates_while_slow_waits():
         def finish_update(pending):
             return {"loss": float(pending[0]), "skipped": 0.0}
 
-        def sync_sampler(self):  # one process: nothing to copy
-            pass
+        sampler = types.SimpleNamespace(sync=lambda: None)  # one process: nothing to copy
 
     t = Trainer.__new__(Trainer)  # only the buffer routing, no models
     t.policies = {"fast": Counting(), "slow": Counting()}

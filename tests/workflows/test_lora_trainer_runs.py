@@ -35,11 +35,11 @@ def test_mars2_lora_tiny_config_trains_and_resumes(tmp_path):
     ]
     cfg = load_config(CONFIGS / "mars2_lora_tiny.yaml", overrides)
     trainer = Trainer(cfg)
-    base = trainer.policies["writer"].base_params
+    base = trainer.policies["writer"].learner.frozen
     frozen = jax.tree.map(np.array, base)
     trainer.run()
     assert len(trainer.bases) == 1
-    assert all(p.base_params is base for p in trainer.policies.values())
+    assert all(p.learner.frozen is base for p in trainer.policies.values())
     for a, b in zip(jax.tree.leaves(base), jax.tree.leaves(frozen)):  # the base never changes
         np.testing.assert_array_equal(np.asarray(a), b)
     versions = {n: p.version for n, p in trainer.policies.items()}

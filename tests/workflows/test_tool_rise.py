@@ -66,11 +66,12 @@ def test_demonstrations_encode_later_turns_as_the_policy_will_sample_them(tmp_pa
     trainer = Trainer(cfg)
     try:
         policy = trainer.policies["shared"]
-        pairs = demonstrations(cfg, teacher("sharp_tools", 0.3), 2, policies=trainer.policies)["worker2"]
+        turns = {n: p.turns for n, p in trainer.policies.items()}
+        pairs = demonstrations(cfg, teacher("sharp_tools", 0.3), 2, policies=turns)["worker2"]
         earlier = {str(p) + r: (p, r) for p, r in pairs}
         later = [(p, r) for p, r in pairs if "Observation:" in p]
         assert later
-        tok, eos = policy.tokenizer, policy.eos_ids[0]
+        tok, eos = policy.turns.tokenizer, policy.turns.eos_ids[0]
         for p, _ in later:
             head = next(k for k in earlier if str(p).startswith(k))
             p0, r0 = earlier[head]
@@ -80,6 +81,6 @@ def test_demonstrations_encode_later_turns_as_the_policy_will_sample_them(tmp_pa
                 eos,
                 *tok(str(p)[len(head) :], add_special_tokens=False)["input_ids"],
             ]
-            assert policy.encode_prompt(p) == expected
+            assert policy.turns.encode_prompt(p) == expected
     finally:
         trainer.close()

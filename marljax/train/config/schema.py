@@ -36,6 +36,7 @@ from marljax.kernels.losses_terms import KL_KINDS
 from marljax.kernels.losses_tis import TIS_LEVELS, TIS_MODES
 from marljax.models.config import PRESETS, REMAT_POLICIES
 from marljax.models.lora import TARGETS, LoraSpec
+from marljax.sampler.schedule import SamplingParams
 from marljax.settings import StrictModel
 from marljax.tasks import SOURCES, Source
 from marljax.train.distributed import DistributedConfig
@@ -467,6 +468,10 @@ class SamplerConfig(FrozenModel):
         True, description="requests sharing a prompt prefix (samples, tree nodes) prefill it once"
     )
     stop: tuple[str, ...] = Field((), description="stop strings (the completion keeps them)")
+
+    def sampling(self) -> SamplingParams:
+        """The settings of each sampled prompt, as the sampler takes them."""
+        return SamplingParams(self.max_new_tokens, self.temperature, self.top_p, self.top_k, self.stop)
 
 
 def workflow_kinds() -> tuple[str, ...]:
