@@ -5,7 +5,7 @@ agent, samples K candidates from the same state:
 
 * tool agent: calls the task's tools (``plan``: `check_plan`, which runs a move string on the grid
   from the current cell and says where it ends, without planning; ``math``: python and calculator).
-  Its reward is its tool-process reward (`tool_use.process_reward`: the share of its calls that
+  Its reward is its tool-process reward (`turns.process_reward`: the share of its calls that
   ran, and of those that returned something); on ``plan`` that is half of it, the other half the
   shaped grid reward of the best move string it checked, as the reference rewards its tool agent
   by the environment reward of the actions its tool produced (PettingLLMs' plan_path): a check of
@@ -43,7 +43,7 @@ from marljax.seeds import derive_seed
 from marljax.workflows.at_grpo import turnwise_advantages
 from marljax.workflows.base import Agent, BaseWorkflowConfig, Generator, Workflow, register_workflow
 from marljax.workflows.episodes import Episodes
-from marljax.workflows.tool_use import TaskTools, ToolsConfig, process_reward, tool_prompt
+from marljax.workflows.turns import TaskTools, ToolsConfig, process_reward, tool_prompt
 from marljax.workflows.types import Generation
 
 TOOL_TASK = "Use the tools to check ideas before the plan agent commits. Report what you found."

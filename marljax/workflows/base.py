@@ -325,6 +325,25 @@ def register_workflow(kind: str) -> Callable[[type[Workflow]], type[Workflow]]:
     return register
 
 
+# old kind -> how its YAML section reads as a registered kind's (a workflow that became an option
+# of another, e.g. `sharp_tools` -> `sharp` with `tools`); the run config applies it before validating
+ALIASES: dict[str, Callable[[dict], dict]] = {}
+
+
+def register_alias(kind: str, rewrite: Callable[[dict], dict]) -> None:
+    """Keep `workflow.kind: <kind>` working: `rewrite` turns such a section into a registered kind's."""
+    if kind in REGISTRY:
+        raise ValueError(f"workflow kind {kind!r} is registered; it cannot also be an alias")
+    ALIASES[kind] = rewrite
+
+
+def resolve_alias(section: Any) -> Any:
+    """A `workflow` section with an alias kind rewritten (anything else as it is)."""
+    if isinstance(section, Mapping) and section.get("kind") in ALIASES:
+        return ALIASES[section["kind"]](dict(section))
+    return section
+
+
 def _qualified(cls: type) -> str:
     return f"{cls.__module__}.{cls.__qualname__}"
 

@@ -3,7 +3,7 @@
 Episode (G per problem), in rounds: the router reads the question and the notes gathered so far
 and replies ``search`` or ``answer`` (its last such word; with neither: search while there are no
 notes, else answer). On ``search`` the search agent takes one turn of its tool episode
-(`marljax.workflows.tool_use`: search on ``qa``, python and calculator on ``math``), continuing
+(`marljax.workflows.turns`: search on ``qa``, python and calculator on ``math``), continuing
 its own conversation, and the results join the notes; once the search agent answers (its answer
 joins the notes as a suggestion) or reaches its turn limit, the router's ``search`` becomes
 ``answer``. On ``answer``, and in the last round whatever the router would say (it is not
@@ -11,7 +11,7 @@ asked), the answer agent answers from the notes (``<answer>...</answer>``; witho
 whole reply) and the episode ends with the answer's score R.
 
 Reward: R for every turn of every agent, plus ``process_weight`` times the search agent's
-tool-process reward for its turns (`tool_use.process_reward`). Credit: each agent's rewards are
+tool-process reward for its turns (`turns.process_reward`). Credit: each agent's rewards are
 normalised among that agent's samples on the same problem (`marljax.kernels.dr_mas_advantages`
 with problem groups), Dr. MAS's agent-wise normalisation. The router's and the search agent's
 turns train as one sequence each with the notes and tool results masked, or one sample per turn
@@ -34,7 +34,7 @@ from marljax.seeds import derive_seed
 from marljax.workflows.base import Agent, BaseWorkflowConfig, Generator, Workflow, register_workflow
 from marljax.workflows.dr_mas import route_mentions
 from marljax.workflows.episodes import Episodes, agentwise_advantages
-from marljax.workflows.tool_use import (
+from marljax.workflows.turns import (
     AgentEpisode,
     TaskTools,
     ToolsConfig,

@@ -131,7 +131,7 @@ def test_config_errors():
 
 
 def test_a_corpus_file_is_searched_for_every_problem(tmp_path):
-    from marljax.workflows.tool_use import TaskTools, ToolsConfig
+    from marljax.workflows.turns import TaskTools, ToolsConfig
 
     path = tmp_path / "corpus.jsonl"
     path.write_text('{"title": "Zorb", "text": "Zorb is a city in Quux."}\n')
