@@ -71,8 +71,8 @@ from marljax.workflows.base import (
 )
 from marljax.workflows.diversity import grouped_diversity
 from marljax.workflows.episodes import Episodes, agentwise_advantages
-from marljax.workflows.search_rounds import play_rounds, route_mentions
-from marljax.workflows.turns import TaskTools, ToolsConfig, episode_generations, process_reward, run_turns
+from marljax.workflows.search_rounds import play_rounds, round_episodes, route_mentions
+from marljax.workflows.turns import TaskTools, ToolsConfig, run_turns
 from marljax.workflows.types import Generation, Prompt
 
 ROLES = ("solver", "verifier", "router")
@@ -332,50 +332,8 @@ class DrMasWorkflow(Workflow[DrMasConfig]):
     def _play_search(self, problems, agents, generator, seed) -> Episodes:
         c = self.cfg
         played = play_rounds(c, self.task, problems, agents, generator, seed, c.group_size)
-        episodes = Episodes(len(problems))
-        scores, fallbacks = [], 0
-        for n, e in enumerate(played):
-            R = self.task.score(problems[e.problem], e.answer)
-            scores.append(R)
-            search_bonus = c.process_weight * process_reward(e.search.steps) if e.search else 0.0
-            parts = [(0, e.router_turns, R), (1, e.search.turns if e.search else [], R + search_bonus)]
-            parts.append((2, [e.answer_turn], R))
-            node = 0
-            for k, turns, reward in parts:
-                samples, fell_back = episode_generations(turns, c.tools.multi_turn)
-                fallbacks += fell_back
-                for t, g in enumerate(samples):
-                    episodes.add(
-                        g,
-                        problem=problems[e.problem].id,
-                        episode=n,
-                        node=node,
-                        parent=node - 1,
-                        depth=k,
-                        turn=t,
-                        reward=reward,
-                        passed=R == 1.0,
-                        agent=k,
-                        group=e.problem,
-                    )
-                    node += 1
-        scores = np.asarray(scores)
-        steps = [s for e in played if e.search for s in e.search.steps]
-        calls = sum(s.info.get("calls", 0) for s in steps)
-        episodes.extras.update(
-            {
-                "team/reward": float(scores.mean()),
-                "team/pass_rate": float((scores == 1.0).mean()),
-                "dr_mas/rounds": float(np.mean([e.rounds for e in played])),
-                "dr_mas/search_turns": float(
-                    np.mean([len(e.search.turns) if e.search else 0 for e in played])
-                ),
-                "tools/calls_per_episode": calls / len(played),
-                "tools/valid_call_frac": sum(s.info.get("valid_calls", 0) for s in steps) / max(calls, 1),
-                "multiturn/fallbacks": float(fallbacks),
-            }
-        )
-        return episodes
+        scores = [self.task.score(problems[e.problem], e.answer) for e in played]
+        return round_episodes(problems, played, scores, c.process_weight, c.tools.multi_turn)
 
     def credit(self, episodes: Episodes):
         """Dr. MAS: each agent's rewards normalised per problem (or all agents together: `global`)."""

@@ -8,8 +8,8 @@ its own conversation, and the results join the notes; once the search agent answ
 joins the notes as a suggestion) or reaches its turn limit, the router's ``search`` becomes
 ``answer``. On ``answer``, and in the last round whatever the router would say (it is not
 asked), the answer agent answers from the notes (``<answer>...</answer>``; without the tags, its
-whole reply) and the episode ends with the answer's score R. `marljax.workflows.dr_mas` rewards
-and credits the turns.
+whole reply) and the episode ends with the answer's score R. `round_episodes` rewards the turns
+(module doc of `marljax.workflows.dr_mas`), which `dr_mas` credits.
 """
 
 from __future__ import annotations
@@ -19,11 +19,14 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import numpy as np
+
 from marljax.envs.tool_env import ANSWER_FORMAT, extract_tagged_answer
 from marljax.rewards import Problem
 from marljax.seeds import derive_seed
 from marljax.workflows.base import Agent
-from marljax.workflows.turns import AgentEpisode, TaskTools, run_turns
+from marljax.workflows.episodes import Episodes
+from marljax.workflows.turns import AgentEpisode, TaskTools, episode_generations, process_reward, run_turns
 from marljax.workflows.types import Generation, Prompt
 
 ROUTER_TASK = "Reply 'search' to gather more information, or 'answer' when the notes suffice."
@@ -130,4 +133,55 @@ def play_rounds(
                 g = e.router_turns[-1]
                 raw = f"{e.router_prompt}{g.text}\n\n{follow}\n\n"
                 e.router_prompt = e.router_prompt.continued(g, follow, raw)
+    return episodes
+
+
+def round_episodes(
+    problems: Sequence[Problem],
+    played: Sequence[Episode],
+    scores: Sequence[float],
+    process_weight: float,
+    multi_turn: str,
+) -> Episodes:
+    """The rows of played episodes (agent 0 router, 1 searcher, 2 answerer): each agent's turns get
+    the answer's score, the searcher's plus `process_weight` times its tool-process reward."""
+    episodes = Episodes(len(problems))
+    fallbacks = 0
+    for n, (e, R) in enumerate(zip(played, scores)):
+        search_bonus = process_weight * process_reward(e.search.steps) if e.search else 0.0
+        parts = [(0, e.router_turns, R), (1, e.search.turns if e.search else [], R + search_bonus)]
+        parts.append((2, [e.answer_turn], R))
+        node = 0
+        for k, turns, reward in parts:
+            samples, fell_back = episode_generations(turns, multi_turn)
+            fallbacks += fell_back
+            for t, g in enumerate(samples):
+                episodes.add(
+                    g,
+                    problem=problems[e.problem].id,
+                    episode=n,
+                    node=node,
+                    parent=node - 1,
+                    depth=k,
+                    turn=t,
+                    reward=reward,
+                    passed=R == 1.0,
+                    agent=k,
+                    group=e.problem,
+                )
+                node += 1
+    scores = np.asarray(scores)
+    steps = [s for e in played if e.search for s in e.search.steps]
+    calls = sum(s.info.get("calls", 0) for s in steps)
+    episodes.extras.update(
+        {
+            "team/reward": float(scores.mean()),
+            "team/pass_rate": float((scores == 1.0).mean()),
+            "dr_mas/rounds": float(np.mean([e.rounds for e in played])),
+            "dr_mas/search_turns": float(np.mean([len(e.search.turns) if e.search else 0 for e in played])),
+            "tools/calls_per_episode": calls / len(played),
+            "tools/valid_call_frac": sum(s.info.get("valid_calls", 0) for s in steps) / max(calls, 1),
+            "multiturn/fallbacks": float(fallbacks),
+        }
+    )
     return episodes

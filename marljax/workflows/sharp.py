@@ -48,7 +48,6 @@ from __future__ import annotations
 import ast
 import dataclasses
 import functools
-import re
 from collections.abc import Mapping, Sequence
 from typing import Literal
 
@@ -71,28 +70,12 @@ from marljax.workflows.base import (
 from marljax.workflows.diversity import grouped_diversity
 from marljax.workflows.episodes import Episodes
 from marljax.workflows.shapley import coalition_code, sampled_coalitions, shapley_credit, team_value_table
-from marljax.workflows.turns import (
-    AgentEpisode,
-    TaskTools,
-    ToolsConfig,
-    episode_generations,
-    process_reward,
-    run_turns,
-)
+from marljax.workflows.sharp_teams import TeamRun, parse_subtasks, run_teams
+from marljax.workflows.turns import TaskTools, ToolsConfig, episode_generations, process_reward, run_turns
 from marljax.workflows.types import Generation
 
 MAX_EXACT_WORKERS = 8  # 2^8 programs per episode; beyond, use shapley: sampled
 MAX_TOOL_WORKERS = 4  # each coalition re-runs the later workers' tool episodes
-NO_PLAN = "(no plan)"
-_ITEM = re.compile(r"^\s*(?:step\s*)?(\d+)\s*[.):]\s*(.+?)\s*$", re.I | re.M)
-
-
-def parse_subtasks(text: str) -> dict[int, str]:
-    """Numbered sub-tasks of a plan: `1. ...`, `2) ...`, `Step 3: ...`; the first of each number wins."""
-    items: dict[int, str] = {}
-    for m in _ITEM.finditer(text):
-        items.setdefault(int(m.group(1)), m.group(2))
-    return items
 
 
 def plan_lists_subtasks(plan: str, workers: int) -> float:
@@ -183,21 +166,6 @@ class SharpConfig(BaseWorkflowConfig):
         bad = [(("planner",), self.planner)] if self.planner not in agents else []
         bad += [(("workers", i), w) for i, w in enumerate(self.workers) if w not in agents]
         return [(key, f"unknown agent; known: {', '.join(agents)}", name) for key, name in bad]
-
-
-@dataclasses.dataclass
-class TeamRun:
-    """One tool episode's team with the agents outside `members` masked (bit 0 planner, bit i+1
-    worker i)."""
-
-    episode: int
-    members: int
-    work: list[AgentEpisode | None]
-
-    @property
-    def answer(self) -> str:
-        answers = [w.answer for w in self.work if w is not None and w.answer is not None]
-        return answers[-1] if answers else ""
 
 
 @register_workflow("sharp")
@@ -312,53 +280,6 @@ class SharpWorkflow(Workflow[SharpConfig]):
         return trajs, rows, outcome, credit, process, extras
 
     # ------------------------------------------------------------ tool workers
-    def _worker_text(self, problem: Problem, plan: str, notes: Sequence[str], i: int) -> str:
-        W = len(self.cfg.workers)
-        task = parse_subtasks(plan).get(
-            i + 1, "(the plan lists no such sub-task: follow the plan as a whole)"
-        )
-        parts = [problem.prompt, f"Plan:\n{plan}"]
-        if notes:
-            parts.append("Answers of the workers before you:\n" + "\n".join(notes))
-        parts.append(f"You are worker {i + 1} of {W}. Your sub-task: {task}")
-        return "\n\n".join(parts)
-
-    def _run_teams(
-        self,
-        trajs: Sequence[Trajectory],
-        jobs: Sequence[tuple[int, int]],
-        agents: Mapping[str, Agent],
-        generator: Generator,
-        seed: int,
-        reuse: Mapping[tuple[int, int, str], AgentEpisode] | None = None,
-    ) -> list[TeamRun]:
-        """Each `(episode, members)` job's team run, worker by worker (one lockstep batch each);
-        a worker whose text was seen in `reuse` keeps that episode instead of acting again."""
-        workers = [agents[w] for w in self.cfg.workers]
-        runs = [TeamRun(n, m, [None] * len(workers)) for n, m in jobs]
-        for i, worker in enumerate(workers):
-            fresh = []
-            for run in runs:
-                if not run.members >> (i + 1) & 1:
-                    continue
-                t = trajs[run.episode]
-                plan_text = t.plan.text if run.members & 1 else NO_PLAN
-                notes = [
-                    f"Worker {j + 1}: {w.answer if w.answer is not None else '(no answer)'}"
-                    for j, w in enumerate(run.work[:i])
-                    if w is not None
-                ]
-                text = self._worker_text(t.problem, plan_text, notes, i)
-                known = (reuse or {}).get((run.episode, i, text))
-                if known is not None:
-                    run.work[i] = known
-                    continue
-                env = self.task.env("sharp_tools", [worker.name], t.problem)
-                run.work[i] = AgentEpisode.start(worker, env, t.problem, text)
-                fresh.append(run.work[i])
-            run_turns(generator, fresh, derive_seed(seed, i))
-        return runs
-
     def _coalitions(self) -> list[int]:
         K = len(self.cfg.workers) + 1
         full = (1 << K) - 1
@@ -370,7 +291,8 @@ class SharpWorkflow(Workflow[SharpConfig]):
         trajs = self._plans(problems, agents, generator, seed, G)
         full = (1 << (len(self.cfg.workers) + 1)) - 1
         jobs = [(n, full) for n in range(len(trajs))]
-        return trajs, self._run_teams(trajs, jobs, agents, generator, derive_seed(seed, 1))
+        workers = [agents[w] for w in self.cfg.workers]
+        return trajs, run_teams(trajs, jobs, workers, self.task, generator, derive_seed(seed, 1))
 
     def _play_tools(self, problems, agents, generator, verifier, seed):
         """Tool workers: (trajectories, rows per trajectory, outcome, credit, process, extras)."""
@@ -380,7 +302,8 @@ class SharpWorkflow(Workflow[SharpConfig]):
         # the actual runs' worker episodes, by the text each worker was given
         reuse = {(run.episode, i, w.text): w for run in actual for i, w in enumerate(run.work)}
         jobs = [(n, m) for n in range(N) for m in self._coalitions()]
-        masked = self._run_teams(trajs, jobs, agents, generator, derive_seed(seed, 2), reuse)
+        workers = [agents[w] for w in c.workers]
+        masked = run_teams(trajs, jobs, workers, self.task, generator, derive_seed(seed, 2), reuse)
         table = np.full((N, 1 << K), np.nan, np.float32)
         table[:, [m for m in range(1 << K) if not m >> 1]] = 0.0
         for run in [*actual, *masked]:
