@@ -170,7 +170,9 @@ class AtGrpoWorkflow(Workflow[AtGrpoConfig]):
     @functools.cached_property
     def env(self) -> CodeEnv | PlanEnv | ToolTree:
         """The tree's environment: `roles`, `start`, `prompt` and a batched `step` that scores K
-        candidates per role and continues each problem's best branch (`marljax.envs.TurnResult`)."""
+        candidates per role and continues each problem's best branch (`marljax.envs.TurnResult`);
+        optionally `stages` (the roles acting together, in order, each turn; default all at once) and
+        `chained` (a stage's candidates continue the previous stage's best, not their role's own)."""
         c = self.cfg
         if c.tools is not None:
             return ToolTree(c.tool_agent, c.planner, c.tools)
