@@ -103,7 +103,7 @@ def play_rounds(
         for e in to_search:
             if e.search is None:
                 p = problems[e.problem]
-                e.search = AgentEpisode.start(searcher, task.env("dr_mas_search", [searcher.name], p), p)
+                e.search = AgentEpisode.start(searcher, task.env("dr_mas", [searcher.name], p), p)
         if to_search:
             gens = run_turns(
                 generator, [(searcher, e.search.prompt) for e in to_search], derive_seed(seed, 3 * r + 1)

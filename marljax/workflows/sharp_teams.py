@@ -81,7 +81,7 @@ def run_teams(
             if known is not None:
                 run.work[i] = known
                 continue
-            env = task.env("sharp_tools", [worker.name], t.problem)
+            env = task.env("sharp", [worker.name], t.problem)
             run.work[i] = AgentEpisode.start(worker, env, t.problem, text)
             fresh.append(run.work[i])
         run_turns(generator, fresh, derive_seed(seed, i))
