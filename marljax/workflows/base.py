@@ -10,6 +10,11 @@ with the kernels. `rollout` (here, shared) runs play, shapes the rewards
 trainer does everything common (per-agent metrics, buffers, versions, updates,
 checkpoints).
 
+An agent's turn, one completion or a tool episode, goes through
+`marljax.workflows.turns.run_turns`; a workflow that can use tools takes a
+`tools:` option (`turns.ToolsConfig`). A kind that became an option of another
+stays readable from YAML through `register_alias`.
+
     class EchoConfig(BaseWorkflowConfig):
         kind: Literal["echo"] = "echo"
         group_size: int = Field(4, ge=2)
