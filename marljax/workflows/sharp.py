@@ -393,7 +393,8 @@ class SharpWorkflow(Workflow[SharpConfig]):
         trajectories, handed to each of the slot's rows."""
         K = 1 + len(self.cfg.workers)
         slots = episodes["slot"]
-        first = np.unique(slots, return_index=True)[1]  # a slot's rows share its reward
+        # a slot's rows share its reward, up to each row's own overlong penalty: its first row's counts
+        first = np.unique(slots, return_index=True)[1]
         rewards = episodes.array("reward")[first].reshape(-1, K)
         groups = episodes.array("group")[first][::K]
         advantages = kernels.sharp_advantages(rewards, groups, episodes.num_problems)
