@@ -3,7 +3,8 @@
 Random tiny models never call a tool nor answer, so RL on the tool workflows gets no reward.
 As the code demo does (`marljax.demo.teacher`), a teacher plays every agent's turns on the
 generated tasks, in the exact formats the workflows parse, but slips on purpose at a stated rate
-in ways only the team's reward tells apart:
+in ways only the team's reward tells apart (each setup is named as its shipped config,
+`configs/<name>_tiny.yaml`: `dr_mas`, `sharp` and `at_grpo` with `tools:`):
 
 * ``dr_mas_search``: the router says ``answer`` after the first search (the notes hold the city,
   not the country); the answer agent copies the city instead of the country.
@@ -47,7 +48,7 @@ def _facts(prompt: str) -> tuple[str, dict[str, str], dict[str, str]]:
 
 
 def teacher(kind: str, slips: float, seed: int = 0):
-    """The sloppy teacher of workflow `kind`: a `ScriptedGenerator` script that slips at rate `slips`
+    """The sloppy teacher of tool setup `kind` (module doc): a `ScriptedGenerator` script that slips at rate `slips`
     (module doc); each call draws its own slip, so a prompt's demonstrations hold both habits."""
     rng = random.Random(f"marljax-tool-teacher:{kind}:{seed}")
 
@@ -228,7 +229,7 @@ def warm_started_run(
     changes: dict | None = None,
     evaluate: int = 0,
 ) -> list[dict]:
-    """SFT a tiny model on workflow `kind`'s sloppy teacher (shipped tiny config, one shared policy),
+    """SFT a tiny model on tool setup `kind`'s sloppy teacher (shipped tiny config, one shared policy),
     then `rl_steps` of RL; the run's metrics records (one per RL step). `changes` updates the config
     dict (dotted keys) before both stages, after `RECIPE_CHANGES`.
 

@@ -1,9 +1,4 @@
-"""The environment protocols: roles act on a state turn by turn, text in and text out.
-
-`Env` is the batched form of AT-GRPO's tree sampling: at each turn every role
-gets a request built from the problem and the state, answers with K
-candidates, and `step` scores all candidates of all problems at once and moves
-each problem to its next state along its best branch.
+"""The environment protocol: agents act on a state turn by turn, text in and text out.
 
 `TextEnv` is one episode of a multi-turn environment (tool use, games): `reset`
 gives the first observation, each `step(agent, action_text)` the next one with
@@ -12,19 +7,21 @@ policies, tokens or optimisers, uses no JAX, and two episodes reset with the
 same problem and seed see the same observations for the same actions. One
 object holds one episode: a workflow makes one per episode with `EnvSpec`'s
 factory or the environment's constructor.
+
+AT-GRPO's tree (`marljax.workflows.at_grpo`) scores K candidates per role from copies of one
+state in a batch (`envs.code.CodeEnv`, `envs.grid.PlanEnv`): each problem's `TurnResult`, whose
+best branch (`best_branch`) continues.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from typing import Any, Protocol, TypeVar, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from marljax.rewards import Problem, Verifier
-
-State = TypeVar("State")
+from marljax.rewards import Problem
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,32 +65,14 @@ class TextEnv(Protocol):
 
 @dataclasses.dataclass(frozen=True)
 class TurnResult:
-    """One problem's turn: per role, the K candidates' rewards and pass flags and the best index."""
+    """One problem's turn of AT-GRPO's tree: per role, the K candidates' rewards and pass flags and
+    the best index; the state its best branches lead to, and whether that solves the problem."""
 
     rewards: dict[str, list[float]]
     passed: dict[str, list[bool]]
     best: dict[str, int]
     state: Any
     solved: bool
-
-
-class Env(Protocol[State]):
-    roles: tuple[str, ...]  # the agents that act each turn, in order
-
-    def start(self, problem: Problem) -> State:
-        """The state before the first turn."""
-
-    def request(self, problem: Problem, state: State, role: str, turn: int) -> tuple[str, str, str]:
-        """(problem text, feedback, history) of `role`'s prompt at `state`."""
-
-    def step(
-        self,
-        problems: Sequence[Problem],
-        states: Sequence[State],
-        texts: Sequence[dict[str, list[str]]],
-        verifier: Verifier,
-    ) -> list[TurnResult]:
-        """Score each problem's candidates (`texts[i][role]`, K each) and continue its best branch."""
 
 
 def best_branch(rewards: Sequence[float]) -> int:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -95,6 +96,10 @@ class CodeEnv:
 
     def start(self, problem: Problem) -> CodeState:
         return CodeState()
+
+    def prompt(self, agent: Any, problem: Problem, state: Any, role: str, turn: int) -> Any:
+        """`agent`'s prompt at `state`: `request` in its template (`Agent.render_in_context`)."""
+        return agent.render_in_context(*self.request(problem, state, role, turn))
 
     def request(self, problem: Problem, s: CodeState, role: str, turn: int) -> tuple[str, str, str]:
         """(problem text, feedback, history); feedback and history only from turn 1 on."""

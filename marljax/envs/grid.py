@@ -153,6 +153,10 @@ class PlanEnv:
             )
         return PlanState(tuple(problem.fields["start"]))
 
+    def prompt(self, agent: Any, problem: Problem, state: Any, role: str, turn: int) -> Any:
+        """`agent`'s prompt at `state`: `request` in its template (`Agent.render_in_context`)."""
+        return agent.render_in_context(*self.request(problem, state, role, turn))
+
     def request(self, problem: Problem, state: PlanState, role: str, turn: int) -> tuple[str, str, str]:
         """(problem text, feedback, history) for the planner at ``state``."""
         text = grid_prompt(problem.fields, state.pos)

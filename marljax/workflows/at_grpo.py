@@ -13,10 +13,12 @@ problem. ``grouping`` swaps the key for the ablations of docs/fidelity.md:
 (one group per problem). Agents act with ``agent.policy``: one shared policy with role
 prompts or one policy per role, with no difference here.
 
-The environment (`marljax.envs.Env`) holds the task: ``code`` is the coder +
-tester of :mod:`marljax.envs.code` (rewards there), ``plan`` the grid game of
-:mod:`marljax.envs.grid` with one planner. A tree ends early once its best
-branch solves the problem (``stop_when_solved``).
+The tree's environment holds the task: ``code`` is the coder + tester of
+:mod:`marljax.envs.code` (rewards there), ``plan`` the grid game of
+:mod:`marljax.envs.grid` with one planner, and with ``tools:`` a tool agent and
+the planner (:mod:`marljax.workflows.tool_tree`), who act one after the other
+within a turn, each stage's candidates continuing the previous stage's best.
+A tree ends early once its best branch solves the problem (``stop_when_solved``).
 """
 
 from __future__ import annotations
@@ -30,13 +32,23 @@ import numpy as np
 from pydantic import Field, model_validator
 
 from marljax import kernels
-from marljax.envs import Env, TurnResult
+from marljax.envs import TurnResult
 from marljax.envs.code import CodeEnv
 from marljax.envs.grid import PlanEnv
+from marljax.envs.tool_calls import parse_tool_calls
 from marljax.rewards import Problem, Verifier
 from marljax.seeds import derive_seed
-from marljax.workflows.base import Agent, BaseWorkflowConfig, Generator, Workflow, register_workflow
+from marljax.workflows.base import (
+    Agent,
+    BaseWorkflowConfig,
+    Generator,
+    Workflow,
+    register_alias,
+    register_workflow,
+)
 from marljax.workflows.episodes import Episodes
+from marljax.workflows.tool_tree import ToolTree
+from marljax.workflows.turns import ToolsConfig, run_turns
 from marljax.workflows.types import Generation
 
 
@@ -49,7 +61,9 @@ class AtGrpoConfig(BaseWorkflowConfig):
     tester: str | None = Field(
         "tester", description="agent writing assert tests (task code); None: coder alone"
     )
-    planner: str | None = Field("planner", description="agent planning moves (task plan)")
+    planner: str | None = Field(
+        "planner", description="agent planning moves (task plan; with tools: committing moves or the answer)"
+    )
     num_candidates: int = Field(4, ge=2, description="K: candidates per agent per turn")
     num_turns: int = Field(2, ge=1)
     estimator: Literal["grpo", "dr_grpo"] = "grpo"
@@ -65,6 +79,22 @@ class AtGrpoConfig(BaseWorkflowConfig):
     pool_size: int | None = Field(
         None, ge=2, description="problems per group with grouping 'pooled' (batch order); required there"
     )
+    tool_agent: str = Field("tool_agent", description="with tools: agent calling the tools")
+    tools: ToolsConfig | None = Field(
+        None, description="a tool agent before the planner each turn (tools.task plan or math); None: task"
+    )
+
+    @model_validator(mode="after")
+    def _tools(self):
+        if self.tools is None:
+            return self
+        if self.tool_agent == self.planner:
+            raise ValueError("tool_agent and planner must be different agents")
+        if self.tools.task not in ("plan", "math"):
+            raise ValueError(f"at_grpo with tools runs tools.task plan or math, got {self.tools.task!r}")
+        if self.tools.multi_turn != "per_turn":
+            raise ValueError("at_grpo trains each candidate as one sample: set tools.multi_turn: per_turn")
+        return self
 
     @model_validator(mode="after")
     def _pool(self):
@@ -77,7 +107,9 @@ class AtGrpoConfig(BaseWorkflowConfig):
 
     def check_agents(self, agents: Mapping[str, Any]):
         roles = (
-            (("coder", self.coder), ("tester", self.tester))
+            (("tool_agent", self.tool_agent), ("planner", self.planner))
+            if self.tools is not None
+            else (("coder", self.coder), ("tester", self.tester))
             if self.task == "code"
             else (("planner", self.planner),)
         )
@@ -87,7 +119,7 @@ class AtGrpoConfig(BaseWorkflowConfig):
                 found.append(((key,), f"task {self.task!r} needs workflow.{key}", None))
             elif name is not None and name not in agents:
                 found.append(((key,), f"unknown agent; known: {', '.join(agents)}", name))
-        if self.task == "code" and self.tester == self.coder:
+        if self.tools is None and self.task == "code" and self.tester == self.coder:
             found.append((("tester",), "coder and tester must be different agents", self.tester))
         return found
 
@@ -95,10 +127,12 @@ class AtGrpoConfig(BaseWorkflowConfig):
 @dataclasses.dataclass(frozen=True)
 class Candidate:
     """One sampled candidate of the tree: `node = (turn * A + agent) * K + k` within its problem's tree,
-    `parent` the node of the same agent's branch chosen at the previous turn (-1 at turn 0)."""
+    `parent` the node of the same agent's branch chosen at the previous turn (-1 at turn 0), or in a
+    tree of stages (`chained`) the best candidate of the previous stage; `depth` its stage's index."""
 
     problem: int
     turn: int
+    depth: int
     agent: int  # index into the env's roles
     node: int
     parent: int
@@ -134,8 +168,14 @@ def turnwise_advantages(
 @register_workflow("at_grpo")
 class AtGrpoWorkflow(Workflow[AtGrpoConfig]):
     @functools.cached_property
-    def env(self) -> Env:
+    def env(self) -> CodeEnv | PlanEnv | ToolTree:
+        """The tree's environment: `roles`, `start`, `prompt` and a batched `step` that scores K
+        candidates per role and continues each problem's best branch (`marljax.envs.TurnResult`);
+        optionally `stages` (the roles acting together, in order, each turn; default all at once) and
+        `chained` (a stage's candidates continue the previous stage's best, not their role's own)."""
         c = self.cfg
+        if c.tools is not None:
+            return ToolTree(c.tool_agent, c.planner, c.tools)
         return (
             PlanEnv(c.planner)
             if c.task == "plan"
@@ -151,11 +191,14 @@ class AtGrpoWorkflow(Workflow[AtGrpoConfig]):
         seed: int,
         n: int,
     ) -> tuple[list[Candidate], list[TurnResult | None]]:
-        """Tree sampling with `n` candidates per agent per turn: every candidate, and each problem's last turn."""
-        roles, A = self.env.roles, len(self.env.roles)
-        states = [self.env.start(p) for p in problems]
+        """Tree sampling with `n` candidates per agent per turn: every candidate, and each problem's
+        last stage. A turn is the env's `stages` (default: all roles at once), one generate call each."""
+        env, roles, A = self.env, self.env.roles, len(self.env.roles)
+        stages = getattr(env, "stages", (roles,))
+        states = [env.start(p) for p in problems]
         last: list[TurnResult | None] = [None] * len(problems)
         chosen: dict[tuple[int, int], int] = {}  # (problem, agent) -> node of the branch that continues
+        latest: dict[int, int] = {}  # problem -> the best node of its latest stage (chained stages)
         candidates = []
         for t in range(self.cfg.num_turns):
             active = [
@@ -165,36 +208,43 @@ class AtGrpoWorkflow(Workflow[AtGrpoConfig]):
             ]
             if not active:
                 break
-            requests = [
-                (agents[r], agents[r].render_in_context(*self.env.request(problems[i], states[i], r, t)))
-                for i in active
-                for r in roles
-            ]
-            gens = generator.generate(requests, n, derive_seed(seed, t))  # one call: one batch per policy
-            texts = [
-                {r: [g.text for g in gens[j * A + a]] for a, r in enumerate(roles)}
-                for j in range(len(active))
-            ]
-            results = self.env.step(
-                [problems[i] for i in active], [states[i] for i in active], texts, verifier
-            )
-            for j, (i, res) in enumerate(zip(active, results)):
-                for a, r in enumerate(roles):
-                    for k in range(n):
-                        candidates.append(
+            for s, stage in enumerate(stages):
+                depth, R = t * len(stages) + s, len(stage)
+                requests = [
+                    (agents[r], env.prompt(agents[r], problems[i], states[i], r, t))
+                    for i in active
+                    for r in stage
+                ]
+                gens = run_turns(generator, requests, derive_seed(seed, depth), n)  # one batch per policy
+                texts = [
+                    {r: [g.text for g in gens[j * R + q]] for q, r in enumerate(stage)}
+                    for j in range(len(active))
+                ]
+                results = env.step(
+                    [problems[i] for i in active], [states[i] for i in active], texts, verifier
+                )
+                for j, (i, res) in enumerate(zip(active, results)):
+                    parent = latest.get(i, -1)
+                    for q, r in enumerate(stage):
+                        a = roles.index(r)
+                        if not getattr(env, "chained", False):
+                            parent = chosen.get((i, a), -1)
+                        candidates += [
                             Candidate(
                                 i,
                                 t,
+                                depth,
                                 a,
                                 (t * A + a) * n + k,
-                                chosen.get((i, a), -1),
-                                gens[j * A + a][k],
+                                parent,
+                                gens[j * R + q][k],
                                 res.rewards[r][k],
                                 res.passed[r][k],
                             )
-                        )
-                    chosen[(i, a)] = (t * A + a) * n + res.best[r]
-                states[i], last[i] = res.state, res
+                            for k in range(n)
+                        ]
+                        chosen[(i, a)] = latest[i] = (t * A + a) * n + res.best[r]
+                    states[i], last[i] = res.state, res
         return candidates, last
 
     def play(
@@ -205,7 +255,6 @@ class AtGrpoWorkflow(Workflow[AtGrpoConfig]):
         verifier: Verifier,
         seed: int,
     ) -> Episodes:
-        roles = self.env.roles
         candidates, last = self.sample_tree(
             problems, agents, generator, verifier, seed, self.cfg.num_candidates
         )
@@ -217,26 +266,39 @@ class AtGrpoWorkflow(Workflow[AtGrpoConfig]):
                 episode=c.problem,
                 node=c.node,
                 parent=c.parent,
-                depth=c.turn,
+                depth=c.depth,
                 turn=c.turn,
                 reward=c.reward,
                 passed=c.passed,
                 agent=c.agent,
             )
+        episodes.extras.update(self._extras(candidates, last, len(problems)))
+        return episodes
+
+    def _extras(self, candidates: list[Candidate], last: list[TurnResult], P: int) -> dict[str, float]:
+        turns = float(np.mean([1 + max(c.turn for c in candidates if c.problem == i) for i in range(P)]))
+        if self.cfg.tools is not None:
+            tool = [c for c in candidates if c.agent == 0]
+            return {
+                "team/reward": float(np.mean([r.state.last_reward for r in last])),
+                "team/pass_rate": float(np.mean([r.solved for r in last])),
+                "at_grpo/turns": turns,
+                "tools/call_frac": float(
+                    np.mean([bool(parse_tool_calls(c.generation.text).attempted) for c in tool])
+                ),
+                "tools/process_reward": float(np.mean([c.reward for c in tool])),
+            }
         group_best: dict[tuple[int, int, int], float] = {}  # best reward of each (problem, turn, agent)
         for c in candidates:
             key = (c.problem, c.turn, c.agent)
             group_best[key] = max(group_best.get(key, -np.inf), c.reward)
-        extras = episodes.extras
-        for a, name in enumerate(roles):
-            extras[f"agent/{name}/best_reward"] = float(
-                np.mean([v for key, v in group_best.items() if key[2] == a])
-            )
-        extras["at_grpo/turns"] = float(
-            np.mean([1 + max(c.turn for c in candidates if c.problem == i) for i in range(len(problems))])
-        )
+        extras = {
+            f"agent/{name}/best_reward": float(np.mean([v for key, v in group_best.items() if key[2] == a]))
+            for a, name in enumerate(self.env.roles)
+        }
+        extras["at_grpo/turns"] = turns
         extras["at_grpo/solved"] = float(np.mean([r.solved for r in last]))
-        return episodes
+        return extras
 
     def credit(self, episodes: Episodes):
         """GRPO within each (problem, turn, agent) group of candidates (`grouping`, `pool_size`)."""
@@ -256,9 +318,25 @@ class AtGrpoWorkflow(Workflow[AtGrpoConfig]):
         """One (greedy, with a greedy generator) candidate per agent per turn; the final state counts:
         pass@1 of the coder's last code (all tests), or the planner's success (goal reached)."""
         _, last = self.sample_tree(problems, agents, generator, verifier, 0, 1)
+        if self.cfg.tools is not None:
+            return {
+                "eval/team/pass_at_1": float(np.mean([r.solved for r in last])),
+                "eval/team/reward": float(np.mean([r.state.last_reward for r in last])),
+            }
         main = self.env.roles[0]
         name = "success" if self.cfg.task == "plan" else "pass_at_1"
         return {
             f"eval/{main}/{name}": float(np.mean([r.solved for r in last])),
             f"eval/{main}/reward": float(np.mean([r.rewards[main][r.best[main]] for r in last])),
         }
+
+
+def _from_at_grpo_tools(v: dict) -> dict:
+    """`kind: at_grpo_tools` (AT-GRPO with tools before it was an option) as `kind: at_grpo`."""
+    v = dict(v, kind="at_grpo")
+    v["planner"] = v.pop("plan_agent", "plan_agent")
+    v.setdefault("tools", {"task": "plan", "multi_turn": "per_turn"})
+    return v
+
+
+register_alias("at_grpo_tools", _from_at_grpo_tools)

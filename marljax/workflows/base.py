@@ -10,6 +10,11 @@ with the kernels. `rollout` (here, shared) runs play, shapes the rewards
 trainer does everything common (per-agent metrics, buffers, versions, updates,
 checkpoints).
 
+An agent's turn, one completion or a tool episode, goes through
+`marljax.workflows.turns.run_turns`; a workflow that can use tools takes a
+`tools:` option (`turns.ToolsConfig`). A kind that became an option of another
+stays readable from YAML through `register_alias`.
+
     class EchoConfig(BaseWorkflowConfig):
         kind: Literal["echo"] = "echo"
         group_size: int = Field(4, ge=2)
@@ -323,6 +328,25 @@ def register_workflow(kind: str) -> Callable[[type[Workflow]], type[Workflow]]:
         return cls
 
     return register
+
+
+# old kind -> how its YAML section reads as a registered kind's (a workflow that became an option
+# of another, e.g. `sharp_tools` -> `sharp` with `tools`); the run config applies it before validating
+ALIASES: dict[str, Callable[[dict], dict]] = {}
+
+
+def register_alias(kind: str, rewrite: Callable[[dict], dict]) -> None:
+    """Keep `workflow.kind: <kind>` working: `rewrite` turns such a section into a registered kind's."""
+    if kind in REGISTRY:
+        raise ValueError(f"workflow kind {kind!r} is registered; it cannot also be an alias")
+    ALIASES[kind] = rewrite
+
+
+def resolve_alias(section: Any) -> Any:
+    """A `workflow` section with an alias kind rewritten (anything else as it is)."""
+    if isinstance(section, Mapping) and section.get("kind") in ALIASES:
+        return ALIASES[section["kind"]](dict(section))
+    return section
 
 
 def _qualified(cls: type) -> str:

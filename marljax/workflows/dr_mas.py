@@ -21,6 +21,13 @@ name; with neither, the default order applies. A named agent whose `max_loops`
 turns are spent yields to the other; when only one agent has turns left the
 router is not asked.
 
+With tools (`tools:`), the team is Dr. MAS's search orchestrator instead: a router, a search agent
+and an answer agent in rounds (`marljax.workflows.search_rounds`). Reward: the answer's score R
+for every turn of every agent, plus ``process_weight`` times the search agent's tool-process
+reward for its turns; credit agent-wise per problem as below. The router's and the search agent's
+turns train as one sequence each with the notes and tool results masked, or one sample per turn
+(`tools.multi_turn`).
+
 Rewards: the episode reward R is the fraction of all tests (public and
 private) passed by the final program (math: the answer is right). Every solver
 and router turn gets R; a verifier turn gets 1 when its verdict was right
@@ -41,6 +48,7 @@ baseline whose gradient amplification `(sigma_k^2 + (mu_k - mu)^2) / sigma^2`
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
@@ -53,9 +61,18 @@ from marljax import kernels
 from marljax.rewards import Problem, Score, Verifier, extract_code, public_feedback
 from marljax.seeds import derive_seed
 from marljax.shapes import power_of_two_bucket
-from marljax.workflows.base import Agent, BaseWorkflowConfig, Generator, Workflow, register_workflow
+from marljax.workflows.base import (
+    Agent,
+    BaseWorkflowConfig,
+    Generator,
+    Workflow,
+    register_alias,
+    register_workflow,
+)
 from marljax.workflows.diversity import grouped_diversity
-from marljax.workflows.episodes import Episodes
+from marljax.workflows.episodes import Episodes, agentwise_advantages
+from marljax.workflows.search_rounds import play_rounds, round_episodes, route_mentions
+from marljax.workflows.turns import TaskTools, ToolsConfig, run_turns
 from marljax.workflows.types import Generation, Prompt
 
 ROLES = ("solver", "verifier", "router")
@@ -68,16 +85,6 @@ def parse_verdict(text: str) -> tuple[bool, str]:
     if m is None:
         return False, text.strip()
     return m.group(1).upper() == "ACCEPT", text[m.end() :].strip(" \t\n:.-")
-
-
-def route_mentions(text: str, names: Sequence[str]) -> list[str]:
-    """The mentions of `names` in `text` (whole words, any case), in the order they occur."""
-    hits = [
-        (m.start(), name)
-        for name in names
-        for m in re.finditer(rf"(?<!\w){re.escape(name)}(?!\w)", text, re.I)
-    ]
-    return [name for _, name in sorted(hits)]
 
 
 def parse_route(text: str, names: Sequence[str]) -> str | None:
@@ -128,12 +135,28 @@ class DrMasConfig(BaseWorkflowConfig):
         "zero",
         description="advantage of an agent's only turn in its problem group: 0, or its reward (DrMAS's code)",
     )
+    tools: ToolsConfig | None = Field(
+        None, description="the search orchestrator (router -> searcher -> answerer); None: solver / verifier"
+    )
+    searcher: str = Field("searcher", description="with tools: agent calling the tools")
+    answerer: str = Field("answerer", description="with tools: agent writing the final answer from the notes")
+    max_rounds: int = Field(
+        3, ge=1, description="with tools: rounds of an episode; the last one always answers"
+    )
+    process_weight: float = Field(
+        0.0, ge=0, description="with tools: weight of the search agent's tool-process reward"
+    )
 
     @model_validator(mode="after")
     def _distinct(self):
-        names = [n for n in (self.solver, self.verifier, self.router) if n is not None]
+        names = [n for n in self.names.values() if n is not None]
         if len(set(names)) != len(names):
-            raise ValueError(f"solver, verifier and router must be different agents, got {names}")
+            raise ValueError(f"{', '.join(self.names)} must be different agents, got {names}")
+        if self.tools is not None:
+            if self.router is None:
+                raise ValueError("dr_mas with tools needs a router")
+            if self.tools.task == "plan":
+                raise ValueError("dr_mas with tools runs tools.task qa or math")
         return self
 
     def check_agents(self, agents: Mapping[str, Any]):
@@ -146,11 +169,18 @@ class DrMasConfig(BaseWorkflowConfig):
     @property
     def names(self) -> dict[str, str | None]:
         """Role -> agent name (None: no router)."""
+        if self.tools is not None:
+            return {"router": self.router, "searcher": self.searcher, "answerer": self.answerer}
         return {"solver": self.solver, "verifier": self.verifier, "router": self.router}
 
 
 @register_workflow("dr_mas")
 class DrMasWorkflow(Workflow[DrMasConfig]):
+    @functools.cached_property
+    def task(self) -> TaskTools:
+        """The configured task's tools and answer score (with `tools`)."""
+        return TaskTools(self.cfg.tools)
+
     @property
     def names(self) -> dict[str, str | None]:
         return self.cfg.names
@@ -221,13 +251,14 @@ class DrMasWorkflow(Workflow[DrMasConfig]):
     ) -> list[Episode]:
         agent = {r: agents[self.names[r]] for r in self.roles}
         eps = [Episode(p, i) for i, p in enumerate(problems) for _ in range(G)]
-        gens = generator.generate(
+        gens = run_turns(
+            generator,
             [
                 (agent["solver"], self._prompt("solver", eps[i * G], agent["solver"]))
                 for i in range(len(problems))
             ],
-            G,
             seed,
+            G,
         )
         self._record_solutions(eps, [g for group in gens for g in group], verifier)
         calls = 0  # generate calls after the first
@@ -243,9 +274,9 @@ class DrMasWorkflow(Workflow[DrMasConfig]):
             to_route = [e for e in active if len(self._turns_left(e)) == 2] if "router" in agent else []
             if to_route:  # one router call for every episode that has a choice
                 calls += 1
-                gens = generator.generate(
+                gens = run_turns(
+                    generator,
                     [(agent["router"], self._prompt("router", e, agent["router"])) for e in to_route],
-                    1,
                     derive_seed(seed, calls, "stage"),
                 )
                 for e, (g,) in zip(to_route, gens):
@@ -255,9 +286,9 @@ class DrMasWorkflow(Workflow[DrMasConfig]):
                         e.routed += 1
                         e.next_role = "solver" if named == self.names["solver"] else "verifier"
             calls += 1
-            gens = generator.generate(
+            gens = run_turns(
+                generator,
                 [(agent[e.next_role], self._prompt(e.next_role, e, agent[e.next_role])) for e in active],
-                1,
                 derive_seed(seed, calls, "stage"),
             )
             solved = [(e, g) for e, (g,) in zip(active, gens) if e.next_role == "solver"]
@@ -276,6 +307,8 @@ class DrMasWorkflow(Workflow[DrMasConfig]):
         verifier: Verifier,
         seed: int,
     ) -> Episodes:
+        if self.cfg.tools is not None:
+            return self._play_search(problems, agents, generator, seed)
         eps = self._episodes(problems, agents, generator, verifier, seed, self.cfg.group_size)
         episodes = Episodes(len(problems))
         episodes.context["episodes"] = eps
@@ -296,8 +329,16 @@ class DrMasWorkflow(Workflow[DrMasConfig]):
                 )
         return episodes
 
+    def _play_search(self, problems, agents, generator, seed) -> Episodes:
+        c = self.cfg
+        played = play_rounds(c, self.task, problems, agents, generator, seed, c.group_size)
+        scores = [self.task.score(problems[e.problem], e.answer) for e in played]
+        return round_episodes(problems, played, scores, c.process_weight, c.tools.multi_turn)
+
     def credit(self, episodes: Episodes):
         """Dr. MAS: each agent's rewards normalised per problem (or all agents together: `global`)."""
+        if self.cfg.tools is not None:  # router, searcher, answerer
+            return agentwise_advantages(episodes, 3)
         N, P = len(episodes), episodes.num_problems
         # padded to a power of two (masked out) so the jitted kernels compile for few sizes
         size = power_of_two_bucket(N)
@@ -349,6 +390,13 @@ class DrMasWorkflow(Workflow[DrMasConfig]):
         train_generator: Generator | None = None,
     ) -> dict[str, float]:
         """One (greedy, with a greedy generator) episode per held-out problem: the team's pass@1."""
+        if self.cfg.tools is not None:
+            played = play_rounds(self.cfg, self.task, problems, agents, generator, 0, 1)
+            scores = np.array([self.task.score(problems[e.problem], e.answer) for e in played])
+            return {
+                "eval/team/pass_at_1": float((scores == 1.0).mean()),
+                "eval/team/reward": float(scores.mean()),
+            }
         eps = self._episodes(problems, agents, generator, verifier, 0, 1)
         verdicts = [turn.reward for e in eps for turn in e.turns if turn.role == "verifier"]
         return {
@@ -357,3 +405,14 @@ class DrMasWorkflow(Workflow[DrMasConfig]):
             "eval/team/loops": float(np.mean([e.used["solver"] for e in eps])),
             f"eval/{self.names['verifier']}/accuracy": float(np.mean(verdicts)) if verdicts else 0.0,
         }
+
+
+def _from_dr_mas_search(v: dict) -> dict:
+    """`kind: dr_mas_search` (the search orchestrator before it was an option) as `kind: dr_mas`."""
+    v = dict(v, kind="dr_mas")
+    v.setdefault("router", "router")
+    v.setdefault("tools", {})
+    return v
+
+
+register_alias("dr_mas_search", _from_dr_mas_search)

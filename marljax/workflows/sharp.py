@@ -18,24 +18,36 @@ programs per episode) or `sampled_shapley_values` (`shapley: sampled`: only
 the coalitions its permutations visit are run in the sandbox); `shapley:
 counterfactual` is the paper's practical form, masking one agent at a time:
 ``phi_k = v(all) - v(all without k)`` (`marljax.kernels.leave_one_out_credit`,
-W + 1 programs per episode). `marljax.workflows.sharp_tools` is SHARP with
-tool-using workers.
+W + 1 programs per episode).
 
 Reward of agent k (`marljax.kernels.sharp_rewards`):
 ``r_k = w_g * R + w_s * phi_k + w_p * process_k``, R = v(all) the team's
-outcome. Process reward (ours; the paper's is tool-call success, which `sharp_tools` has): the planner
+outcome. Process reward (ours; the paper's is tool-call success, which the tool form has): the planner
 gets 1 when its plan lists exactly sub-tasks 1..W; a worker gets 1 when its
 code parses and defines what its part needs: the last worker the entry point
 (`Problem.entry_point`; any code for a stdin program), the others at
 least one top-level function or class. Advantages: each agent's rewards
 normalised among its own G episodes of the problem (`sharp_advantages`).
+
+With tools (`tools:`, task ``qa`` or ``math``), the planner splits the question into one numbered
+sub-question per worker, and the workers act in order, each in its own tool episode
+(`marljax.workflows.turns`) given the question, the plan, its sub-task and the answers of the
+workers before it; the team's answer is the last worker's, its score the outcome R. The value
+v(S) of a coalition is the score of the team run with the agents outside S masked: a masked
+planner's plan reads "(no plan)", a masked worker does not act and is left out of the later
+workers' notes, and the answer is that of the last worker in S (none: 0). Later workers whose
+input changes act again (sampled, not trained); a worker whose input is unchanged keeps its
+answer. ``shapley: counterfactual`` masks one agent at a time, ``exact`` runs every coalition.
+A worker's process reward is its tool-process reward (`turns.process_reward`), and its turns
+train as one sequence with the tool results masked, or one sample per turn (`tools.multi_turn`);
+all rows of an agent's turn share its advantage.
 """
 
 from __future__ import annotations
 
 import ast
 import dataclasses
-import re
+import functools
 from collections.abc import Mapping, Sequence
 from typing import Literal
 
@@ -47,79 +59,34 @@ from pydantic import Field, model_validator
 from marljax import kernels
 from marljax.rewards import Problem, Verifier, extract_code
 from marljax.seeds import derive_seed
-from marljax.workflows.base import Agent, BaseWorkflowConfig, Generator, Workflow, register_workflow
+from marljax.workflows.base import (
+    Agent,
+    BaseWorkflowConfig,
+    Generator,
+    Workflow,
+    register_alias,
+    register_workflow,
+)
 from marljax.workflows.diversity import grouped_diversity
 from marljax.workflows.episodes import Episodes
+from marljax.workflows.shapley import coalition_code, sampled_coalitions, shapley_credit, team_value_table
+from marljax.workflows.sharp_teams import TeamRun, parse_subtasks, run_teams
+from marljax.workflows.turns import TaskTools, ToolsConfig, episode_generations, process_reward, run_turns
 from marljax.workflows.types import Generation
 
 MAX_EXACT_WORKERS = 8  # 2^8 programs per episode; beyond, use shapley: sampled
-_ITEM = re.compile(r"^\s*(?:step\s*)?(\d+)\s*[.):]\s*(.+?)\s*$", re.I | re.M)
+MAX_TOOL_WORKERS = 4  # each coalition re-runs the later workers' tool episodes
 
 
-def parse_subtasks(text: str) -> dict[int, str]:
-    """Numbered sub-tasks of a plan: `1. ...`, `2) ...`, `Step 3: ...`; the first of each number wins."""
-    items: dict[int, str] = {}
-    for m in _ITEM.finditer(text):
-        items.setdefault(int(m.group(1)), m.group(2))
-    return items
-
-
-def coalition_code(codes: Sequence[str], members: int) -> str:
-    """The team program of a worker coalition (bit i of `members`: worker i): members' code in worker
-    order, everyone else's masked out."""
-    return "\n\n".join(c for i, c in enumerate(codes) if members >> i & 1 and c.strip())
-
-
-def team_value_table(worker_values: np.ndarray) -> np.ndarray:
-    """`[2^W]` worker-coalition values -> `[2^(W+1)]` with the planner as player 0 (bit 0):
-    ``v(S) = w(S >> 1)`` when the planner is in S, else ``w(0)`` (no plan: as if no worker wrote code)."""
-    idx = np.arange(2 * len(worker_values))
-    return np.where(idx & 1, worker_values[idx >> 1], worker_values[0]).astype(np.float32)
-
-
-def sampled_coalitions(num_players: int, keys: jax.Array, num_permutations: int) -> list[list[int]]:
-    """Per key `[N, 2]`: the coalitions `sampled_shapley_values(..., key, num_permutations)` visits
-    (bitmask indices), found by running the kernel once with a recording value function."""
-    seen: list[set[int]] = [set() for _ in range(len(keys))]
-
-    def record(c):  # c: [N, orders, K + 1, K], the outer vmap first
-        idx = (np.asarray(c, np.int64) << np.arange(num_players)).sum(-1)
-        for n, rows in enumerate(idx.reshape(len(seen), -1)):
-            seen[n].update(rows.tolist())
-        return np.zeros(idx.shape, np.float32)
-
-    def probe(c):  # the kernel vmaps it; the callback sees all coalitions at once
-        return jax.pure_callback(record, jax.ShapeDtypeStruct((), jnp.float32), c, vmap_method="expand_dims")
-
-    run = jax.vmap(lambda key: kernels.sampled_shapley_values(probe, num_players, key, num_permutations)[0])
-    jax.block_until_ready(run(keys))
-    return [sorted(s) for s in seen]
-
-
-def shapley_credit(
-    tables: np.ndarray, method: str = "exact", keys: jax.Array | None = None, num_permutations: int = 8
-) -> np.ndarray:
-    """Shapley value of each player `[N, K]` from bitmask-indexed tables `[N, 2^K]`; `sampled` with one
-    PRNG key per table `[N, 2]` (entries its permutations never visit may be NaN)."""
-    tables = jnp.asarray(tables, jnp.float32)
-    if method == "exact":
-        return np.asarray(kernels.shapley_values(tables))
-    if method == "counterfactual":
-        return np.asarray(kernels.leave_one_out_credit(tables))
-    num_players = int(tables.shape[-1]).bit_length() - 1
-
-    def one(table, key):
-        return kernels.sampled_shapley_values(
-            lambda c: table[kernels.coalition_index(c)], num_players, key, num_permutations
-        )[0]
-
-    return np.asarray(jax.vmap(one)(tables, keys))
+def plan_lists_subtasks(plan: str, workers: int) -> float:
+    """The planner's process reward: 1 when its plan lists exactly sub-tasks 1..`workers`."""
+    return float(sorted(parse_subtasks(plan)) == list(range(1, workers + 1)))
 
 
 def process_rewards(plan: str, texts: Sequence[str], entry: str | None) -> np.ndarray:
     """`[1 + W]`: the planner's (plan lists sub-tasks 1..W) then each worker's (module doc)."""
     W = len(texts)
-    out = [float(sorted(parse_subtasks(plan)) == list(range(1, W + 1)))]
+    out = [plan_lists_subtasks(plan, W)]
     for i, text in enumerate(texts):
         got = extract_code(text)
         if not got.syntax_ok:
@@ -146,10 +113,11 @@ class Trajectory:
         return [extract_code(g.text).code for g in self.work]
 
 
-class SharpTeamConfig(BaseWorkflowConfig):
-    """What SHARP's workflows share: a planner and its workers, episodes per problem, and the
-    weights of the three reward terms."""
+class SharpConfig(BaseWorkflowConfig):
+    """SHARP: planner + workers, Shapley credit over counterfactual programs (or, with tools,
+    counterfactual team runs), per-agent advantages."""
 
+    kind: Literal["sharp"] = "sharp"
     planner: str = Field("planner", description="agent that splits the task into one sub-task per worker")
     workers: list[str] = Field(
         min_length=1,
@@ -161,6 +129,14 @@ class SharpTeamConfig(BaseWorkflowConfig):
         1.0, description="w_s: weight of the agent's Shapley (or counterfactual) credit"
     )
     process_weight: float = Field(0.1, description="w_p: weight of the agent's process reward")
+    shapley: Literal["exact", "sampled", "counterfactual"] = Field(
+        "exact",
+        description="exact / sampled Shapley values, or counterfactual: v(all) - v(all without the agent)",
+    )
+    num_permutations: int = Field(8, ge=1, description="sampled: random orders (each with its reverse)")
+    tools: ToolsConfig | None = Field(
+        None, description="tool-using workers (task qa or math); None: the workers write code"
+    )
 
     @model_validator(mode="after")
     def _distinct_agents(self):
@@ -169,57 +145,59 @@ class SharpTeamConfig(BaseWorkflowConfig):
             raise ValueError(f"planner and workers must be different agents, got {names}")
         return self
 
+    @model_validator(mode="after")
+    def _limits(self):
+        W = len(self.workers)
+        if self.tools is None and self.shapley == "exact" and W > MAX_EXACT_WORKERS:
+            raise ValueError(
+                f"exact Shapley over {W} workers runs 2^{W} "
+                f"programs per episode; use shapley: sampled beyond {MAX_EXACT_WORKERS}"
+            )
+        if self.tools is not None:
+            if self.tools.task == "plan":
+                raise ValueError("sharp with tools runs tools.task qa or math (plan is at_grpo's)")
+            if self.shapley == "sampled":
+                raise ValueError("sharp with tools credits by shapley: counterfactual or exact")
+            if W > MAX_TOOL_WORKERS:
+                raise ValueError(f"sharp with tools takes at most {MAX_TOOL_WORKERS} workers, got {W}")
+        return self
+
     def check_agents(self, agents):
         bad = [(("planner",), self.planner)] if self.planner not in agents else []
         bad += [(("workers", i), w) for i, w in enumerate(self.workers) if w not in agents]
         return [(key, f"unknown agent; known: {', '.join(agents)}", name) for key, name in bad]
 
 
-class SharpConfig(SharpTeamConfig):
-    """SHARP: planner + workers, Shapley credit over counterfactual programs, per-agent advantages."""
-
-    kind: Literal["sharp"] = "sharp"
-    shapley: Literal["exact", "sampled", "counterfactual"] = Field(
-        "exact",
-        description="exact / sampled Shapley values, or counterfactual: v(all) - v(all without the agent)",
-    )
-    num_permutations: int = Field(8, ge=1, description="sampled: random orders (each with its reverse)")
-
-    @model_validator(mode="after")
-    def _exact_limit(self):
-        if self.shapley == "exact" and len(self.workers) > MAX_EXACT_WORKERS:
-            raise ValueError(
-                f"exact Shapley over {len(self.workers)} workers runs 2^{len(self.workers)} "
-                f"programs per episode; use shapley: sampled beyond {MAX_EXACT_WORKERS}"
-            )
-        return self
-
-
 @register_workflow("sharp")
 class SharpWorkflow(Workflow[SharpConfig]):
+    @functools.cached_property
+    def task(self) -> TaskTools:
+        """The configured task's tools and answer score (with `tools`)."""
+        return TaskTools(self.cfg.tools)
+
     def _plan_prompt(self, planner: Agent, problem: Problem) -> str:
         W, fn = len(self.cfg.workers), problem.entry_point
-        last = (
-            f"sub-task {W} writes the entry point `{fn}`" if fn else f"sub-task {W} writes the main program"
-        )
-        return planner.render_in_context(
-            problem.prompt,
-            feedback=f"Split the task into {W} sub-tasks, one per worker, as a numbered list 1..{W}; {last}.",
-        )
+        if self.cfg.tools is not None:
+            split = f"Split the question into {W} sub-questions, one per worker, as a numbered list 1..{W}."
+        else:
+            last = (
+                f"sub-task {W} writes the entry point `{fn}`"
+                if fn
+                else f"sub-task {W} writes the main program"
+            )
+            split = f"Split the task into {W} sub-tasks, one per worker, as a numbered list 1..{W}; {last}."
+        return planner.render_in_context(problem.prompt, feedback=split)
 
-    def _team(
-        self,
-        problems: Sequence[Problem],
-        agents: Mapping[str, Agent],
-        generator: Generator,
-        seed: int,
-        G: int,
-    ) -> list[Trajectory]:
+    def _plans(self, problems, agents, generator, seed, G) -> list[Trajectory]:
+        planner = agents[self.cfg.planner]
+        plans = run_turns(generator, [(planner, self._plan_prompt(planner, p)) for p in problems], seed, G)
+        return [Trajectory(p, i, g) for i, p in enumerate(problems) for g in plans[i]]
+
+    def _team(self, problems, agents, generator, seed: int, G: int) -> list[Trajectory]:
         """Two generate calls: all plans, then every worker of every episode."""
         c = self.cfg
-        planner, workers, W = agents[c.planner], [agents[w] for w in c.workers], len(c.workers)
-        plans = generator.generate([(planner, self._plan_prompt(planner, p)) for p in problems], G, seed)
-        trajs = [Trajectory(p, i, g) for i, p in enumerate(problems) for g in plans[i]]
+        workers, W = [agents[w] for w in c.workers], len(c.workers)
+        trajs = self._plans(problems, agents, generator, seed, G)
         requests = []
         for t in trajs:
             items = parse_subtasks(t.plan.text)
@@ -236,7 +214,7 @@ class SharpWorkflow(Workflow[SharpConfig]):
                         ),
                     )
                 )
-        gens = generator.generate(requests, 1, derive_seed(seed, 1, "stage"))
+        gens = run_turns(generator, requests, derive_seed(seed, 1, "stage"))
         for k, t in enumerate(trajs):
             t.work = [g for (g,) in gens[k * W : (k + 1) * W]]
         return trajs
@@ -265,17 +243,10 @@ class SharpWorkflow(Workflow[SharpConfig]):
             tables[n, m] = res.pass_fraction()
         return tables, len(set(keys))
 
-    def play(
-        self,
-        problems: Sequence[Problem],
-        agents: Mapping[str, Agent],
-        generator: Generator,
-        verifier: Verifier,
-        seed: int,
-    ) -> Episodes:
-        c, G = self.cfg, self.cfg.group_size
-        W, P = len(c.workers), len(problems)
-        trajs = self._team(problems, agents, generator, seed, G)
+    def _play_code(self, problems, agents, generator, verifier, seed):
+        """Code workers: (trajectories, rows per trajectory, outcome, credit, process, extras)."""
+        c, W = self.cfg, len(self.cfg.workers)
+        trajs = self._team(problems, agents, generator, seed, c.group_size)
         full, keys = (1 << W) - 1, None
         if c.shapley == "exact":
             needed = [list(range(1 << W))] * len(trajs)
@@ -297,6 +268,87 @@ class SharpWorkflow(Workflow[SharpConfig]):
         process = np.stack(
             [process_rewards(t.plan.text, [g.text for g in t.work], t.problem.entry_point) for t in trajs]
         )
+        # (agent, generation, node, parent, depth, turn) of each row
+        rows = [
+            [(k, g, k, -1 if k == 0 else 0, min(k, 1), min(k, 1)) for k, g in enumerate((t.plan, *t.work))]
+            for t in trajs
+        ]
+        programs = [
+            [coalition_code(t.codes, full) for t in trajs if t.group == i] for i in range(len(problems))
+        ]
+        extras = {"team/programs_run": float(programs_run), **grouped_diversity(programs, "team")}
+        return trajs, rows, outcome, credit, process, extras
+
+    # ------------------------------------------------------------ tool workers
+    def _coalitions(self) -> list[int]:
+        K = len(self.cfg.workers) + 1
+        full = (1 << K) - 1
+        if self.cfg.shapley == "exact":
+            return [m for m in range(full) if m >> 1]  # the empty-worker coalitions are worth 0
+        return [full ^ (1 << k) for k in range(K) if (full ^ (1 << k)) >> 1]
+
+    def _tool_teams(self, problems, agents, generator, seed, G) -> tuple[list[Trajectory], list[TeamRun]]:
+        trajs = self._plans(problems, agents, generator, seed, G)
+        full = (1 << (len(self.cfg.workers) + 1)) - 1
+        jobs = [(n, full) for n in range(len(trajs))]
+        workers = [agents[w] for w in self.cfg.workers]
+        return trajs, run_teams(trajs, jobs, workers, self.task, generator, derive_seed(seed, 1))
+
+    def _play_tools(self, problems, agents, generator, verifier, seed):
+        """Tool workers: (trajectories, rows per trajectory, outcome, credit, process, extras)."""
+        c, W, K = self.cfg, len(self.cfg.workers), len(self.cfg.workers) + 1
+        trajs, actual = self._tool_teams(problems, agents, generator, seed, c.group_size)
+        N = len(trajs)
+        # the actual runs' worker episodes, by the text each worker was given
+        reuse = {(run.episode, i, w.text): w for run in actual for i, w in enumerate(run.work)}
+        jobs = [(n, m) for n in range(N) for m in self._coalitions()]
+        workers = [agents[w] for w in c.workers]
+        masked = run_teams(trajs, jobs, workers, self.task, generator, derive_seed(seed, 2), reuse)
+        table = np.full((N, 1 << K), np.nan, np.float32)
+        table[:, [m for m in range(1 << K) if not m >> 1]] = 0.0
+        for run in [*actual, *masked]:
+            table[run.episode, run.members] = self.task.score(trajs[run.episode].problem, run.answer)
+        outcome = table[:, (1 << K) - 1]
+        credit = shapley_credit(table, c.shapley)
+        process = np.array(
+            [
+                [plan_lists_subtasks(t.plan.text, W)] + [process_reward(w.steps) for w in run.work]
+                for t, run in zip(trajs, actual)
+            ],
+            np.float32,
+        )
+        rows, fallbacks = [], 0
+        for t, run in zip(trajs, actual):
+            node, own = 0, [(0, t.plan, 0, -1, 0, 0)]
+            for i, w in enumerate(run.work):
+                samples, fell_back = episode_generations(w.turns, c.tools.multi_turn)
+                fallbacks += fell_back
+                for turn, g in enumerate(samples):
+                    node += 1
+                    own.append((i + 1, g, node, 0 if turn == 0 else node - 1, 1 + i, turn))
+            rows.append(own)
+        steps = [s for run in actual for w in run.work for s in w.steps]
+        calls = sum(s.info.get("calls", 0) for s in steps)
+        extras = {
+            "tools/calls_per_episode": calls / N,
+            "tools/valid_call_frac": sum(s.info.get("valid_calls", 0) for s in steps) / max(calls, 1),
+            "tools/answered_frac": float(np.mean([run.answer != "" for run in actual])),
+            "multiturn/fallbacks": float(fallbacks),
+        }
+        return trajs, rows, outcome, credit, process, extras
+
+    # --------------------------------------------------------------- interface
+    def play(
+        self,
+        problems: Sequence[Problem],
+        agents: Mapping[str, Agent],
+        generator: Generator,
+        verifier: Verifier,
+        seed: int,
+    ) -> Episodes:
+        c = self.cfg
+        play = self._play_code if c.tools is None else self._play_tools
+        trajs, rows, outcome, credit, process, extras = play(problems, agents, generator, verifier, seed)
         rewards = np.asarray(
             kernels.sharp_rewards(
                 jnp.asarray(outcome),
@@ -307,42 +359,46 @@ class SharpWorkflow(Workflow[SharpConfig]):
                 process_weight=c.process_weight,
             )
         )
-        team = [agents[c.planner]] + [agents[w] for w in c.workers]
-        # every agent of a trajectory is credited with its team's program: it passes when that program does
-        episodes = Episodes(P, reward_dtype=rewards.dtype)
-        for n, t in enumerate(trajs):
-            for k, g in enumerate((t.plan, *t.work)):
+        K = 1 + len(c.workers)
+        # every agent of a trajectory is credited with its team's outcome: it passes when the team does;
+        # an agent's rows (a tool episode's turns) share its slot, and so its advantage
+        episodes = Episodes(len(problems), reward_dtype=rewards.dtype)
+        for n, (t, own) in enumerate(zip(trajs, rows)):
+            for k, g, node, parent, depth, turn in own:
                 episodes.add(
                     g,
                     problem=t.problem.id,
                     episode=n,
-                    node=k,
-                    parent=-1 if k == 0 else 0,
-                    depth=min(k, 1),
-                    turn=min(k, 1),
+                    node=node,
+                    parent=parent,
+                    depth=depth,
+                    turn=turn,
                     reward=rewards[n, k],
                     passed=outcome[n] == 1.0,
                     group=t.group,
+                    slot=n * K + k,
                 )
-        extras = {
-            "team/reward": float(outcome.mean()),
-            "team/pass_rate": float((outcome == 1.0).mean()),
-            "team/programs_run": float(programs_run),
-        }
-        for k, a in enumerate(team):
-            extras[f"agent/{a.name}/shapley"] = float(credit[:, k].mean())
-            extras[f"agent/{a.name}/process"] = float(process[:, k].mean())
-        programs = [[coalition_code(t.codes, full) for t in trajs if t.group == i] for i in range(P)]
-        extras.update(grouped_diversity(programs, "team"))
+        episodes.extras.update(
+            {"team/reward": float(outcome.mean()), "team/pass_rate": float((outcome == 1.0).mean())}
+        )
+        credit_name = "credit" if c.tools is not None else "shapley"
+        for k, name in enumerate([c.planner, *c.workers]):
+            episodes.extras[f"agent/{name}/{credit_name}"] = float(credit[:, k].mean())
+            episodes.extras[f"agent/{name}/process"] = float(process[:, k].mean())
         episodes.extras.update(extras)
         return episodes
 
     def credit(self, episodes: Episodes):
-        """SHARP's advantages: each agent's rewards normalised within its problem's trajectories."""
+        """SHARP's advantages: each agent's (slot's) reward normalised within its problem's
+        trajectories, handed to each of the slot's rows."""
         K = 1 + len(self.cfg.workers)
-        rewards = episodes.array("reward").reshape(-1, K)
-        groups = episodes.array("group")[::K]
-        return kernels.sharp_advantages(rewards, groups, episodes.num_problems)
+        slots = episodes["slot"]
+        # a slot's rows share its reward, up to each row's own overlong penalty: its first row's counts
+        first = np.unique(slots, return_index=True)[1]
+        rewards = episodes.array("reward")[first].reshape(-1, K)
+        groups = episodes.array("group")[first][::K]
+        advantages = kernels.sharp_advantages(rewards, groups, episodes.num_problems)
+        return np.asarray(advantages).reshape(-1)[slots]
 
     def evaluate(
         self,
@@ -352,11 +408,28 @@ class SharpWorkflow(Workflow[SharpConfig]):
         verifier: Verifier,
         train_generator: Generator | None = None,
     ) -> dict[str, float]:
-        """One (greedy, with a greedy generator) team program per held-out problem: pass@1."""
-        trajs = self._team(problems, agents, generator, 0, 1)
-        full = (1 << len(self.cfg.workers)) - 1
-        outcome = self._values(trajs, verifier, [[full]] * len(trajs))[0][:, full]
+        """One (greedy, with a greedy generator) team per held-out problem: pass@1."""
+        if self.cfg.tools is not None:
+            trajs, actual = self._tool_teams(problems, agents, generator, 0, 1)
+            outcome = np.array([self.task.score(t.problem, run.answer) for t, run in zip(trajs, actual)])
+        else:
+            trajs = self._team(problems, agents, generator, 0, 1)
+            full = (1 << len(self.cfg.workers)) - 1
+            outcome = self._values(trajs, verifier, [[full]] * len(trajs))[0][:, full]
         return {
             "eval/team/pass_at_1": float((outcome == 1.0).mean()),
             "eval/team/reward": float(outcome.mean()),
         }
+
+
+def _from_sharp_tools(v: dict) -> dict:
+    """`kind: sharp_tools` (SHARP with tools before it was an option) as `kind: sharp`."""
+    v = dict(v, kind="sharp")
+    credit = v.pop("credit", "counterfactual")
+    v.setdefault("shapley", "exact" if credit == "shapley" else credit)
+    v.setdefault("process_weight", 0.2)
+    v.setdefault("tools", {})
+    return v
+
+
+register_alias("sharp_tools", _from_sharp_tools)

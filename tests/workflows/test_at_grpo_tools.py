@@ -12,8 +12,19 @@ from marljax.envs.tool_calls import format_tool_call
 from marljax.rewards import SandboxVerifier
 from marljax.tasks import make_arithmetic, make_grid_problems
 from marljax.workflows import REGISTRY
-from marljax.workflows.at_grpo_tools import AtGrpoToolsConfig, AtGrpoToolsWorkflow
-from marljax.workflows.base import Agent, ScriptedGenerator
+from marljax.workflows.at_grpo import AtGrpoConfig, AtGrpoWorkflow
+from marljax.workflows.base import Agent, ScriptedGenerator, resolve_alias
+from marljax.workflows.turns import ToolsConfig
+
+
+def AtGrpoToolsConfig(**options) -> AtGrpoConfig:
+    """AT-GRPO with tools as the old kind `at_grpo_tools` configures it."""
+    return AtGrpoConfig(**resolve_alias({"kind": "at_grpo_tools", **options}))
+
+
+def AtGrpoToolsWorkflow(**options) -> AtGrpoWorkflow:
+    return AtGrpoWorkflow(AtGrpoToolsConfig(**options))
+
 
 GRID = make_grid_problems(1, seed=3)[0]
 AGENTS = {"tool_agent": Agent("tool_agent", "p", "T: "), "plan_agent": Agent("plan_agent", "p", "P: ")}
@@ -45,8 +56,13 @@ def hand_advantages(rewards):
     return (r - r.mean()) / (r.std(ddof=1) + 1e-6)
 
 
-def test_registered():
-    assert REGISTRY["at_grpo_tools"] == (AtGrpoToolsConfig, AtGrpoToolsWorkflow)
+def test_at_grpo_tools_is_at_grpo_with_tools():
+    assert "at_grpo_tools" not in REGISTRY
+    cfg = AtGrpoToolsConfig()
+    assert (cfg.kind, cfg.tool_agent, cfg.planner) == ("at_grpo", "tool_agent", "plan_agent")
+    assert cfg.tools == ToolsConfig(task="plan", multi_turn="per_turn")
+    found = cfg.check_agents({"tool_agent": 1})
+    assert [(k, v) for k, _, v in found] == [(("planner",), "plan_agent")]
 
 
 def test_grid_turn_by_hand():

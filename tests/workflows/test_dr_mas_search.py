@@ -12,8 +12,20 @@ from marljax.envs.tool_calls import format_tool_call
 from marljax.rewards import SandboxVerifier
 from marljax.tasks import make_multihop
 from marljax.workflows import REGISTRY
-from marljax.workflows.base import Agent, ScriptedGenerator
-from marljax.workflows.dr_mas_search import DrMasSearchConfig, DrMasSearchWorkflow, router_choice
+from marljax.workflows.base import Agent, ScriptedGenerator, resolve_alias
+from marljax.workflows.dr_mas import DrMasConfig, DrMasWorkflow
+from marljax.workflows.search_rounds import router_choice
+from marljax.workflows.turns import ToolsConfig
+
+
+def DrMasSearchConfig(**options) -> DrMasConfig:
+    """Dr. MAS's search orchestrator as the old kind `dr_mas_search` configures it."""
+    return DrMasConfig(**resolve_alias({"kind": "dr_mas_search", **options}))
+
+
+def DrMasSearchWorkflow(**options) -> DrMasWorkflow:
+    return DrMasWorkflow(DrMasSearchConfig(**options))
+
 
 PROBLEMS, _ = make_multihop(1, seed=5, hops=[2])
 AGENTS = {name: Agent(name, f"pol_{name}", f"{name}: ") for name in ("router", "searcher", "answerer")}
@@ -46,8 +58,14 @@ def answer_or_search(agent, prompt):
     return f"<answer>{country[1] if country else 'unknown'}</answer>"
 
 
-def test_registered():
-    assert REGISTRY["dr_mas_search"] == (DrMasSearchConfig, DrMasSearchWorkflow)
+def test_dr_mas_search_is_dr_mas_with_tools():
+    assert "dr_mas_search" not in REGISTRY
+    cfg = DrMasSearchConfig()
+    assert (cfg.kind, cfg.router, cfg.tools) == ("dr_mas", "router", ToolsConfig())
+    found = cfg.check_agents({"router": 1, "searcher": 1})
+    assert [(k, v) for k, _, v in found] == [(("answerer",), "answerer")]
+    with pytest.raises(ValueError, match="needs a router"):
+        DrMasConfig(tools={})
 
 
 def test_route_parsing():
@@ -131,7 +149,7 @@ def test_config_errors():
 
 
 def test_a_corpus_file_is_searched_for_every_problem(tmp_path):
-    from marljax.workflows.tool_use import TaskTools, ToolsConfig
+    from marljax.workflows.turns import TaskTools
 
     path = tmp_path / "corpus.jsonl"
     path.write_text('{"title": "Zorb", "text": "Zorb is a city in Quux."}\n')

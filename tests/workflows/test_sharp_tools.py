@@ -13,8 +13,19 @@ from marljax.rewards import SandboxVerifier
 from marljax.tasks import make_multihop
 from marljax.train import rollout_log
 from marljax.workflows import REGISTRY
-from marljax.workflows.base import Agent, ScriptedGenerator
-from marljax.workflows.sharp_tools import SharpToolsConfig, SharpToolsWorkflow
+from marljax.workflows.base import Agent, ScriptedGenerator, resolve_alias
+from marljax.workflows.sharp import SharpConfig, SharpWorkflow
+from marljax.workflows.turns import ToolsConfig
+
+
+def SharpToolsConfig(**options) -> SharpConfig:
+    """SHARP with tools as the old kind `sharp_tools` configures it."""
+    return SharpConfig(**resolve_alias({"kind": "sharp_tools", **options}))
+
+
+def SharpToolsWorkflow(**options) -> SharpWorkflow:
+    return SharpWorkflow(SharpToolsConfig(**options))
+
 
 PROBLEMS, _ = make_multihop(1, seed=5, hops=[2])
 AGENTS = {name: Agent(name, "pol", f"{name}: ") for name in ("planner", "w1", "w2")}
@@ -49,8 +60,18 @@ def hand_advantages(values):
     return (v - v.mean()) / (v.std(ddof=1) + 1e-6)
 
 
-def test_registered():
-    assert REGISTRY["sharp_tools"] == (SharpToolsConfig, SharpToolsWorkflow)
+def test_sharp_tools_is_sharp_with_tools():
+    assert "sharp_tools" not in REGISTRY
+    cfg = SharpToolsConfig(workers=["w1"])
+    assert (cfg.kind, cfg.tools, cfg.shapley, cfg.process_weight) == (
+        "sharp",
+        ToolsConfig(),
+        "counterfactual",
+        0.2,
+    )
+    assert SharpToolsConfig(workers=["w1"], credit="shapley").shapley == "exact"
+    with pytest.raises(ValueError, match="qa or math"):
+        SharpConfig(workers=["w1"], tools={"task": "plan"})
 
 
 @pytest.mark.parametrize("multi_turn", ["merged", "per_turn"])

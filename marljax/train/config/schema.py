@@ -41,6 +41,7 @@ from marljax.settings import StrictModel
 from marljax.tasks import SOURCES, Source
 from marljax.train.distributed import DistributedConfig
 from marljax.workflows import REGISTRY, BaseWorkflowConfig
+from marljax.workflows.base import resolve_alias
 from marljax.workflows.grpo import GrpoConfig
 
 __all__ = [
@@ -504,6 +505,7 @@ def _validate_workflow(value: Any, handler: Any) -> BaseWorkflowConfig:
             importlib.import_module(module)  # registers its workflow kinds
         except ImportError as e:
             raise ValueError(f"module {module!r} (workflow.module) cannot be imported: {e}") from e
+    value = resolve_alias(value)  # an old kind (e.g. sharp_tools) read as the kind it became
     return _workflow_union(workflow_kinds()).validate_python(value)
 
 

@@ -1,12 +1,16 @@
-"""What the tool-using workflows share: the task's tools, agents' tool episodes, and their samples.
+"""An agent's turn: one completion, or a tool episode; and the tools a workflow's `tools:` option gives.
 
-`ToolsConfig` picks a task's tools and answer score: ``qa`` (a `search` tool over the problem's
-own passages, or over a JSONL corpus; exact match or F1), ``math`` (`python` and `calculator`;
-the answer's last number) and ``plan`` (the grid's `check_plan` checker; plans are scored by the
-workflow). `AgentEpisode` is one agent's multi-turn tool episode (`marljax.envs.tool_env.ToolEnv`);
-`run_episodes` steps many in lockstep, one generate call per turn, each agent's next prompt
-continuing its last one with the tool results (so that `episode_generations` can train the
-episode as one sequence with the results masked, or as one sample per turn).
+`run_turns` is the one place the workflows ask a `Generator` for text: a plain turn `(agent,
+prompt)` is a completion (or `n` of them), a tool episode (`AgentEpisode`, one agent acting in a
+`marljax.envs.tool_env.ToolEnv`) runs turn by turn until it answers, all episodes in lockstep, one
+generate call per turn, each agent's next prompt continuing its last one with the tool results (so
+that `episode_generations` can train the episode as one sequence with the results masked, or as
+one sample per turn).
+
+`ToolsConfig` (the `tools:` option of `sharp`, `dr_mas` and `at_grpo`) picks a task's tools and
+answer score: ``qa`` (a `search` tool over the problem's own passages, or over a JSONL corpus;
+exact match or F1), ``math`` (`python` and `calculator`; the answer's last number) and ``plan``
+(the grid's `check_plan` checker; plans are scored by the workflow).
 """
 
 from __future__ import annotations
@@ -159,14 +163,23 @@ class AgentEpisode:
         return result
 
 
-def run_episodes(episodes: Sequence[AgentEpisode], generator: Generator, seed: int) -> None:
-    """Step every episode until each has ended: per turn, one generate call for all that go on."""
+def run_turns(
+    generator: Generator, turns: Sequence[tuple[Agent, str] | AgentEpisode], seed: int, n: int = 1
+) -> list[list[Generation]]:
+    """Each turn's generations, in order. Plain turns `(agent, prompt)`: `n` completions each, from
+    one generate call seeded `seed`. Tool episodes (n = 1): stepped until each has ended, per turn
+    one generate call (seeded by `seed` and the turn) for all that go on; an episode's generations
+    are its turns."""
+    plain = [t for t in turns if not isinstance(t, AgentEpisode)]
+    done = iter(generator.generate(plain, n, seed) if plain else [])
+    episodes = [t for t in turns if isinstance(t, AgentEpisode)]
     turn = 0
     while active := [e for e in episodes if not e.done]:
         gens = generator.generate([(e.agent, e.prompt) for e in active], 1, derive_seed(seed, turn))
         for e, (g,) in zip(active, gens):
             e.act(g)
         turn += 1
+    return [t.turns if isinstance(t, AgentEpisode) else next(done) for t in turns]
 
 
 def episode_generations(turns: Sequence[Generation], multi_turn: str) -> tuple[list[Generation], int]:
