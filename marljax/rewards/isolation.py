@@ -30,14 +30,16 @@ from .results import Isolation
 
 HARNESS_PATH = str(Path(__file__).with_name("harness.py").resolve())
 LEVELS = ("bwrap", "unshare", "none")
+ISOLATING_LEVELS = LEVELS[:-1]  # what ``auto`` may pick: ``none`` only when named
 
 
 @dataclass(frozen=True)
 class SandboxConfig:
     """How programs are started.
 
-    isolation: ``"auto"`` (strongest that works here) or one of ``LEVELS``;
-      a named level that does not work here is an error, never a silent downgrade.
+    isolation: ``"auto"`` (the strongest of ``bwrap`` and ``unshare`` that works here) or one of
+      ``LEVELS``; no working level, or a named level that does not work here, is an error, never a
+      silent downgrade (``"none"``, rlimits only, must be named).
       Default: ``$MARLJAX_SANDBOX_ISOLATION`` or ``"auto"``.
     python: interpreter for the child (default: this one).
     site_packages: let programs import installed third-party packages (slower

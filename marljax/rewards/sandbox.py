@@ -48,6 +48,7 @@ from dataclasses import dataclass, replace
 from .formats import AssertTest, CallTest, Program, StdioTest
 from .isolation import (
     HARNESS_PATH,
+    ISOLATING_LEVELS,
     LEVELS,
     SandboxConfig,
     bwrap_harness_argv,
@@ -108,36 +109,52 @@ _detected: dict[tuple, Isolation] = {}
 
 
 def detect_isolation(config: SandboxConfig | None = None) -> Isolation:
-    """Strongest isolation that actually works here (probed once per config, cached)."""
+    """Strongest isolation that actually works here (probed once per config, cached).
+
+    ``auto`` picks among the levels that isolate (bwrap, unshare) and never falls to ``none``:
+    running untrusted programs unisolated must be asked for by name.  A probe that fails is
+    tried once more (a loaded machine can fail one start), then it is an error that says why.
+    """
     config = config or SandboxConfig()
     key = (config.isolation, config.python, config.site_packages, config.drop_privileges)
     with _detect_lock:
         if key in _detected:
             return _detected[key]
-    levels = LEVELS if config.isolation == "auto" else (config.isolation,)
+    levels = ISOLATING_LEVELS if config.isolation == "auto" else (config.isolation,)
     reasons = []
     for level in levels:
-        if level == "bwrap" and shutil.which("bwrap") is None:
-            reasons.append("bwrap: not installed")
-            continue
-        if level == "unshare" and shutil.which("unshare") is None:
-            reasons.append("unshare: not installed")
+        if level != "none" and shutil.which(level) is None:
+            reasons.append(f"{level}: not installed")
             continue
         iso = level_isolation(level, config)
-        probe = Program("def f(x):\n    return x + 1\n", (CallTest((1,), 2),), fn_name="f")
-        try:
-            res = _run(probe, Limits(test_timeout_s=10, program_timeout_s=20), config, iso)
-        except OSError as exc:
-            reasons.append(f"{level}: {exc}")
-            continue
-        if res.passed:
+        why = _probe(level, config, iso)
+        if why is not None:
+            why = _probe(level, config, iso)
+        if why is None:
             if reasons:
                 iso = replace(iso, note=iso.note + " (" + "; ".join(reasons) + ")")
             with _detect_lock:
                 _detected[key] = iso
             return iso
-        reasons.append(f"{level}: probe failed ({res.status}: {res.error_message or res.output_tail[-300:]})")
-    raise RuntimeError("no working sandbox isolation level: " + "; ".join(reasons))
+        reasons.append(why)
+    hint = (
+        " (isolation 'none' runs programs unisolated, and only when named)"
+        if config.isolation == "auto"
+        else ""
+    )
+    raise RuntimeError("no working sandbox isolation level: " + "; ".join(reasons) + hint)
+
+
+def _probe(level: str, config: SandboxConfig, iso: Isolation) -> str | None:
+    """None when a trivial program passes at ``level``, else why it did not."""
+    probe = Program("def f(x):\n    return x + 1\n", (CallTest((1,), 2),), fn_name="f")
+    try:
+        res = _run(probe, Limits(test_timeout_s=10, program_timeout_s=20), config, iso)
+    except OSError as exc:
+        return f"{level}: {exc}"
+    if res.passed:
+        return None
+    return f"{level}: probe failed ({res.status}: {res.error_message or res.output_tail[-300:]})"
 
 
 # ------------------------------------------------------------------- runner

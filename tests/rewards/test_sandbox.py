@@ -204,3 +204,32 @@ def test_limits_validation():
         Program("x", (CallTest((), 1),))
     with pytest.raises(ValueError, match="one kind"):
         Program("x", (CallTest((), 1), StdioTest("", "")), fn_name="f")
+
+
+def test_auto_never_falls_to_no_isolation(monkeypatch):
+    # No isolating level works here (neither tool found): ``auto`` is an error that says why, not
+    # untrusted programs run with rlimits only.
+    from marljax.rewards import sandbox
+
+    monkeypatch.setattr(sandbox, "_detected", {})
+    monkeypatch.setattr(sandbox.shutil, "which", lambda name: None)
+    with pytest.raises(RuntimeError, match="bwrap: not installed; unshare: not installed.*'none'"):
+        sandbox.detect_isolation(SandboxConfig(isolation="auto"))
+
+
+def test_a_failed_probe_is_tried_once_more(monkeypatch, level_config):
+    # A transient failure (a loaded machine, one start that dies) does not disable a level.
+    from marljax.rewards import sandbox
+
+    real, calls = sandbox._run, []
+
+    def flaky(program, limits, config, iso):
+        calls.append(iso.level)
+        if len(calls) == 1:
+            return sandbox.ExecutionResult(Status.RUNTIME_ERROR, error_message="process exited (code 70)")
+        return real(program, limits, config, iso)
+
+    monkeypatch.setattr(sandbox, "_detected", {})
+    monkeypatch.setattr(sandbox, "_run", flaky)
+    assert sandbox.detect_isolation(level_config).level == level_config.isolation
+    assert calls == [level_config.isolation] * 2
