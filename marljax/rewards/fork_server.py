@@ -180,7 +180,7 @@ class ForkServer:
             if not dirty:
                 try:
                     self._empty_workdir()
-                except OSError:
+                except Exception:  # noqa: BLE001 - whatever a program left: a fresh sandbox removes it
                     dirty = True
             if dirty:
                 self.close()

@@ -228,6 +228,8 @@ def build_payload(program: Program, limits: Limits, nonce: str, rfd: int, drop_i
 
 
 def rmtree(path: str) -> None:
+    """Remove a tree a program left, however deep (``shutil.rmtree`` recurses once per level)."""
+
     def onerror(func, p, exc_info):
         try:
             os.chmod(os.path.dirname(p), 0o700)
@@ -236,7 +238,34 @@ def rmtree(path: str) -> None:
         except OSError:
             pass
 
-    shutil.rmtree(path, onerror=onerror)
+    try:
+        shutil.rmtree(path, onerror=onerror)
+    except RecursionError:
+        _flatten(path)
+        shutil.rmtree(path, onerror=onerror)
+
+
+def _flatten(path: str) -> None:
+    """Move every directory below ``path`` up into one directory of ``path``: no tree is deeper than 3
+    then, and every path stays short.  Symbolic links are moved as they are, never followed."""
+    flat = tempfile.mkdtemp(dir=path)
+    pending, n = [path], 0
+    while pending:
+        parent = pending.pop()
+        with contextlib.suppress(OSError):
+            os.chmod(parent, 0o700)
+        try:
+            entries = [e for e in os.scandir(parent) if e.is_dir(follow_symlinks=False) and e.path != flat]
+        except OSError:
+            continue
+        for entry in entries:
+            moved = os.path.join(flat, str(n))
+            n += 1
+            try:
+                os.rename(entry.path, moved)
+            except OSError:
+                continue
+            pending.append(moved)
 
 
 def hand_to_throwaway_uid(config: SandboxConfig, workdir: str, drop: bool) -> dict | None:

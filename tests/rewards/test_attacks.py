@@ -238,3 +238,11 @@ def test_harness_survives_threads_and_signals(run):
     )
     res = run(call(code, 1), LIM)
     assert not res.passed and res.status in (Status.RUNTIME_ERROR, Status.TIMEOUT)
+
+
+def test_a_very_deep_directory_tree_is_removed(run):
+    # Removing the working directory must not recurse once per level (RecursionError in the parent):
+    # the result is a verdict, the tree is gone (no_leaks), and the next program runs.
+    code = "import os\nfor _ in range(1500):\n    os.mkdir('d')\n    os.chdir('d')\ndef f():\n    return 1\n"
+    assert run(call(code, 2), LIM).status is Status.WRONG_ANSWER
+    assert run(call("def f():\n    return 2\n", 2), LIM).passed
