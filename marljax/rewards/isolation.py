@@ -18,6 +18,7 @@ Levels, strongest first (``sandbox.detect_isolation`` probes them once per proce
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import stat
 import sys
@@ -211,8 +212,10 @@ def python_argv(config: SandboxConfig, args: list[str]) -> list[str]:
 
 def unshare_argv(config: SandboxConfig, args: list[str]) -> list[str]:
     """``python args...`` as pid 1 of fresh pid/net/mount/ipc/uts namespaces (and a user namespace
-    when not root), killed when ``unshare`` dies."""
-    argv = [
+    when not root), killed when ``unshare`` dies, which dies with the thread that started it
+    (``setpriv --pdeathsig``: a SIGKILLed parent leaves no sandbox behind)."""
+    argv = ["setpriv", "--pdeathsig", "KILL"] if shutil.which("setpriv") else []
+    argv += [
         "unshare",
         "--net",
         "--pid",

@@ -4,10 +4,12 @@ force, the test checks the outcome that level promises and says so when it must 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import socket
 import subprocess
+import sys
 import tempfile
 
 import pytest
@@ -246,3 +248,49 @@ def test_a_very_deep_directory_tree_is_removed(run):
     code = "import os\nfor _ in range(1500):\n    os.mkdir('d')\n    os.chdir('d')\ndef f():\n    return 1\n"
     assert run(call(code, 2), LIM).status is Status.WRONG_ANSWER
     assert run(call("def f():\n    return 2\n", 2), LIM).passed
+
+
+@pytest.mark.parametrize("how", ["fresh", "fork_server"])
+def test_no_sandbox_outlives_a_killed_parent(level_config, how):
+    # The process that runs programs dies by SIGKILL while a program that blocks SIGALRM sleeps:
+    # nothing of its sandbox may live on (no one would ever reap or kill it).
+    import time
+
+    from conftest import sandbox_processes
+
+    from marljax.rewards.isolation import forks_programs
+    from marljax.rewards.sandbox import detect_isolation
+
+    if how == "fork_server" and not forks_programs(detect_isolation(level_config)):
+        pytest.skip(f"level {level_config.isolation!r} starts a fresh sandbox per program")
+    before = sandbox_processes()
+    code = (
+        "import signal, time\nsignal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGALRM])\n"
+        "def f():\n    time.sleep(120)\n"
+    )
+    runner = (
+        "import sys\nfrom marljax.rewards import *\nfrom marljax.rewards.fork_server import ForkServer\n"
+        f"config = SandboxConfig(isolation={level_config.isolation!r})\n"
+        f"server = ForkServer(config, detect_isolation(config)) if {how == 'fork_server'} else None\n"
+        f"print('go', flush=True)\nrun_program(Program({code!r}, (CallTest((), 1),), fn_name='f'),"
+        " Limits(test_timeout_s=100, program_timeout_s=100), config, server=server)\n"
+    )
+    parent = subprocess.Popen(
+        [sys.executable, "-c", runner], stdout=subprocess.PIPE, env={**os.environ, "PYTHONPATH": os.getcwd()}
+    )
+    try:
+        assert parent.stdout.readline() == b"go\n"
+        time.sleep(2.0)  # the program is asleep in its sandbox
+        assert sandbox_processes() - before, "the program should be running"
+    finally:
+        parent.kill()
+        parent.wait()
+        parent.stdout.close()
+    deadline = time.monotonic() + 5.0
+    while sandbox_processes() - before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    left = sandbox_processes() - before
+    for pid in left:  # do not leave them to the next test
+        with contextlib.suppress(OSError):
+            os.kill(pid, 9)
+    assert not left, f"sandbox processes outlived their parent: {sorted(left)}"
