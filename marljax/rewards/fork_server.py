@@ -34,6 +34,7 @@ from pathlib import Path
 from .formats import Program
 from .isolation import (
     HARNESS_PATH,
+    JUDGE_PATH,
     SandboxConfig,
     bwrap_argv,
     child_env,
@@ -42,7 +43,7 @@ from .isolation import (
     unshare_argv,
 )
 from .results import ExecutionResult, Isolation
-from .sandbox import Limits, build_payload, collect, hand_to_throwaway_uid, make_workdir, rmtree
+from .sandbox import Limits, build_payload, collect, hand_to_throwaway_uid, make_workdir, rmtree, tests_file
 from .verdicts import classify
 
 ZYGOTE_PATH = str(Path(__file__).with_name("zygote.py").resolve())
@@ -110,7 +111,11 @@ class ForkServer:
         """The zygote's command line and environment at this server's isolation level."""
         drop = self.isolation.privileges_dropped
         if self.isolation.level == "bwrap":
-            files = {"/.marljax_harness.py": HARNESS_PATH, "/.marljax_zygote.py": ZYGOTE_PATH}
+            files = {
+                "/.marljax_harness.py": HARNESS_PATH,
+                "/.marljax_judge.py": JUDGE_PATH,
+                "/.marljax_zygote.py": ZYGOTE_PATH,
+            }
             return bwrap_argv(
                 self.config,
                 self._workdir,
@@ -155,17 +160,18 @@ class ForkServer:
             self._start()
         drop_ids = hand_to_throwaway_uid(self.config, self._workdir, self.isolation.privileges_dropped)
         nonce = secrets.token_hex(16)
-        payload = build_payload(program, limits, nonce, -1, drop_ids, None, pdeathsig=False)
+        payload = build_payload(program, limits, nonce, -1, -1, drop_ids, None, pdeathsig=False)
         out_r, out_w = os.pipe()
         rec_r, rec_w = os.pipe()
+        tfd = tests_file(program)
         self._jobs += 1
         returncode, dirty = None, True
         try:
             t_spawn = time.perf_counter()
-            sent = self._send_job(payload, out_w, rec_w)
-            os.close(out_w)
-            os.close(rec_w)
-            out_w = rec_w = -1
+            sent = self._send_job(payload, out_w, rec_w, tfd)
+            for fd in (out_w, rec_w, tfd):
+                os.close(fd)
+            out_w = rec_w = tfd = -1
             if sent:
                 outcome = collect(out_r, rec_r, nonce, program, limits)
                 returncode, dirty = self._end_job()
@@ -174,7 +180,7 @@ class ForkServer:
                 returncode = -signal.SIGKILL
             outcome["spawn_s"] = time.perf_counter() - t_spawn
         finally:
-            for fd in (out_r, out_w, rec_r, rec_w):
+            for fd in (out_r, out_w, rec_r, rec_w, tfd):
                 if fd >= 0:
                     os.close(fd)
             if not dirty:
@@ -188,11 +194,11 @@ class ForkServer:
         result.extra["fork_server"] = True
         return result
 
-    def _send_job(self, payload: dict, out_w: int, rec_w: int) -> bool:
+    def _send_job(self, payload: dict, out_w: int, rec_w: int, tests_fd: int) -> bool:
         body = json.dumps(payload).encode()
         head = struct.pack("!Q", len(body))
         try:
-            socket.send_fds(self._sock, [head], [out_w, rec_w])
+            socket.send_fds(self._sock, [head], [out_w, rec_w, tests_fd])
             self._sock.sendall(body)
         except OSError:
             return False

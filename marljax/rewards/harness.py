@@ -23,8 +23,9 @@ Protocol (see ``sandbox.py`` for the parent side):
 For stdin/stdout and call-based tests the harness only reports the *actual*
 output; expected outputs never enter the child and the parent compares.
 For assert-style tests (HumanEval ``check``, MBPP asserts) the expected values
-are part of the test code, so the verdict is computed here; see
-``sandbox.py``'s module docstring for the remaining trust boundary.
+are part of the test code: the harness forks the program into a process of its
+own and judges the asserts here, where the program cannot reach (``judge.py``).
+The tests arrive on their own fd, read only after that fork.
 """
 
 import builtins
@@ -308,7 +309,10 @@ def _explain_assert(exc, test_src, n_chars):
             left, right = right, left
         info["input"] = _limit(ast.get_source_segment(test_src, left) or src, n_chars)
         try:
-            g, loc = frame.f_globals, dict(frame.f_locals)
+            g = frame.f_globals
+            # At the tests' top level their locals are their globals: keep that namespace itself, whose
+            # missing names are the program's (judge.py); eval's plain-dict lookups would not find them.
+            loc = frame.f_locals if frame.f_locals is g else dict(frame.f_locals)
             actual = eval(compile(ast.Expression(left), _TEST, "eval"), g, loc)
             expected = eval(compile(ast.Expression(right), _TEST, "eval"), g, loc)
             info["actual"] = _safe_repr(actual, n_chars)
@@ -342,6 +346,7 @@ def warm_up():
     import traceback  # noqa: F401
 
     _libc()
+    _judge()
     r, w = os.pipe()
     saved = signal.getsignal(signal.SIGALRM), sys.stdin
     try:
@@ -422,7 +427,10 @@ def main(cfg, confine=True):
 
     program = cfg.pop("program")
     setup = cfg.pop("setup") or ""
-    tests = cfg.pop("tests")
+    tests = cfg.pop("tests", None)  # given inline by warm_up only; else on their own fd
+    tests_fd = cfg.pop("tests_fd", None)
+    if tests is None and mode != "assert":
+        tests = _read_tests(tests_fd)
     _SOURCES[_SOLUTION], _SOURCES[_SETUP] = program, setup
 
     def error_record(exc, status=None):
@@ -440,12 +448,16 @@ def main(cfg, confine=True):
             "traceback": _safe_tb(exc, n_chars),
         }
 
-    def run_timed(fn, *args):
-        signal.setitimer(signal.ITIMER_REAL, test_timeout)
+    def run_timed(fn, *args, **kwargs):
+        signal.setitimer(signal.ITIMER_REAL, test_timeout + slack)
         try:
-            return fn(*args)
+            return fn(*args, **kwargs)
         finally:
             signal.setitimer(signal.ITIMER_REAL, 0)
+
+    # Asserts are judged in this process, the program runs in a forked one (judge.py); its own
+    # per-call limit fires first, this process's a little later.
+    slack = _JUDGE_SLACK_S if mode == "assert" else 0.0
 
     # ---- load phase: compile (and for non-stdin modes, execute) the program.
     try:
@@ -465,7 +477,22 @@ def main(cfg, confine=True):
         return
     ns = {"__name__": "__main__" if mode == "stdin" else "solution", "__builtins__": builtins}
     real_stdout, real_stderr = sys.stdout, sys.stderr
-    if mode != "stdin":
+    if mode == "assert":
+        t0 = time.perf_counter()
+        record({"e": "load_start"})
+        ns, rec = _start_candidate(code, setup_code, ns, cap, test_timeout, error_record, [rfd, tests_fd])
+        if tests is None:  # read only now, by the judge: the program's process never holds them
+            tests = _read_tests(tests_fd)
+        if rec["status"] == "ok" and setup_code is not None:
+            try:  # the trusted setup (MBPP's test imports) defines names for the tests as well
+                run_timed(exec, setup_code, ns)
+            except BaseException as exc:  # noqa: BLE001
+                rec = {"e": "load", **error_record(exc)}
+        rec["time_s"] = time.perf_counter() - t0
+        if rec["status"] != "ok":
+            record(rec)
+            return
+    elif mode != "stdin":
         cap_out = _Capture(cap)
         sys.stdout = sys.stderr = cap_out
         sys.stdin = io.StringIO("")
@@ -584,6 +611,9 @@ def main(cfg, confine=True):
 
 
 def _safe_tb(exc, n_chars):
+    remote = getattr(exc, "remote_traceback", None)  # an exception of the program's process (judge.py)
+    if isinstance(remote, str):
+        return _limit(remote, n_chars)
     try:
         return _format_tb(exc, n_chars)
     except BaseException:  # noqa: BLE001 - e.g. MemoryError while importing traceback
@@ -595,6 +625,97 @@ def _safe_msg(exc):
         return str(exc)
     except BaseException:  # noqa: BLE001
         return f"<unprintable {type(exc).__name__}>"
+
+
+def _read_tests(fd):
+    chunks = []
+    while True:
+        chunk = os.read(fd, 1 << 20)
+        if not chunk:
+            break
+        chunks.append(chunk)
+    os.close(fd)
+    return json.loads(b"".join(chunks))
+
+
+# ------------------------------------------------------- assert tests: judge and candidate
+_JUDGE_SLACK_S = 0.25
+_JUDGE = []
+_LOAD_STATUSES = ("ok", "runtime_error", "timeout", "memory_exceeded", "syntax_error")
+
+
+def _judge():
+    """judge.py, loaded once from beside this file (bubblewrap binds it beside it as well)."""
+    if not _JUDGE:
+        import importlib.util
+
+        here = os.path.dirname(os.path.abspath(__file__))
+        name = "judge.py" if os.path.exists(os.path.join(here, "judge.py")) else ".marljax_judge.py"
+        spec = importlib.util.spec_from_file_location("marljax_judge", os.path.join(here, name))
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        _JUDGE.append(module)
+    return _JUDGE[0]
+
+
+def _start_candidate(code, setup_code, ns, cap, test_timeout, error_record, close):
+    """Fork the process that runs the program (judge.py); this one becomes the judge.  Returns the
+    judge's namespace for the tests and the load record built from what the program reported."""
+    judge = _judge()
+    _libc()[1].prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE 0: the program's process cannot ptrace or read us
+
+    def call_timed(fn, *args, **kwargs):
+        out = _Capture(cap)
+        sys.stdout = sys.stderr = out
+        signal.setitimer(signal.ITIMER_REAL, test_timeout)
+        try:
+            value = fn(*args, **kwargs)
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            sys.stdout, sys.stderr = sys.__stdout__, sys.__stderr__
+        if out.overflow:
+            raise OutputLimitExceeded(f"output exceeded {cap} bytes")
+        return value
+
+    def describe(exc):
+        rec = error_record(exc)
+        return [rec["exc_type"], rec["message"], rec["traceback"]]
+
+    def candidate_main(sock):
+        _libc()[1].prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG: dies with the judge
+        sys.stdin = io.StringIO("")
+        try:
+            call_timed(exec, code, ns)
+            if setup_code is not None:
+                call_timed(exec, setup_code, ns)
+            rec = {"status": "ok"}
+        except BaseException as exc:  # noqa: BLE001 - untrusted code may raise anything
+            rec = error_record(exc)
+            if isinstance(exc, OutputLimitExceeded):
+                rec["exc_type"] = "OutputLimitExceeded"
+        judge.serve(sock, ns, call_timed, describe, rec)
+
+    sock, pid = judge.start(candidate_main, [fd for fd in close if fd is not None and fd >= 0])
+    link = judge.Link(sock, pid, _TestTimeout)
+    signal.setitimer(signal.ITIMER_REAL, test_timeout + _JUDGE_SLACK_S)
+    try:
+        got = judge.receive(sock)
+    except _TestTimeout:
+        link.kill("the program was stopped at its time limit")
+        got = {"status": "timeout", "exc_type": "Timeout", "message": ""}
+    except (EOFError, OSError, ValueError, RecursionError, MemoryError):
+        link.kill("the program's process ended")
+        got = {"status": "runtime_error", "exc_type": "EarlyExit", "message": "the program's process ended"}
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+    got = got if isinstance(got, dict) else {}
+    status = got.get("status") if got.get("status") in _LOAD_STATUSES else "runtime_error"
+    rec = {"e": "load", "status": status}
+    for key in ("exc_type", "message", "traceback"):
+        if isinstance(got.get(key), str):
+            rec[key] = got[key][: 4 * cap]
+    names = got.get("names") if status == "ok" else None
+    return judge.JudgeNamespace(link, names, __name__="solution", __builtins__=builtins), rec
 
 
 def run_and_exit(load):

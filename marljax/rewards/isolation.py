@@ -30,6 +30,7 @@ from pathlib import Path
 from .results import Isolation
 
 HARNESS_PATH = str(Path(__file__).with_name("harness.py").resolve())
+JUDGE_PATH = str(Path(__file__).with_name("judge.py").resolve())  # loaded by the harness from beside it
 LEVELS = ("bwrap", "unshare", "none")
 ISOLATING_LEVELS = LEVELS[:-1]  # what ``auto`` may pick: ``none`` only when named
 
@@ -201,7 +202,11 @@ def bwrap_argv(
 
 def bwrap_harness_argv(config: SandboxConfig, workdir: str, payload: str, drop: bool) -> list[str]:
     """One fresh sandboxed interpreter running the harness on one payload file."""
-    files = {"/.marljax_harness.py": HARNESS_PATH, "/.payload.json": payload}
+    files = {
+        "/.marljax_harness.py": HARNESS_PATH,
+        "/.marljax_judge.py": JUDGE_PATH,
+        "/.payload.json": payload,
+    }
     return bwrap_argv(config, workdir, drop, files, ["/.marljax_harness.py", "/.payload.json"])
 
 

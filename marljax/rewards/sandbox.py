@@ -18,15 +18,13 @@ Result channel and trust boundary: the harness writes one record per step to
 an inherited pipe, each prefixed with a random nonce, *after* the step ran;
 the parent trusts only those records (stdout is just text) and treats missing
 records as failures, so ``sys.exit``/``os._exit``/signals before or during the
-tests can never pass.  For stdin/stdout and call tests the expected outputs
-never enter the child, so no forgery can make a wrong program pass them.  For
-assert-style tests (HumanEval, MBPP) the verdict is computed in the same
-interpreter as the untrusted code: a program written *deliberately* to find
-the nonce and the pipe (e.g. by walking ``gc.get_objects()`` or the harness's
-frames) could forge a pass.  Closing that hole needs the tests to run in a
-second process; we accept it because reward hacking by RL policies finds the
-cheap exits (early exit, printing "passed", patching builtins), all of which
-are handled.
+tests can never pass; a malformed record is a failure too (``verdicts.py``).
+For stdin/stdout and call tests the expected outputs never enter the child, so
+no forgery can make a wrong program pass them.  Assert-style tests (HumanEval,
+MBPP) carry their expected values, so they are judged in a second process: the
+program runs in a forked child that holds neither the record channel nor the
+tests (they come on their own fd, ``tests_file``), and only plain data crosses
+back to the judge (``judge.py``).
 """
 
 from __future__ import annotations
@@ -193,8 +191,10 @@ def run_program(
     return _run(program, limits, config, detect_isolation(config))
 
 
-def build_payload(program: Program, limits: Limits, nonce: str, rfd: int, drop_ids, jail, pdeathsig) -> dict:
-    cpu = limits.cpu_time_s or (limits.program_timeout_s + 1)
+def tests_file(program: Program) -> int:
+    """An anonymous file holding the tests as the harness reads them, at offset 0 (its fd).  The tests
+    travel apart from the payload so that the process running the program never holds them
+    (``judge.py``: only the judge reads this fd)."""
     tests = []
     for t in program.tests:
         if isinstance(t, AssertTest):
@@ -203,6 +203,22 @@ def build_payload(program: Program, limits: Limits, nonce: str, rfd: int, drop_i
             tests.append({"input": t.input})
         else:
             tests.append({"args": list(t.args)})
+    fd = os.memfd_create("marljax-tests", 0)
+    try:
+        data = json.dumps(tests).encode()
+        while data:
+            data = data[os.write(fd, data) :]
+        os.lseek(fd, 0, os.SEEK_SET)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def build_payload(
+    program: Program, limits: Limits, nonce: str, rfd: int, tfd: int, drop_ids, jail, pdeathsig
+) -> dict:
+    cpu = limits.cpu_time_s or (limits.program_timeout_s + 1)
     return {
         "nonce": nonce,
         "result_fd": rfd,
@@ -210,7 +226,7 @@ def build_payload(program: Program, limits: Limits, nonce: str, rfd: int, drop_i
         "program": program.code,
         "setup": program.setup,
         "fn_name": program.fn_name,
-        "tests": tests,
+        "tests_fd": tfd,
         "limits": {
             "cpu_s": math.ceil(cpu),
             "as_bytes": int(limits.memory_mb) << 20,
@@ -296,13 +312,16 @@ def _run(program: Program, limits: Limits, config: SandboxConfig, iso: Isolation
     drop = iso.privileges_dropped
     base, workdir = make_workdir(config)
     proc = drop_ids = None
-    rfd = wfd = -1
+    rfd = wfd = tfd = -1
     try:
         drop_ids = hand_to_throwaway_uid(config, workdir, drop)
         nonce = secrets.token_hex(16)
         rfd, wfd = os.pipe()
+        tfd = tests_file(program)
         jail = jail_spec(config, drop) if iso.level == "unshare" else None
-        payload = build_payload(program, limits, nonce, wfd, drop_ids, jail, pdeathsig=iso.level != "bwrap")
+        payload = build_payload(
+            program, limits, nonce, wfd, tfd, drop_ids, jail, pdeathsig=iso.level != "bwrap"
+        )
         ppath = os.path.join(base, "payload.json")
         fd = os.open(ppath, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "w") as f:
@@ -322,12 +341,13 @@ def _run(program: Program, limits: Limits, config: SandboxConfig, iso: Isolation
             stderr=subprocess.STDOUT,
             cwd=workdir,
             env=env,
-            pass_fds=(wfd,),
+            pass_fds=(wfd, tfd),
             start_new_session=True,
             close_fds=True,
         )
         os.close(wfd)
-        wfd = -1
+        os.close(tfd)
+        wfd = tfd = -1
         outcome = collect(proc.stdout.fileno(), rfd, nonce, program, limits)
         outcome["spawn_s"] = time.perf_counter() - t_spawn
     finally:
@@ -339,7 +359,7 @@ def _run(program: Program, limits: Limits, config: SandboxConfig, iso: Isolation
                 proc.stdout.close()
         if drop_ids and iso.level == "none":
             kill_uid(drop_ids["uid"])
-        for fd_ in (rfd, wfd):
+        for fd_ in (rfd, wfd, tfd):
             if fd_ >= 0:
                 os.close(fd_)
         rmtree(base)

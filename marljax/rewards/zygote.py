@@ -10,8 +10,8 @@ never imported by marljax.
 Once warm it says ``ready\n``.  Per job, over the control socket (a stream):
 
 1. parent -> zygote: 8-byte big-endian length + JSON payload (as for
-   ``harness.py``), with two fds attached: the write ends of the output pipe
-   and of the record channel.
+   ``harness.py``), with three fds attached: the write ends of the output pipe
+   and of the record channel, and the tests' file (which the zygote never reads).
 2. The zygote forks.  The child starts a new session, makes the output pipe
    its stdout/stderr and runs the harness on the payload, exactly as a fresh
    interpreter would (rlimits, dropped uid, records).
@@ -60,8 +60,8 @@ def _recv_exact(sock, n):
 
 
 def _read_job(sock):
-    """(payload, [out_fd, rec_fd]); (None, []) when the parent closed the socket."""
-    head, fds, _, _ = socket.recv_fds(sock, 8, 2)
+    """(payload, [out_fd, rec_fd, tests_fd]); (None, []) when the parent closed the socket."""
+    head, fds, _, _ = socket.recv_fds(sock, 8, 3)
     if not head:
         return None, []
     head += _recv_exact(sock, 8 - len(head))
@@ -139,7 +139,7 @@ def _dirty():
     return False
 
 
-def _child(harness, sock, job, out_fd, rec_fd):
+def _child(harness, sock, job, out_fd, rec_fd, tests_fd):
     try:
         sock.close()
         os.setsid()
@@ -147,7 +147,7 @@ def _child(harness, sock, job, out_fd, rec_fd):
         os.dup2(out_fd, 2)
         os.close(out_fd)
         harness._libc()[1].prctl(_PR_SET_DUMPABLE, 1, 0, 0, 0)  # as a fresh process would be
-        job["result_fd"] = rec_fd
+        job["result_fd"], job["tests_fd"] = rec_fd, tests_fd
     except BaseException:  # noqa: BLE001
         os._exit(71)
     harness.run_and_exit(lambda: job)
@@ -174,12 +174,11 @@ def main():
         job, fds = _read_job(sock)
         if job is None:
             return
-        out_fd, rec_fd = fds
         pid = os.fork()
         if pid == 0:
-            _child(harness, sock, job, out_fd, rec_fd)
-        os.close(out_fd)
-        os.close(rec_fd)
+            _child(harness, sock, job, *fds)
+        for fd in fds:
+            os.close(fd)
         _read_end(sock)
         with contextlib.suppress(OSError):
             os.killpg(pid, signal.SIGKILL)

@@ -294,3 +294,95 @@ def test_no_sandbox_outlives_a_killed_parent(level_config, how):
         with contextlib.suppress(OSError):
             os.kill(pid, 9)
     assert not left, f"sandbox processes outlived their parent: {sorted(left)}"
+
+
+# A wrong answer (returns 0) dressed with each way of reaching the verdict from inside its own process.
+_FORGERIES = {
+    "patched_json": (
+        "import json\n_dumps = json.dumps\n"
+        "def dumps(o, *a, **k):\n"
+        "    if isinstance(o, dict) and o.get('status') == 'wrong_answer':\n"
+        "        o = {key: v for key, v in o.items() if key not in ('exc_type', 'message')}\n"
+        "        o['status'] = 'passed'\n"
+        "    return _dumps(o, *a, **k)\n"
+        "json.dumps = dumps\n"
+    ),
+    "walked_to_the_recorder": (
+        "import sys\n"
+        "def _forge():\n"
+        "    f = sys._getframe()\n"
+        "    while f is not None:\n"
+        "        rec = f.f_locals.get('record')\n"
+        "        if callable(rec):\n"
+        "            for i in range(3):\n"
+        "                rec({'e': 'start', 'i': i}, {'e': 'end', 'i': i, 'status': 'passed', 'time_s': 0.0})\n"
+        "            rec({'e': 'done'})\n"
+        "            import os\n"
+        "            os._exit(0)\n"
+        "        f = f.f_back\n"
+    ),
+    "always_equal": (
+        "class _Yes(int):\n    def __eq__(self, other):\n        return True\n    __hash__ = int.__hash__\n"
+        "class _Any:\n    def __eq__(self, other):\n        return True\n"
+    ),
+    "patched_builtins": "import builtins\nbuiltins.AssertionError = type('AssertionError', (Exception,), {})\n",
+}
+
+
+def _wrong_add(forgery: str) -> str:
+    ret = "_Any()" if forgery == "always_equal" else "0"
+    pre = "    _forge()\n" if forgery == "walked_to_the_recorder" else ""
+    return _FORGERIES[forgery] + f"def add(a, b):\n{pre}    return {ret}\n"
+
+
+@pytest.mark.parametrize("forgery", sorted(_FORGERIES))
+def test_a_wrong_answer_cannot_forge_an_assert_verdict(run, forgery):
+    # Asserts are judged in a process the program cannot reach: whatever it does to its own
+    # interpreter, a wrong answer fails (MBPP asserts, and a HumanEval-style check(candidate)).
+    from marljax.rewards import mbpp_program
+
+    code = _wrong_add(forgery)
+    mbpp = mbpp_program(code, ["assert add(1, 2) == 3", "assert add(2, 2) == 4", "assert add(0, 5) == 5"])
+    check = "def check(candidate):\n    assert candidate(1, 2) == 3\n    assert candidate(2, 2) == 4\n"
+    humaneval = Program(code, (AssertTest(check + "\ncheck(add)\n"),))
+    for program in (mbpp, humaneval):
+        res = run(program, LIM)
+        assert not res.passed and res.pass_fraction() == 0.0, (forgery, res)
+
+
+def test_the_program_never_holds_the_tests(run):
+    # The expected values of asserts are in the test code: a program that finds that text anywhere in
+    # its own process (objects, frames, freed memory) could answer every test.
+    token = secrets.token_hex(8)
+    code = (
+        "import gc, re, sys\n"
+        "def leak():\n"
+        "    pat = re.compile(r'leak\\(\\) == .([0-9a-f]{16}).')\n"
+        "    seen = [o for o in gc.get_objects() if isinstance(o, (str, bytes, dict, list, tuple))]\n"
+        "    f = sys._getframe()\n"
+        "    while f is not None:\n"
+        "        seen.append(f.f_locals)\n"
+        "        f = f.f_back\n"
+        "    for o in seen:\n"
+        "        m = pat.search(o if isinstance(o, str) else repr(o))\n"
+        "        if m:\n"
+        "            return m.group(1)\n"
+        "    try:\n"
+        "        maps = open('/proc/self/maps').read().splitlines()\n"
+        "        mem = open('/proc/self/mem', 'rb')\n"
+        "    except OSError:\n"
+        "        return None\n"
+        "    for line in maps:\n"
+        "        lo, hi = (int(x, 16) for x in line.split()[0].split('-'))\n"
+        "        if 'rw' not in line.split()[1] or hi - lo > 1 << 28:\n"
+        "            continue\n"
+        "        try:\n"
+        "            mem.seek(lo)\n"
+        "            m = re.search(rb'leak\\(\\) == .([0-9a-f]{16}).', mem.read(hi - lo))\n"
+        "        except OSError:\n"
+        "            continue\n"
+        "        if m:\n"
+        "            return m.group(1).decode()\n"
+    )
+    res = run(Program(code, (AssertTest(f'assert leak() == "{token}"'),)), LIM)
+    assert res.status is Status.WRONG_ANSWER, res
