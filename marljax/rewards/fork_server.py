@@ -125,7 +125,7 @@ class ForkServer:
                 caps=("CAP_KILL",),
                 env=(_BIND_NOW,),
             ), None
-        args = [ZYGOTE_PATH, HARNESS_PATH, str(fd), json.dumps(jail_spec(self.config, drop))]
+        args = [ZYGOTE_PATH, HARNESS_PATH, str(fd), json.dumps(jail_spec(self.config))]
         env = {**child_env(self.isolation.level, self._workdir), _BIND_NOW[0]: _BIND_NOW[1]}
         return unshare_argv(self.config, args), env
 

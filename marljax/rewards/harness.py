@@ -140,12 +140,7 @@ def _format_tb(exc, n_chars):
     return _limit("".join(lines), n_chars)
 
 
-# ---------------------------------------------------------------- jail setup
-_MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_NOEXEC, _MS_REMOUNT = 1, 2, 4, 8, 32
-_MS_BIND, _MS_MOVE, _MS_REC = 4096, 8192, 16384
-_KEPT_OPTIONS = {b"nosuid": _MS_NOSUID, b"nodev": _MS_NODEV, b"noexec": _MS_NOEXEC}
-
-
+# ------------------------------------------------- privileges, limits, sibling modules
 _LIBC = []  # (ctypes, libc) once loaded: a fork server's children reuse its handle
 
 
@@ -157,86 +152,29 @@ def _libc():
     return _LIBC[0]
 
 
-def _mount(libc_pair, src, target, fstype, flags, data=None):
-    ctypes, libc = libc_pair
-
-    def enc(s):
-        return None if s is None else os.fsencode(s)
-
-    if libc.mount(enc(src), enc(target), enc(fstype), ctypes.c_ulong(flags), enc(data)) != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, f"mount {src} on {target}: {os.strerror(err)}")
+_SIBLINGS = {}
 
 
-def _mounts():
-    """[(mount point, nosuid/nodev/noexec flags)] of this mount namespace, in mount order."""
-    out = []
-    with open("/proc/self/mountinfo", "rb") as f:
-        for line in f:
-            fields = line.split()
-            point = fields[4]
-            for code in (b"\\040", b"\\011", b"\\012", b"\\134"):  # mountinfo escapes these as octal
-                point = point.replace(code, bytes([int(code[1:], 8)]))
-            flags = 0
-            for option in fields[5].split(b","):
-                flags |= _KEPT_OPTIONS.get(option, 0)
-            out.append((os.fsdecode(point), flags))
-    return out
+def _sibling(name):
+    """``judge.py`` or ``jail.py``, loaded once from beside this file (bubblewrap binds judge.py
+    beside it as ``.marljax_judge.py``)."""
+    if name not in _SIBLINGS:
+        import importlib.util
+
+        here = os.path.dirname(os.path.abspath(__file__))
+        path = os.path.join(here, name)
+        if not os.path.exists(path):
+            path = os.path.join(here, ".marljax_" + name)
+        spec = importlib.util.spec_from_file_location("marljax_" + name[:-3], path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        _SIBLINGS[name] = module
+    return _SIBLINGS[name]
 
 
-def _under(path, roots):
-    return any(path == r or path.startswith(r.rstrip("/") + "/") for r in roots)
-
-
-def _build_jail(jail, workdir):
-    """``unshare`` level: runs as root in fresh mount+pid+net namespaces.
-
-    * a fresh /proc for the new pid namespace (host processes invisible);
-    * the working directory bind-mounted on /tmp and /var/tmp, small tmpfs on
-      /dev/shm and /run/lock: the only writable places;
-    * every other mount of the host read-only (world-writable directories of the
-      host, e.g. /var/crash, no longer carry anything from one program to the next);
-    * directories the dropped uid cannot traverse (e.g. a python under /root)
-      covered by a tmpfs that only re-exposes the interpreter's prefix (read-only).
-    """
-    lc = _libc()
-    host_mounts = _mounts()
-    _mount(lc, "proc", "/proc", "proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC)
-    stage = None
-    exposes = [p for p in jail.get("expose", []) if os.path.isdir(p)]
-    covers = jail.get("cover", [])
-    if exposes and covers:
-        stage = "/dev/shm"
-        _mount(lc, "tmpfs", stage, "tmpfs", _MS_NOSUID | _MS_NODEV, "mode=0700,size=64k")
-        staged = []
-        for k, p in enumerate(exposes):
-            s = os.path.join(stage, str(k))
-            os.mkdir(s)
-            _mount(lc, p, s, None, _MS_BIND | _MS_REC)
-            staged.append((s, p))
-        for c in covers:
-            _mount(lc, "tmpfs", c, "tmpfs", _MS_NOSUID | _MS_NODEV, "mode=0755,size=64k")
-        for s, p in staged:
-            os.makedirs(p, mode=0o755, exist_ok=True)
-            _mount(lc, s, p, None, _MS_MOVE)
-    writable = []
-    for d in ("/var/tmp", "/tmp"):  # /tmp last: it hides the workdir path
-        if os.path.isdir(d) and not os.path.islink(d):
-            _mount(lc, workdir, d, None, _MS_BIND)
-            writable.append(d)
-    for d in ("/dev/shm", "/run/lock"):
-        if os.path.isdir(d) and not os.path.islink(d):
-            _mount(lc, "tmpfs", d, "tmpfs", _MS_NOSUID | _MS_NODEV, "mode=1777,size=1m")
-            writable.append(d)
-    # Mounts now hidden under our own (the old /proc, anything below /tmp or a cover) cannot be reached.
-    hidden = ["/proc"] + writable + covers
-    for point, flags in host_mounts:
-        if not _under(point, hidden):
-            _mount(lc, None, point, None, _MS_REMOUNT | _MS_BIND | _MS_RDONLY | flags)
-    for p in exposes:  # binds of host directories: made read-only with their source mount's flags
-        flags = max((m for m in host_mounts if _under(p, [m[0]])), key=lambda m: len(m[0]))[1]
-        _mount(lc, None, p, None, _MS_REMOUNT | _MS_BIND | _MS_RDONLY | flags)
-    os.chdir("/tmp")
+def build_jail(jail, workdir):
+    """``unshare`` level: the minimal root of ``jail.py``."""
+    _sibling("jail.py").build(jail, workdir)
 
 
 def _drop_privileges(uid, gid):
@@ -346,7 +284,7 @@ def warm_up():
     import traceback  # noqa: F401
 
     _libc()
-    _judge()
+    _sibling("judge.py")
     r, w = os.pipe()
     saved = signal.getsignal(signal.SIGALRM), sys.stdin
     try:
@@ -385,7 +323,7 @@ def _confine(cfg, workdir):
     os.close(devnull)
 
     if cfg.get("jail") is not None:
-        _build_jail(cfg["jail"], workdir)
+        build_jail(cfg["jail"], workdir)
     _apply_limits(cfg["limits"])
     if cfg.get("drop"):
         _drop_privileges(cfg["drop"]["uid"], cfg["drop"]["gid"])
@@ -640,28 +578,13 @@ def _read_tests(fd):
 
 # ------------------------------------------------------- assert tests: judge and candidate
 _JUDGE_SLACK_S = 0.25
-_JUDGE = []
 _LOAD_STATUSES = ("ok", "runtime_error", "timeout", "memory_exceeded", "syntax_error")
-
-
-def _judge():
-    """judge.py, loaded once from beside this file (bubblewrap binds it beside it as well)."""
-    if not _JUDGE:
-        import importlib.util
-
-        here = os.path.dirname(os.path.abspath(__file__))
-        name = "judge.py" if os.path.exists(os.path.join(here, "judge.py")) else ".marljax_judge.py"
-        spec = importlib.util.spec_from_file_location("marljax_judge", os.path.join(here, name))
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        _JUDGE.append(module)
-    return _JUDGE[0]
 
 
 def _start_candidate(code, setup_code, ns, cap, test_timeout, error_record, close):
     """Fork the process that runs the program (judge.py); this one becomes the judge.  Returns the
     judge's namespace for the tests and the load record built from what the program reported."""
-    judge = _judge()
+    judge = _sibling("judge.py")
     _libc()[1].prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE 0: the program's process cannot ptrace or read us
 
     def call_timed(fn, *args, **kwargs):

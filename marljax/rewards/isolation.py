@@ -177,6 +177,8 @@ def bwrap_argv(
     argv += [
         "--dev",
         "/dev",
+        "--mqueue",  # the IPC namespace's POSIX message queues, for the fork server's check
+        "/dev/mqueue",
         "--proc",
         "/proc",
         "--bind",
@@ -237,17 +239,10 @@ def unshare_argv(config: SandboxConfig, args: list[str]) -> list[str]:
     return argv + python_argv(config, args)
 
 
-def jail_spec(config: SandboxConfig, drop: bool) -> dict:
-    """What the harness must re-expose after dropping privileges (unshare level)."""
-    expose, cover = [], []
-    if drop:
-        for p in _prefixes(config) + [os.path.dirname(HARNESS_PATH)]:
-            anc = _blocked_ancestor(p)
-            if anc is not None:
-                expose.append(p)
-                if anc not in cover:
-                    cover.append(anc)
-    return {"expose": expose, "cover": cover}
+def jail_spec(config: SandboxConfig) -> dict:
+    """What the ``unshare`` level's minimal root shows besides the system directories (``jail.py``):
+    the interpreter's prefixes and the harness's directory, read-only."""
+    return {"show": _prefixes(config) + [os.path.dirname(HARNESS_PATH)]}
 
 
 def _others_can_read(config: SandboxConfig) -> bool:

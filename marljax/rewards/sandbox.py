@@ -318,7 +318,7 @@ def _run(program: Program, limits: Limits, config: SandboxConfig, iso: Isolation
         nonce = secrets.token_hex(16)
         rfd, wfd = os.pipe()
         tfd = tests_file(program)
-        jail = jail_spec(config, drop) if iso.level == "unshare" else None
+        jail = jail_spec(config) if iso.level == "unshare" else None
         payload = build_payload(
             program, limits, nonce, wfd, tfd, drop_ids, jail, pdeathsig=iso.level != "bwrap"
         )

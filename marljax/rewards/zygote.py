@@ -130,7 +130,7 @@ def _dirty():
                 return True
         finally:
             os.close(fd)
-    for name in (b"/dev/shm", b"/run/lock"):
+    for name in (b"/dev/shm", b"/dev/mqueue"):
         try:
             if os.listdir(name):
                 return True
@@ -162,7 +162,7 @@ def main():
     harness = _load_harness(sys.argv[1])
     sock = socket.socket(fileno=int(sys.argv[2]))
     if len(sys.argv) > 3:  # unshare: the jail every program of this sandbox runs in, built once
-        harness._build_jail(json.loads(sys.argv[3]), os.getcwd())
+        harness.build_jail(json.loads(sys.argv[3]), os.getcwd())
     harness.warm_up()
     gc.freeze()  # children's garbage collections then leave the shared heap's pages alone (fewer copies)
     # Without a uid drop the programs share this uid: keep them from ptracing the zygote.

@@ -386,3 +386,74 @@ def test_the_program_never_holds_the_tests(run):
     )
     res = run(Program(code, (AssertTest(f'assert leak() == "{token}"'),)), LIM)
     assert res.status is Status.WRONG_ANSWER, res
+
+
+def _visible_host_dir():
+    """A world-accessible host directory the sandbox could see before it had a minimal root (the
+    working directory hides /tmp itself): /run as root, else the home directory."""
+    for d in ("/run", os.path.expanduser("~")):
+        if os.access(d, os.W_OK) and os.stat(d).st_mode & 0o005 == 0o005:
+            return d
+    pytest.skip("no writable world-accessible host directory outside /tmp")
+
+
+def test_host_sockets_fifos_and_files_are_out_of_reach(run, isolation):
+    # A unix socket and a FIFO of the host (a read-only mount does not stop connect() or writing to a
+    # FIFO), and a world-readable file (hidden tests' expected outputs, the checkout, the run directory).
+    if isolation.level == "none":
+        pytest.skip("isolation 'none' has no mount namespace: the host's files are the program's")
+    import stat as stat_
+
+    from marljax.rewards.sandbox import HARNESS_PATH
+
+    base = tempfile.mkdtemp(prefix="marljax-host-", dir=_visible_host_dir())
+    os.chmod(base, 0o755)
+    sock_path, fifo_path, file_path = (os.path.join(base, n) for n in ("sock", "fifo", "expected.txt"))
+    server = socket.socket(socket.AF_UNIX)
+    server.bind(sock_path)
+    os.chmod(sock_path, 0o777)
+    server.listen(4)
+    server.setblocking(False)
+    os.mkfifo(fifo_path, 0o666)
+    fifo = os.open(fifo_path, os.O_RDONLY | os.O_NONBLOCK)
+    with open(file_path, "w") as fh:
+        fh.write("hidden expected output")
+    os.chmod(file_path, 0o644)
+    checkout_file = os.path.join(os.path.dirname(HARNESS_PATH), "..", "..", "README.md")
+    code = (
+        "import os, socket\ndef f(sock, fifo, paths):\n    got = []\n"
+        "    s = socket.socket(socket.AF_UNIX)\n    try:\n        s.connect(sock)\n        s.send(b'x')\n"
+        "        got.append('socket')\n    except OSError:\n        pass\n"
+        "    try:\n        fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)\n        os.write(fd, b'x')\n"
+        "        got.append('fifo')\n    except OSError:\n        pass\n"
+        "    for p in paths:\n        try:\n            open(p).read(1)\n            got.append(p)\n"
+        "        except OSError:\n            pass\n    return got\n"
+    )
+    try:
+        res = run(call(code, [], [sock_path, fifo_path, [file_path, checkout_file]]), LIM)
+        with pytest.raises(BlockingIOError):
+            server.accept()
+        assert os.read(fifo, 10) == b""
+        assert stat_.S_ISFIFO(os.stat(fifo_path).st_mode)
+    finally:
+        server.close()
+        os.close(fifo)
+        for p in (sock_path, fifo_path, file_path):
+            os.unlink(p)
+        os.rmdir(base)
+    assert res.passed, f"reached from the sandbox: {res.tests[0].actual}"
+
+
+def test_posix_message_queues_do_not_reach_the_next_program(run, isolation):
+    if isolation.level == "none":
+        pytest.skip("isolation 'none' has no IPC namespace: POSIX message queues are the host's")
+    name = ("/marljax-" + secrets.token_hex(6)).encode()
+    code = (
+        "import ctypes, os\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+        "libc.mq_open.restype = ctypes.c_int\n"
+        "def f(name, flags):\n    return libc.mq_open(name.encode(), flags, 0o666, None) >= 0\n"
+    )
+    created = run(call(code, True, [name.decode(), os.O_CREAT | os.O_RDWR]), LIM)
+    assert created.passed, created  # the queue exists in this sandbox's IPC namespace
+    found = run(call(code, False, [name.decode(), os.O_RDONLY]), LIM)
+    assert found.passed, "a message queue of the previous program was still there"
