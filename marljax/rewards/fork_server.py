@@ -34,6 +34,7 @@ from pathlib import Path
 from .formats import Program
 from .isolation import (
     HARNESS_PATH,
+    JAIL_PATH,
     JUDGE_PATH,
     SandboxConfig,
     bwrap_argv,
@@ -114,6 +115,7 @@ class ForkServer:
             files = {
                 "/.marljax_harness.py": HARNESS_PATH,
                 "/.marljax_judge.py": JUDGE_PATH,
+                "/.marljax_jail.py": JAIL_PATH,
                 "/.marljax_zygote.py": ZYGOTE_PATH,
             }
             return bwrap_argv(

@@ -156,8 +156,8 @@ _SIBLINGS = {}
 
 
 def _sibling(name):
-    """``judge.py`` or ``jail.py``, loaded once from beside this file (bubblewrap binds judge.py
-    beside it as ``.marljax_judge.py``)."""
+    """``judge.py`` or ``jail.py``, loaded once from beside this file (bubblewrap binds them beside
+    it as ``.marljax_judge.py`` and ``.marljax_jail.py``)."""
     if name not in _SIBLINGS:
         import importlib.util
 
@@ -285,6 +285,7 @@ def warm_up():
 
     _libc()
     _sibling("judge.py")
+    _sibling("jail.py")
     r, w = os.pipe()
     saved = signal.getsignal(signal.SIGALRM), sys.stdin
     try:
@@ -328,6 +329,7 @@ def _confine(cfg, workdir):
     if cfg.get("drop"):
         _drop_privileges(cfg["drop"]["uid"], cfg["drop"]["gid"])
     _prctl_guard(cfg.get("pdeathsig", False))
+    _sibling("jail.py").deny_syscalls()
 
 
 def main(cfg, confine=True):

@@ -30,7 +30,9 @@ from pathlib import Path
 from .results import Isolation
 
 HARNESS_PATH = str(Path(__file__).with_name("harness.py").resolve())
-JUDGE_PATH = str(Path(__file__).with_name("judge.py").resolve())  # loaded by the harness from beside it
+# loaded by the harness from beside it
+JUDGE_PATH = str(Path(__file__).with_name("judge.py").resolve())
+JAIL_PATH = str(Path(__file__).with_name("jail.py").resolve())
 LEVELS = ("bwrap", "unshare", "none")
 ISOLATING_LEVELS = LEVELS[:-1]  # what ``auto`` may pick: ``none`` only when named
 
@@ -207,6 +209,7 @@ def bwrap_harness_argv(config: SandboxConfig, workdir: str, payload: str, drop: 
     files = {
         "/.marljax_harness.py": HARNESS_PATH,
         "/.marljax_judge.py": JUDGE_PATH,
+        "/.marljax_jail.py": JAIL_PATH,
         "/.payload.json": payload,
     }
     return bwrap_argv(config, workdir, drop, files, ["/.marljax_harness.py", "/.payload.json"])

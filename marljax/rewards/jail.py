@@ -117,3 +117,62 @@ def build(jail, workdir):
     os.rmdir("/.old")
     _mount(None, "/", None, _MS_REMOUNT | _MS_RDONLY | _MS_NOSUID | _MS_NODEV)  # the root itself: no writes
     os.chdir("/tmp")
+
+
+# ------------------------------------------------------------------ system calls no program needs
+# Kernel keyrings outlive a program (per-uid keyrings accumulate in the kernel) and a user namespace
+# would hand it capabilities over its own mounts: both are refused, at every isolation level.
+_AUDIT_ARCH = {"x86_64": 0xC000003E, "aarch64": 0xC00000B7}
+_NR = {  # add_key, request_key, keyctl, unshare, setns, clone, clone3
+    "x86_64": (248, 249, 250, 272, 308, 56, 435),
+    "aarch64": (217, 218, 219, 97, 268, 220, 435),
+}
+_CLONE_NEWUSER = 0x10000000
+_RET_ALLOW, _RET_ERRNO = 0x7FFF0000, 0x00050000
+_LD_ABS, _JEQ, _JGE, _JSET, _RET = 0x20, 0x15, 0x35, 0x45, 0x06
+
+
+class _Filter(ctypes.Structure):
+    _fields_ = [
+        ("code", ctypes.c_ushort),
+        ("jt", ctypes.c_ubyte),
+        ("jf", ctypes.c_ubyte),
+        ("k", ctypes.c_uint),
+    ]
+
+
+class _Program(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(_Filter))]
+
+
+def deny_syscalls():
+    """Install a seccomp filter: keyring calls, ``unshare``, ``setns`` and ``clone`` with
+    CLONE_NEWUSER fail with EPERM; ``clone3`` (whose flags a filter cannot read) with ENOSYS, so
+    that the C library falls back to ``clone``.  Needs no_new_privs (the harness sets it).  False
+    on an architecture it does not know."""
+    arch = platform.machine()
+    if arch not in _NR:
+        return False
+    add_key, request_key, keyctl, unshare, setns, clone, clone3 = _NR[arch]
+    # (code, k, jump-if-true label, jump-if-false label); labels: "allow", "eperm", "enosys", None = next
+    code = [
+        (_LD_ABS, 4, None, None),  # seccomp_data.arch
+        (_JEQ, _AUDIT_ARCH[arch], None, "allow"),
+        (_LD_ABS, 0, None, None),  # seccomp_data.nr
+        (_JGE, 0x40000000, "eperm", None),  # the x32 ABI's numbers
+        *[(_JEQ, nr, "eperm", None) for nr in (add_key, request_key, keyctl, unshare, setns)],
+        (_JEQ, clone3, "enosys", None),
+        (_JEQ, clone, None, "allow"),
+        (_LD_ABS, 16, None, None),  # the low half of args[0]: clone's flags
+        (_JSET, _CLONE_NEWUSER, "eperm", "allow"),
+    ]
+    ends = {"allow": len(code), "eperm": len(code) + 1, "enosys": len(code) + 2}
+    rets = [_RET_ALLOW, _RET_ERRNO | 1, _RET_ERRNO | 38]  # EPERM, ENOSYS
+    insns = (_Filter * (len(code) + 3))()
+    for i, (op, k, jt, jf) in enumerate(code):
+        insns[i] = _Filter(op, ends[jt] - i - 1 if jt else 0, ends[jf] - i - 1 if jf else 0, k)
+    for j, ret in enumerate(rets):
+        insns[len(code) + j] = _Filter(_RET, 0, 0, ret)
+    prog = _Program(len(insns), insns)
+    _check(_LIBC.prctl(22, 2, ctypes.byref(prog), 0, 0), "seccomp")  # PR_SET_SECCOMP, SECCOMP_MODE_FILTER
+    return True

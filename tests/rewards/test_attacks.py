@@ -457,3 +457,21 @@ def test_posix_message_queues_do_not_reach_the_next_program(run, isolation):
     assert created.passed, created  # the queue exists in this sandbox's IPC namespace
     found = run(call(code, False, [name.decode(), os.O_RDONLY]), LIM)
     assert found.passed, "a message queue of the previous program was still there"
+
+
+def test_no_keyrings_and_no_user_namespaces(run):
+    # Keys a program adds outlive it in the kernel (and reach the next program of its uid); a user
+    # namespace would give it capabilities over its own mounts. Both are refused at every level.
+    code = (
+        "import ctypes, os\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+        "NR = {'x86_64': (248, 56), 'aarch64': (217, 220)}[os.uname().machine]\n"
+        "def f():\n    got = []\n"
+        "    key = libc.syscall(NR[0], b'user', b'marljax-leak', b'secret', 6, -4)\n"  # @u: the user keyring
+        "    if key >= 0:\n        got.append('add_key')\n"
+        "    if libc.unshare(0x10000000) == 0:\n        got.append('unshare(CLONE_NEWUSER)')\n"
+        "    pid = os.fork()\n    if pid == 0:\n        os._exit(0)\n    os.waitpid(pid, 0)\n"
+        "    import threading\n    t = threading.Thread(target=lambda: None)\n    t.start()\n    t.join()\n"
+        "    return got\n"
+    )
+    res = run(call(code, []), LIM)
+    assert res.passed, f"allowed: {res.tests[0].actual} {res.tests[0].message}"
