@@ -31,6 +31,7 @@ import subprocess
 import time
 from pathlib import Path
 
+from .cgroup import MemoryCgroup
 from .formats import Program
 from .isolation import (
     HARNESS_PATH,
@@ -68,6 +69,8 @@ class ForkServer:
         self._proc: subprocess.Popen | None = None
         self._sock: socket.socket | None = None
         self._base = self._workdir = ""
+        self._group: MemoryCgroup | None = None
+        self._group_mb = None
         self._jobs = 0
         self.starts = 0  # how many sandboxes this server has started (for tests and benchmarks)
 
@@ -107,6 +110,11 @@ class ForkServer:
                 f"the sandbox's fork server did not start ({self.isolation.level} + zygote.py): "
                 + err.decode("utf-8", "replace")[-2000:]
             )
+        self._group, self._group_mb = MemoryCgroup.create(), None
+        if self._group is not None:  # the idle zygote and the wrappers above it: every job forks inside
+            for pid in _descendants(self._proc.pid):
+                with contextlib.suppress(OSError):
+                    self._group.add(pid)
 
     def _argv(self, fd: int) -> tuple[list[str], dict | None]:
         """The zygote's command line and environment at this server's isolation level."""
@@ -142,6 +150,9 @@ class ForkServer:
             self._proc.wait()
             self._proc.stderr.close()
             self._proc = None
+        if self._group is not None:
+            self._group.close()
+            self._group = None
         if self._base:
             rmtree(self._base)
             self._base = ""
@@ -160,6 +171,9 @@ class ForkServer:
             self.close()
         if self._proc is None:
             self._start()
+        if self._group is not None and self._group_mb != limits.memory_mb:
+            self._group.limit(limits.memory_mb)
+            self._group_mb = limits.memory_mb
         drop_ids = hand_to_throwaway_uid(self.config, self._workdir, self.isolation.privileges_dropped)
         nonce = secrets.token_hex(16)
         payload = build_payload(program, limits, nonce, -1, -1, drop_ids, None, pdeathsig=False)
@@ -240,3 +254,17 @@ class ForkServer:
             else:
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(entry.path)
+
+
+def _descendants(pid: int) -> list[int]:
+    """``pid`` and every process below it."""
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        try:
+            with open(f"/proc/{p}/task/{p}/children") as f:
+                todo += [int(c) for c in f.read().split()]
+        except OSError:
+            continue
+    return out

@@ -323,6 +323,9 @@ def _confine(cfg, workdir):
     os.dup2(devnull, 0)
     os.close(devnull)
 
+    if cfg.get("cgroup"):  # the memory cgroup of this program's processes together (cgroup.py)
+        with open(cfg["cgroup"], "w") as f:
+            f.write("0")  # this process
     if cfg.get("jail") is not None:
         build_jail(cfg["jail"], workdir)
     _apply_limits(cfg["limits"])

@@ -43,6 +43,7 @@ import threading
 import time
 from dataclasses import dataclass, replace
 
+from .cgroup import MemoryCgroup
 from .formats import AssertTest, CallTest, Program, StdioTest
 from .isolation import (
     HARNESS_PATH,
@@ -311,7 +312,7 @@ def _run(program: Program, limits: Limits, config: SandboxConfig, iso: Isolation
     t_begin = time.perf_counter()
     drop = iso.privileges_dropped
     base, workdir = make_workdir(config)
-    proc = drop_ids = None
+    proc = drop_ids = group = None
     rfd = wfd = tfd = -1
     try:
         drop_ids = hand_to_throwaway_uid(config, workdir, drop)
@@ -322,6 +323,11 @@ def _run(program: Program, limits: Limits, config: SandboxConfig, iso: Isolation
         payload = build_payload(
             program, limits, nonce, wfd, tfd, drop_ids, jail, pdeathsig=iso.level != "bwrap"
         )
+        if iso.level != "bwrap":  # the harness joins it itself, before the jail hides /sys
+            group = MemoryCgroup.create()
+            if group is not None:
+                group.limit(limits.memory_mb)
+                payload["cgroup"] = group.join_path
         ppath = os.path.join(base, "payload.json")
         fd = os.open(ppath, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "w") as f:
@@ -359,6 +365,8 @@ def _run(program: Program, limits: Limits, config: SandboxConfig, iso: Isolation
                 proc.stdout.close()
         if drop_ids and iso.level == "none":
             kill_uid(drop_ids["uid"])
+        if group is not None:
+            group.close()
         for fd_ in (rfd, wfd, tfd):
             if fd_ >= 0:
                 os.close(fd_)

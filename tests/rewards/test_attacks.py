@@ -475,3 +475,26 @@ def test_no_keyrings_and_no_user_namespaces(run):
     )
     res = run(call(code, []), LIM)
     assert res.passed, f"allowed: {res.tests[0].actual} {res.tests[0].message}"
+
+
+def test_memory_is_capped_for_all_processes_together(run, isolation, request):
+    # Three children each touching 200 MiB under memory_mb=256: RLIMIT_AS lets each one through,
+    # the program's memory cgroup (where this machine lets us make one) does not let all three.
+    from marljax.rewards.cgroup import MemoryCgroup
+
+    group = MemoryCgroup.create()
+    if group is None:
+        pytest.skip("no memory cgroup can be made here: the memory cap is per process")
+    group.close()
+    if request.node.callspec.params["run"] == ("bwrap", "fresh"):
+        pytest.skip("a fresh bubblewrap sandbox cannot join a cgroup (/sys is not in it)")
+    code = (
+        "import os, time\ndef f():\n    pids = []\n    for _ in range(3):\n        pid = os.fork()\n"
+        "        if pid == 0:\n            try:\n                hog = b'x' * (200 << 20)\n"
+        "                time.sleep(1.0)\n                os._exit(0)\n            except MemoryError:\n"
+        "                os._exit(1)\n        pids.append(pid)\n"
+        "    return sum(os.waitpid(p, 0)[1] == 0 for p in pids)\n"
+    )
+    lim = Limits(test_timeout_s=8.0, program_timeout_s=15.0, memory_mb=256, max_processes=16)
+    res = run(call(code, 3), lim)
+    assert not res.passed, res  # some child was stopped
