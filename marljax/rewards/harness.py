@@ -172,11 +172,6 @@ def _sibling(name):
     return _SIBLINGS[name]
 
 
-def build_jail(jail, workdir):
-    """``unshare`` level: the minimal root of ``jail.py``."""
-    _sibling("jail.py").build(jail, workdir)
-
-
 def _drop_privileges(uid, gid):
     os.setgroups([])
     os.setresgid(gid, gid, gid)
@@ -327,7 +322,11 @@ def _confine(cfg, workdir):
         with open(cfg["cgroup"], "w") as f:
             f.write("0")  # this process
     if cfg.get("jail") is not None:
-        build_jail(cfg["jail"], workdir)
+        _sibling("jail.py").build(cfg["jail"])
+    if cfg.get("jail") is not None or cfg.get("in_jail"):
+        drop = cfg.get("drop")
+        owner = (drop["uid"], drop["gid"]) if drop else None
+        _sibling("jail.py").size_workdir(*cfg["disk"], owner)
     _apply_limits(cfg["limits"])
     if cfg.get("drop"):
         _drop_privileges(cfg["drop"]["uid"], cfg["drop"]["gid"])

@@ -6,7 +6,8 @@ The program sees what bubblewrap shows and nothing else of the host:
 
 * /usr, /bin, /sbin, /lib* and the directories in ``jail["show"]`` (the interpreter's prefix, the
   harness's directory), read-only at their host paths;
-* its working directory on /tmp and /var/tmp (the only writable host storage);
+* its working directory on /tmp and /var/tmp: a tmpfs whose size and file count are its disk quota
+  (``size_workdir``), emptied between the programs of a fork server (``empty_workdir``);
 * a fresh /proc for its pid namespace, a /dev of null, zero, full, random, urandom, a small tmpfs
   /dev/shm, and /dev/mqueue (its IPC namespace's POSIX message queues, so that a fork server sees
   what a program left there);
@@ -68,14 +69,13 @@ def _bind_ro(fd, target, flags):
     _mount(None, target, None, _MS_REMOUNT | _MS_BIND | _MS_RDONLY | flags)
 
 
-def build(jail, workdir):
+def build(jail):
     """Build the root in a fresh tmpfs, ``pivot_root`` into it and detach the host's; cwd: /tmp."""
     mounts = _mount_flags()
     shown = []  # (path, O_PATH fd): opened before anything is covered
     for d in list(_SYSTEM_DIRS) + list(jail.get("show", [])):
         if os.path.isdir(d) and not any(d == s or d.startswith(s + "/") for s, _ in shown):
             shown.append((d, os.open(d, os.O_PATH | os.O_DIRECTORY)))
-    work = os.open(workdir, os.O_PATH | os.O_DIRECTORY)
     devices = [(n, os.open(f"/dev/{n}", os.O_PATH)) for n in _DEVICES if os.path.exists(f"/dev/{n}")]
     new = "/tmp" if os.path.isdir("/tmp") else "/mnt"  # any directory: the mount is ours alone
     _mount("tmpfs", new, "tmpfs", _MS_NOSUID | _MS_NODEV, "mode=0755,size=256k")
@@ -85,9 +85,12 @@ def build(jail, workdir):
             continue
         os.makedirs(new + d, mode=0o755, exist_ok=True)
         _bind_ro(fd, new + d, _flags_of(d, mounts))
-    for d in ("/var/tmp", "/tmp"):
-        os.makedirs(new + d, mode=0o755, exist_ok=True)
-        _mount(f"/proc/self/fd/{work}", new + d, None, _MS_BIND)
+    # The working directory: a tmpfs (its size and file count are the program's disk quota, set by
+    # ``size_workdir`` per program), on /tmp and /var/tmp.
+    os.mkdir(new + "/tmp", 0o700)
+    _mount("tmpfs", new + "/tmp", "tmpfs", _MS_NOSUID | _MS_NODEV, "mode=0700,size=64m,nr_inodes=4096")
+    os.makedirs(new + "/var/tmp", mode=0o755)
+    _mount(new + "/tmp", new + "/var/tmp", None, _MS_BIND)
     os.mkdir(new + "/dev", 0o755)
     for name, fd in devices:
         open(f"{new}/dev/{name}", "w").close()
@@ -105,7 +108,7 @@ def build(jail, workdir):
     _mount("mqueue", new + "/dev/mqueue", "mqueue", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC)
     os.mkdir(new + "/proc")
     _mount("proc", new + "/proc", "proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC)
-    for fd in [fd for _, fd in shown] + [fd for _, fd in devices] + [work]:
+    for fd in [fd for _, fd in shown] + [fd for _, fd in devices]:
         os.close(fd)
     os.mkdir(new + "/.old")
     _check(
@@ -117,6 +120,36 @@ def build(jail, workdir):
     os.rmdir("/.old")
     _mount(None, "/", None, _MS_REMOUNT | _MS_RDONLY | _MS_NOSUID | _MS_NODEV)  # the root itself: no writes
     os.chdir("/tmp")
+
+
+def size_workdir(megabytes, files, owner):
+    """One program's disk quota on /tmp (remounted: a fork server's programs may differ), owned by
+    ``owner`` ((uid, gid) or None)."""
+    _mount(
+        None,
+        "/tmp",
+        None,
+        _MS_REMOUNT | _MS_NOSUID | _MS_NODEV,
+        f"size={int(megabytes)}m,nr_inodes={int(files)}",
+    )
+    if owner is not None:
+        os.chown("/tmp", *owner)
+
+
+def empty_workdir():
+    """Remove what a program left on /tmp; False when something could not be removed."""
+    import shutil
+
+    ok = True
+    for entry in os.scandir("/tmp"):
+        try:
+            if entry.is_dir(follow_symlinks=False):
+                shutil.rmtree(entry.path)
+            else:
+                os.unlink(entry.path)
+        except (OSError, RecursionError):
+            ok = False
+    return ok
 
 
 # ------------------------------------------------------------------ system calls no program needs

@@ -84,6 +84,8 @@ class Limits:
     max_file_bytes: int = 16 << 20  # RLIMIT_FSIZE
     max_open_files: int = 128
     max_message_chars: int = 2000  # tracebacks, reprs in records
+    max_disk_mb: int = 64  # all files together (unshare: the working directory is a tmpfs of this size)
+    max_files: int = 4096  # files and directories together (unshare)
 
     def __post_init__(self) -> None:
         for name in (
@@ -95,6 +97,8 @@ class Limits:
             "max_file_bytes",
             "max_open_files",
             "max_message_chars",
+            "max_disk_mb",
+            "max_files",
         ):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or value <= 0:
@@ -241,6 +245,7 @@ def build_payload(
         "test_timeout_s": float(limits.test_timeout_s),
         "max_output_bytes": int(limits.max_output_bytes),
         "max_message_chars": int(limits.max_message_chars),
+        "disk": [int(limits.max_disk_mb), int(limits.max_files)],
     }
 
 

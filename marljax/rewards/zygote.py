@@ -18,7 +18,8 @@ Once warm it says ``ready\n``.  Per job, over the control socket (a stream):
 3. parent -> zygote: ``end\\n`` once it has collected what it needs (or a limit hit).
 4. The zygote SIGKILLs the child's session, reaps the child, SIGKILLs every
    process left in the namespace except pid 1 and itself, reaps them (it is the namespace's child
-   subreaper: no zombie of one job is left for the next to see), and answers one JSON line: ``{"exit": <returncode>,
+   subreaper: no zombie of one job is left for the next to see), empties the working directory
+   (under ``unshare`` a tmpfs inside the jail), and answers one JSON line: ``{"exit": <returncode>,
    "dirty": <bool>}``.  ``dirty`` says the job left something outside the
    working directory (SysV IPC objects, files in /dev/shm or /run/lock) that only
    a fresh sandbox removes; the parent then replaces the server.
@@ -161,8 +162,9 @@ def main():
     os.environ.pop("LD_BIND_NOW", None)  # set for this interpreter's start only (see fork_server.py)
     harness = _load_harness(sys.argv[1])
     sock = socket.socket(fileno=int(sys.argv[2]))
-    if len(sys.argv) > 3:  # unshare: the jail every program of this sandbox runs in, built once
-        harness.build_jail(json.loads(sys.argv[3]), os.getcwd())
+    jail = harness._sibling("jail.py") if len(sys.argv) > 3 else None
+    if jail is not None:  # unshare: the jail every program of this sandbox runs in, built once
+        jail.build(json.loads(sys.argv[3]))
     harness.warm_up()
     gc.freeze()  # children's garbage collections then leave the shared heap's pages alone (fewer copies)
     # Without a uid drop the programs share this uid: keep them from ptracing the zygote.
@@ -174,6 +176,7 @@ def main():
         job, fds = _read_job(sock)
         if job is None:
             return
+        job["in_jail"] = jail is not None  # the job sizes its working directory (jail.size_workdir)
         pid = os.fork()
         if pid == 0:
             _child(harness, sock, job, *fds)
@@ -187,9 +190,10 @@ def main():
             if not _sweep():
                 os._exit(3)
             _only_me_left()
+        dirty = _dirty() or (jail is not None and not jail.empty_workdir())
         reply = b'{"exit": %d, "dirty": %s}\n' % (
             os.waitstatus_to_exitcode(status),
-            b"true" if _dirty() else b"false",
+            b"true" if dirty else b"false",
         )
         sock.sendall(reply)
 

@@ -498,3 +498,24 @@ def test_memory_is_capped_for_all_processes_together(run, isolation, request):
     lim = Limits(test_timeout_s=8.0, program_timeout_s=15.0, memory_mb=256, max_processes=16)
     res = run(call(code, 3), lim)
     assert not res.passed, res  # some child was stopped
+
+
+def test_disk_is_capped_for_all_files_together(run, isolation):
+    # Sixteen files of 4 MiB each under a 4 MiB file cap: the working directory's quota stops them.
+    if isolation.level != "unshare":
+        pytest.skip(
+            f"isolation {isolation.level!r} caps each file's size only (the working directory is on the host)"
+        )
+    code = (
+        "import os\ndef f():\n    written = 0\n    for k in range(16):\n        try:\n"
+        "            with open(f'f{k}', 'wb') as fh:\n                fh.write(b'x' * (4 << 20))\n"
+        "            written += 4 << 20\n        except OSError:\n            pass\n"
+        "    n = 0\n    try:\n        while n < 10000:\n            open(f'e{n}', 'w').close()\n            n += 1\n"
+        "    except OSError:\n        pass\n    return [written >> 20, n]\n"
+    )
+    lim = Limits(
+        test_timeout_s=8.0, program_timeout_s=15.0, max_file_bytes=4 << 20, max_disk_mb=8, max_files=100
+    )
+    res = run(call(code, None), lim)
+    written_mb, files = eval(res.tests[0].actual)  # noqa: S307 - the program's JSON list
+    assert written_mb <= 8 and files < 100, res.tests[0].actual
