@@ -608,7 +608,7 @@ def _start_candidate(code, setup_code, ns, cap, test_timeout, error_record, clos
         rec = error_record(exc)
         return [rec["exc_type"], rec["message"], rec["traceback"]]
 
-    def candidate_main(sock):
+    def candidate_main(chan):
         _libc()[1].prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG: dies with the judge
         sys.stdin = io.StringIO("")
         try:
@@ -620,13 +620,13 @@ def _start_candidate(code, setup_code, ns, cap, test_timeout, error_record, clos
             rec = error_record(exc)
             if isinstance(exc, OutputLimitExceeded):
                 rec["exc_type"] = "OutputLimitExceeded"
-        judge.serve(sock, ns, call_timed, describe, rec)
+        judge.serve(chan, ns, call_timed, describe, rec)
 
-    sock, pid = judge.start(candidate_main, [fd for fd in close if fd is not None and fd >= 0])
-    link = judge.Link(sock, pid, _TestTimeout)
+    chan, pid = judge.start(candidate_main, [fd for fd in close if fd is not None and fd >= 0])
+    link = judge.Link(chan, pid, _TestTimeout)
     signal.setitimer(signal.ITIMER_REAL, test_timeout + _JUDGE_SLACK_S)
     try:
-        got = judge.receive(sock)
+        got = chan.receive()
     except _TestTimeout:
         link.kill("the program was stopped at its time limit")
         got = {"status": "timeout", "exc_type": "Timeout", "message": ""}

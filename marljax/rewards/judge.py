@@ -113,31 +113,36 @@ def _int(v):
     return v
 
 
-def send(sock, message):
-    body = json.dumps(message).encode()
-    sock.sendall(struct.pack("!I", len(body)) + body)
+class Channel:
+    """One end of a pair of pipes (pipes, not a socket: importing ``socket`` costs milliseconds)."""
 
+    def __init__(self, rfd, wfd):
+        self.rfd, self.wfd = rfd, wfd
 
-def receive(sock):
-    """One message; EOFError when the other side is gone or broke the framing."""
-    (n,) = struct.unpack("!I", _exact(sock, 4))
-    if n > _MAX_FRAME:
-        raise EOFError("frame too large")
-    return json.loads(_exact(sock, n))
+    def send(self, message):
+        data = (lambda body: struct.pack("!I", len(body)) + body)(json.dumps(message).encode())
+        while data:
+            data = data[os.write(self.wfd, data) :]
 
+    def receive(self):
+        """One message; EOFError when the other side is gone or broke the framing."""
+        (n,) = struct.unpack("!I", self._exact(4))
+        if n > _MAX_FRAME:
+            raise EOFError("frame too large")
+        return json.loads(self._exact(n))
 
-def _exact(sock, n):
-    buf = bytearray()
-    while len(buf) < n:
-        chunk = sock.recv(min(n - len(buf), 1 << 20))
-        if not chunk:
-            raise EOFError("the other process closed the connection")
-        buf += chunk
-    return bytes(buf)
+    def _exact(self, n):
+        buf = bytearray()
+        while len(buf) < n:
+            chunk = os.read(self.rfd, min(n - len(buf), 1 << 20))
+            if not chunk:
+                raise EOFError("the other process closed the connection")
+            buf += chunk
+        return bytes(buf)
 
 
 # ------------------------------------------------------------------ the candidate's side
-def serve(sock, ns, call_timed, describe_error, load):
+def serve(chan, ns, call_timed, describe_error, load):
     """Send the ``load`` record (with handles to the program's functions and classes, when it loaded),
     then answer the judge's requests until it goes: ``["get", name]``, ``["call", id, args, kwargs]``,
     ``["attr", id, name]``.  ``call_timed(fn, *args)`` runs untrusted code under the test limits;
@@ -155,11 +160,11 @@ def serve(sock, ns, call_timed, describe_error, load):
         load["names"] = {
             k: [keep(v), type(v).__name__] for k, v in ns.items() if callable(v) and not k.startswith("__")
         }
-    send(sock, load)
+    chan.send(load)
 
     while True:
         try:
-            request = receive(sock)
+            request = chan.receive()
         except (EOFError, OSError, ValueError):
             os._exit(0)
         try:
@@ -180,9 +185,9 @@ def serve(sock, ns, call_timed, describe_error, load):
         except BaseException as exc:  # noqa: BLE001 - the candidate's failure is the judge's to report
             reply = ["err", *describe_error(exc)]
         try:
-            send(sock, reply)
+            chan.send(reply)
         except (TypeError, ValueError, OverflowError, RecursionError):
-            send(sock, ["err", "TypeError", "the value cannot be sent to the judge", None])
+            chan.send(["err", "TypeError", "the value cannot be sent to the judge", None])
 
 
 # ------------------------------------------------------------------ the judge's side
@@ -198,16 +203,16 @@ class Link:
     candidate's exception.  After a time-out or a broken reply the candidate is killed; every later
     request raises."""
 
-    def __init__(self, sock, pid, timeout_error):
-        self.sock, self.pid, self.timeout_error = sock, pid, timeout_error
+    def __init__(self, chan, pid, timeout_error):
+        self.chan, self.pid, self.timeout_error = chan, pid, timeout_error
         self.gone = None
 
     def request(self, message):
         if self.gone is not None:
             raise RemoteError(self.gone)
         try:
-            send(self.sock, message)
-            reply = receive(self.sock)
+            self.chan.send(message)
+            reply = self.chan.receive()
             if type(reply) is not list or not reply or reply[0] not in ("ok", "err"):
                 raise ValueError("malformed reply")
             if reply[0] == "ok":
@@ -312,20 +317,18 @@ class JudgeNamespace(dict):
 
 
 def start(candidate_main, close_in_candidate):
-    """Fork the candidate: it closes ``close_in_candidate`` (fds) and runs ``candidate_main(sock)``;
-    the judge (this process, made non-dumpable) gets ``(sock, pid)``."""
-    import socket
-
-    ours, theirs = socket.socketpair()
+    """Fork the candidate: it closes ``close_in_candidate`` (fds) and runs ``candidate_main(channel)``;
+    the judge (this process) gets ``(channel, pid)``."""
+    to_candidate, to_judge = os.pipe(), os.pipe()
     pid = os.fork()
     if pid == 0:
         try:
-            ours.close()
-            for fd in close_in_candidate:
+            for fd in [to_candidate[1], to_judge[0], *close_in_candidate]:
                 os.close(fd)
         except BaseException:  # noqa: BLE001
             os._exit(71)
-        candidate_main(theirs)
+        candidate_main(Channel(to_candidate[0], to_judge[1]))
         os._exit(0)
-    theirs.close()
-    return ours, pid
+    os.close(to_candidate[0])
+    os.close(to_judge[1])
+    return Channel(to_judge[0], to_candidate[1]), pid
