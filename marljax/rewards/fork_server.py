@@ -9,9 +9,10 @@ is unchanged: its own process, session, rlimits and throw-away uid (as root), th
 same record protocol and verdicts (``sandbox.collect`` / ``verdicts.classify``).
 
 What is shared, and how it is reset between programs (one program at a time per
-server): the working directory (emptied by the parent), the pid namespace (the
-zygote SIGKILLs every other process in it before it answers), the IPC namespace,
-/dev/shm and /run/lock (a job that leaves anything there gets a fresh sandbox), and
+server): the working directory (emptied by the parent; under ``unshare`` a tmpfs the
+zygote empties), the pid namespace (the zygote SIGKILLs every other process in it
+before it answers), the IPC namespace, /dev/shm and /dev/mqueue (a job that leaves
+anything there, SysV IPC objects included, gets a fresh sandbox), a memory cgroup, and
 the interpreter's start-up state (hash seed; ``random`` reseeds itself after fork).
 Everything else a program can see is read-only.  The server is also replaced every
 ``max_jobs`` programs, and whenever it dies.  Only levels with a pid namespace (and,

@@ -7,12 +7,16 @@ Levels, strongest first (``sandbox.detect_isolation`` probes them once per proce
              directory bind-mounted on /sandbox and /tmp, nothing else
              writable; the sandbox dies with its parent.
 ``unshare``  util-linux unshare (needs root or unprivileged user namespaces):
-             new net/pid/mount/ipc/uts namespaces; the child harness mounts a
-             fresh /proc, binds the working directory on /tmp and /var/tmp,
-             puts small tmpfs on /dev/shm and /run/lock, makes every other
-             mount read-only, and re-exposes an interpreter that lives under a
-             private directory (e.g. /root).
-``none``     rlimits, scrubbed environment, process-group kill only.
+             new net/pid/mount/ipc/uts namespaces and a minimal root entered with
+             pivot_root (``jail.py``): the system directories and the interpreter
+             read-only, the working directory a sized tmpfs on /tmp and /var/tmp,
+             a fresh /proc, a small /dev; ``unshare`` dies with the thread that
+             started it (``setpriv --pdeathsig``).
+``none``     rlimits, scrubbed environment, process-group kill only (named, never
+             picked by ``auto``).
+
+Every level also gets the harness's seccomp filter (no keyrings, no user namespaces) and, where
+this process may make one, a memory cgroup (``cgroup.py``).
 """
 
 from __future__ import annotations
@@ -263,7 +267,7 @@ def level_isolation(level: str, config: SandboxConfig) -> Isolation:
             True,
             drop,
             drop or not is_root(),
-            "util-linux unshare: net/pid/mount namespaces; private /tmp",
+            "util-linux unshare: net/pid/mount namespaces; a minimal root, /tmp a sized tmpfs",
         )
     return Isolation(
         "none",

@@ -21,7 +21,7 @@ Once warm it says ``ready\n``.  Per job, over the control socket (a stream):
    subreaper: no zombie of one job is left for the next to see), empties the working directory
    (under ``unshare`` a tmpfs inside the jail), and answers one JSON line: ``{"exit": <returncode>,
    "dirty": <bool>}``.  ``dirty`` says the job left something outside the
-   working directory (SysV IPC objects, files in /dev/shm or /run/lock) that only
+   working directory (SysV IPC objects, files in /dev/shm, POSIX message queues) that only
    a fresh sandbox removes; the parent then replaces the server.
 
 If the zygote cannot kill everything within a few seconds it exits, and the kernel
