@@ -46,8 +46,9 @@ from .isolation import (
     unshare_argv,
 )
 from .results import ExecutionResult, Isolation
-from .sandbox import Limits, build_payload, collect, hand_to_throwaway_uid, make_workdir, rmtree, tests_file
+from .sandbox import Limits, build_payload, collect, tests_file
 from .verdicts import classify
+from .workdir import hand_to_throwaway_uid, make_workdir, rmtree
 
 ZYGOTE_PATH = str(Path(__file__).with_name("zygote.py").resolve())
 _REPLY_TIMEOUT_S = 15.0  # the zygote gives up killing after 5 s and exits

@@ -399,7 +399,7 @@ def main(cfg, confine=True):
 
     # Asserts are judged in this process, the program runs in a forked one (judge.py); its own
     # per-call limit fires first, this process's a little later.
-    slack = _JUDGE_SLACK_S if mode == "assert" else 0.0
+    slack = _sibling("judge.py").SLACK_S if mode == "assert" else 0.0
 
     # ---- load phase: compile (and for non-stdin modes, execute) the program.
     try:
@@ -422,7 +422,10 @@ def main(cfg, confine=True):
     if mode == "assert":
         t0 = time.perf_counter()
         record({"e": "load_start"})
-        ns, rec = _start_candidate(code, setup_code, ns, cap, test_timeout, error_record, [rfd, tests_fd])
+        judge = _sibling("judge.py")
+        ns, rec = judge.start_candidate(
+            _PARTS, code, setup_code, ns, cap, test_timeout, error_record, [rfd, tests_fd]
+        )
         if tests is None:  # read only now, by the judge: the program's process never holds them
             tests = _read_tests(tests_fd)
         if rec["status"] == "ok" and setup_code is not None:
@@ -580,69 +583,13 @@ def _read_tests(fd):
     return json.loads(b"".join(chunks))
 
 
-# ------------------------------------------------------- assert tests: judge and candidate
-_JUDGE_SLACK_S = 0.25
-_LOAD_STATUSES = ("ok", "runtime_error", "timeout", "memory_exceeded", "syntax_error")
+class _PARTS:
+    """What ``judge.start_candidate`` uses of this file (which is not importable by name)."""
 
-
-def _start_candidate(code, setup_code, ns, cap, test_timeout, error_record, close):
-    """Fork the process that runs the program (judge.py); this one becomes the judge.  Returns the
-    judge's namespace for the tests and the load record built from what the program reported."""
-    judge = _sibling("judge.py")
-    _libc()[1].prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE 0: the program's process cannot ptrace or read us
-
-    def call_timed(fn, *args, **kwargs):
-        out = _Capture(cap)
-        sys.stdout = sys.stderr = out
-        signal.setitimer(signal.ITIMER_REAL, test_timeout)
-        try:
-            value = fn(*args, **kwargs)
-        finally:
-            signal.setitimer(signal.ITIMER_REAL, 0)
-            sys.stdout, sys.stderr = sys.__stdout__, sys.__stderr__
-        if out.overflow:
-            raise OutputLimitExceeded(f"output exceeded {cap} bytes")
-        return value
-
-    def describe(exc):
-        rec = error_record(exc)
-        return [rec["exc_type"], rec["message"], rec["traceback"]]
-
-    def candidate_main(chan):
-        _libc()[1].prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG: dies with the judge
-        sys.stdin = io.StringIO("")
-        try:
-            call_timed(exec, code, ns)
-            if setup_code is not None:
-                call_timed(exec, setup_code, ns)
-            rec = {"status": "ok"}
-        except BaseException as exc:  # noqa: BLE001 - untrusted code may raise anything
-            rec = error_record(exc)
-            if isinstance(exc, OutputLimitExceeded):
-                rec["exc_type"] = "OutputLimitExceeded"
-        judge.serve(chan, ns, call_timed, describe, rec)
-
-    chan, pid = judge.start(candidate_main, [fd for fd in close if fd is not None and fd >= 0])
-    link = judge.Link(chan, pid, _TestTimeout)
-    signal.setitimer(signal.ITIMER_REAL, test_timeout + _JUDGE_SLACK_S)
-    try:
-        got = chan.receive()
-    except _TestTimeout:
-        link.kill("the program was stopped at its time limit")
-        got = {"status": "timeout", "exc_type": "Timeout", "message": ""}
-    except (EOFError, OSError, ValueError, RecursionError, MemoryError):
-        link.kill("the program's process ended")
-        got = {"status": "runtime_error", "exc_type": "EarlyExit", "message": "the program's process ended"}
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-    got = got if isinstance(got, dict) else {}
-    status = got.get("status") if got.get("status") in _LOAD_STATUSES else "runtime_error"
-    rec = {"e": "load", "status": status}
-    for key in ("exc_type", "message", "traceback"):
-        if isinstance(got.get(key), str):
-            rec[key] = got[key][: 4 * cap]
-    names = got.get("names") if status == "ok" else None
-    return judge.JudgeNamespace(link, names, __name__="solution", __builtins__=builtins), rec
+    _libc = staticmethod(_libc)
+    _Capture = _Capture
+    OutputLimitExceeded = OutputLimitExceeded
+    _TestTimeout = _TestTimeout
 
 
 def run_and_exit(load):

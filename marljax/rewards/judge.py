@@ -23,12 +23,16 @@ helper function of the candidate's own file (HumanEval/32's ``poly``) trusts tha
 
 import builtins
 import contextlib
+import io
 import json
 import os
 import signal
 import struct
+import sys
 
 _MAX_FRAME = 64 << 20  # a reply larger than this ends the candidate: it is not an answer
+SLACK_S = 0.25  # the judge's time limit per test exceeds the program's own by this much
+_LOAD_STATUSES = ("ok", "runtime_error", "timeout", "memory_exceeded", "syntax_error")
 
 
 # ------------------------------------------------------------------ plain data over a pipe
@@ -332,3 +336,63 @@ def start(candidate_main, close_in_candidate):
     os.close(to_candidate[0])
     os.close(to_judge[1])
     return Channel(to_judge[0], to_candidate[1]), pid
+
+
+def start_candidate(h, code, setup_code, ns, cap, test_timeout, error_record, close):
+    """Fork the process that runs the program (``h``: the harness's parts); this one becomes the judge.
+    Returns the judge's namespace for the tests and the load record built from what the program
+    reported."""
+    h._libc()[1].prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE 0: the program's process cannot ptrace or read us
+
+    def call_timed(fn, *args, **kwargs):
+        out = h._Capture(cap)
+        sys.stdout = sys.stderr = out
+        signal.setitimer(signal.ITIMER_REAL, test_timeout)
+        try:
+            value = fn(*args, **kwargs)
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            sys.stdout, sys.stderr = sys.__stdout__, sys.__stderr__
+        if out.overflow:
+            raise h.OutputLimitExceeded(f"output exceeded {cap} bytes")
+        return value
+
+    def describe(exc):
+        rec = error_record(exc)
+        return [rec["exc_type"], rec["message"], rec["traceback"]]
+
+    def candidate_main(chan):
+        h._libc()[1].prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG: dies with the judge
+        sys.stdin = io.StringIO("")
+        try:
+            call_timed(exec, code, ns)
+            if setup_code is not None:
+                call_timed(exec, setup_code, ns)
+            rec = {"status": "ok"}
+        except BaseException as exc:  # noqa: BLE001 - untrusted code may raise anything
+            rec = error_record(exc)
+            if isinstance(exc, h.OutputLimitExceeded):
+                rec["exc_type"] = "OutputLimitExceeded"
+        serve(chan, ns, call_timed, describe, rec)
+
+    chan, pid = start(candidate_main, [fd for fd in close if fd is not None and fd >= 0])
+    link = Link(chan, pid, h._TestTimeout)
+    signal.setitimer(signal.ITIMER_REAL, test_timeout + SLACK_S)
+    try:
+        got = chan.receive()
+    except h._TestTimeout:
+        link.kill("the program was stopped at its time limit")
+        got = {"status": "timeout", "exc_type": "Timeout", "message": ""}
+    except (EOFError, OSError, ValueError, RecursionError, MemoryError):
+        link.kill("the program's process ended")
+        got = {"status": "runtime_error", "exc_type": "EarlyExit", "message": "the program's process ended"}
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+    got = got if isinstance(got, dict) else {}
+    status = got.get("status") if got.get("status") in _LOAD_STATUSES else "runtime_error"
+    rec = {"e": "load", "status": status}
+    for key in ("exc_type", "message", "traceback"):
+        if isinstance(got.get(key), str):
+            rec[key] = got[key][: 4 * cap]
+    names = got.get("names") if status == "ok" else None
+    return JudgeNamespace(link, names, __name__="solution", __builtins__=builtins), rec
