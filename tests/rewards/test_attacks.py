@@ -276,7 +276,13 @@ def test_no_sandbox_outlives_a_killed_parent(level_config, how):
         " Limits(test_timeout_s=100, program_timeout_s=100), config, server=server)\n"
     )
     parent = subprocess.Popen(
-        [sys.executable, "-c", runner], stdout=subprocess.PIPE, env={**os.environ, "PYTHONPATH": os.getcwd()}
+        [sys.executable, "-c", runner],
+        stdout=subprocess.PIPE,
+        env={
+            **os.environ,
+            "PYTHONPATH": os.getcwd(),
+            "TMPDIR": tempfile.gettempdir(),
+        },  # its leftovers go with ours
     )
     try:
         assert parent.stdout.readline() == b"go\n"
