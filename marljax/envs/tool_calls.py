@@ -7,7 +7,8 @@ Calls are read from a completion's text in two forms:
 * Llama 3.1 / 3.2 / 3.3 JSON tool calls: the whole reply is one JSON object
   ``{"name": ..., "parameters": {...}}``, optionally after ``<|python_tag|>``.
 
-A call that cannot be read is an error message for the agent, never an exception. Tools are
+A call that cannot be read (bad JSON, nesting too deep, numbers too long) is an error message for
+the agent, never an exception; strings come back without lone surrogates. Tools are
 described to a model through the chat template's ``tools=`` argument (`tool_schema` gives the
 OpenAI-style function schema both templates take); for a template without tool support (or raw
 prompts) `tools_text` describes them in plain text with the Qwen call format. Those text formats
@@ -57,9 +58,11 @@ class ParsedCalls:
 def _call_from_json(text: str, args_key: str) -> ToolCall | str:
     """A `ToolCall` from one JSON object, or the reason it is not one."""
     try:
-        obj = json.loads(text)
+        obj = _load_json(text)
     except json.JSONDecodeError as e:
         return f"invalid JSON ({e.msg} at character {e.pos})"
+    except (ValueError, RecursionError) as e:  # e.g. an integer of 5,000 digits, nesting 1,000 deep
+        return f"unreadable JSON ({type(e).__name__}: {str(e)[:120]})"
     if not isinstance(obj, dict):
         return f"a call must be a JSON object, got {type(obj).__name__}"
     name = obj.get("name")
@@ -68,12 +71,25 @@ def _call_from_json(text: str, args_key: str) -> ToolCall | str:
     args = obj.get(args_key, obj.get("arguments" if args_key == "parameters" else "parameters", {}))
     if isinstance(args, str):  # some models write the arguments as a JSON string
         try:
-            args = json.loads(args) if args.strip() else {}
-        except json.JSONDecodeError:
+            args = _load_json(args) if args.strip() else {}
+        except (ValueError, RecursionError):
             return f'"{args_key}" is a string that is not a JSON object'
     if not isinstance(args, dict):
         return f'"{args_key}" must be a JSON object, got {type(args).__name__}'
     return ToolCall(name, args)
+
+
+_SURROGATE = re.compile(r"\\u[dD][89a-fA-F]|[\ud800-\udfff]")  # escaped or raw
+
+
+def _load_json(text: str) -> Any:
+    """``json.loads``, with lone surrogates (``"\\ud800"``, which no tokenizer or UTF-8 file takes)
+    replaced by U+FFFD in every string and key."""
+    obj = json.loads(text)
+    if _SURROGATE.search(text):
+        clean = re.sub("[\ud800-\udfff]", "\ufffd", json.dumps(obj, ensure_ascii=False))
+        obj = json.loads(clean)
+    return obj
 
 
 def parse_tool_calls(text: str) -> ParsedCalls:

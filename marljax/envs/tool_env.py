@@ -24,7 +24,7 @@ from typing import Any
 
 from marljax.envs.base import EnvSpec, StepResult
 from marljax.envs.tool_calls import parse_tool_calls
-from marljax.envs.tools import Tool, ToolBox, truncate
+from marljax.envs.tools import Tool, ToolBox, clean_text, truncate
 from marljax.rewards import Problem
 
 _ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
@@ -117,8 +117,8 @@ class ToolEnv:
         skipped = len(parsed.calls) - len(results)
         if skipped:
             parts.append(f"{skipped} further call(s) skipped: at most {self.max_calls} per turn")
-        # each result is cut by the box; several together are cut once more
-        return truncate("\n".join(parts), self.max_observation_chars)[0]
+        # each result is cut by the box; several together are cut once more; echoed names made safe
+        return clean_text(truncate("\n".join(parts), self.max_observation_chars)[0])
 
 
 def run_episode(env: ToolEnv, problem: Problem, replies: Sequence[str], agent: str | None = None):

@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import json
 import math
 import operator
+import re
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -112,33 +114,75 @@ def truncate(text: str, limit: int) -> tuple[str, bool]:
 class ToolBox:
     """Tools by name; `run` turns any call into a `ToolResult`."""
 
-    def __init__(self, tools: Sequence[Tool], max_observation_chars: int = 2000):
+    def __init__(
+        self, tools: Sequence[Tool], max_observation_chars: int = 2000, max_argument_chars: int = 100_000
+    ):
         names = [t.name for t in tools]
         if len(set(names)) != len(names):
             raise ValueError(f"tool names must be unique, got {names}")
         self.tools = {t.name: t for t in tools}
         self.max_observation_chars = max_observation_chars
+        self.max_argument_chars = max_argument_chars
 
     @property
     def schemas(self) -> tuple[dict[str, Any], ...]:
         return tuple(t.schema for t in self.tools.values())
 
     def run(self, call: ToolCall) -> ToolResult:
+        try:
+            text, error, cut = self._run(call)
+        except Exception as e:  # noqa: BLE001 - e.g. arguments too deep to print: still an observation
+            text, error, cut = f"error: {call.name} failed: {type(e).__name__}", "exception", False
+        return ToolResult(call, clean_text(text), error, cut)
+
+    def _run(self, call: ToolCall) -> tuple[str, str | None, bool]:
         tool = self.tools.get(call.name)
         if tool is None:
             known = ", ".join(self.tools) or "none"
-            return ToolResult(call, f"error: unknown tool {call.name!r}; tools: {known}", "unknown_tool")
+            return f"error: unknown tool {call.name!r}; tools: {known}", "unknown_tool", False
+        size = len(json.dumps(call.arguments))
+        if size > self.max_argument_chars:
+            return (
+                f"error: {call.name}: arguments of {size} characters; at most {self.max_argument_chars}",
+                "bad_arguments",
+                False,
+            )
         bad = tool.argument_error(call.arguments)
         if bad is not None:
-            return ToolResult(call, f"error: {call.name}: {bad}", "bad_arguments")
+            return (
+                truncate(f"error: {call.name}: {bad}", self.max_observation_chars)[0],
+                "bad_arguments",
+                False,
+            )
         outcome = _call_with_timeout(tool.fn, call.arguments, tool.timeout_s)
         if outcome is None:
-            return ToolResult(call, f"error: {call.name} timed out after {tool.timeout_s:g} s", "timeout")
+            return f"error: {call.name} timed out after {tool.timeout_s:g} s", "timeout", False
         value, exc = outcome
         if exc is not None:
-            return ToolResult(call, f"error: {call.name} failed: {type(exc).__name__}: {exc}", "exception")
-        text, cut = truncate(str(value), self.max_observation_chars)
-        return ToolResult(call, text, None, cut)
+            message = truncate(f"{type(exc).__name__}: {_safe_str(exc)}", self.max_observation_chars)[0]
+            return f"error: {call.name} failed: {message}", "exception", False
+        text, cut = truncate(_safe_str(value), self.max_observation_chars)
+        return text, None, cut
+
+
+def _safe_str(value: Any) -> str:
+    try:
+        return str(value)
+    except Exception as e:  # noqa: BLE001 - e.g. an int too long to print
+        return f"<{type(value).__name__} that cannot be shown: {type(e).__name__}>"
+
+
+# Chat markup a tool result must not carry into the next prompt as real control tokens:
+# <|im_end|>, <|eot_id|>, <|python_tag|> ... and the tool-call tags.
+_MARKUP = re.compile(r"<(\|[^<>|\s]{1,40}\||/?tool_call|/?tool_response|/?(?:start|end)_of_turn)>")
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def clean_text(text: str) -> str:
+    """`text` safe to show an agent: lone surrogates (from JSON escapes) become U+FFFD, and chat
+    markup is broken up (``<|im_end|>`` -> ``< |im_end| >``) so a tokenizer reads it as plain text."""
+    text = _SURROGATE.sub("\ufffd", text)
+    return _MARKUP.sub(lambda m: f"< {m.group(1)} >", text)
 
 
 def _call_with_timeout(fn: Callable[..., Any], arguments: Mapping[str, Any], timeout_s: float):
@@ -206,17 +250,21 @@ _UNARY = {ast.UAdd: operator.pos, ast.USub: operator.neg}
 _FUNCTIONS = {"abs": abs, "round": round, "min": min, "max": max, "sqrt": math.sqrt}
 _MAX_EXPONENT = 100
 _MAX_MAGNITUDE = 1e100
+_MAX_EXPRESSION_CHARS = 1000
 
 
 def calculate(expression: str) -> int | float:
     """The value of an arithmetic expression: numbers, ``+ - * / // % **``, parentheses and
     abs / round / min / max / sqrt. Anything else (names, attributes, strings) is a ValueError, and
-    so are exponents above 100 and results above 1e100 in size (so ``9**9**9`` cannot hang)."""
+    so are exponents above 100, numbers and results above 1e100 in size (so ``9**9**9`` cannot hang)
+    and expressions over 1000 characters."""
 
     def ev(node: ast.AST) -> int | float:
         if isinstance(node, ast.Expression):
             return ev(node.body)
         if isinstance(node, ast.Constant) and type(node.value) in (int, float):
+            if not abs(node.value) <= _MAX_MAGNITUDE:  # also inf (1e309) and nan
+                raise ValueError("a number is out of range (larger than 1e100 in size)")
             return node.value
         if isinstance(node, ast.BinOp) and type(node.op) in _BINARY:
             left, right = ev(node.left), ev(node.right)
@@ -238,6 +286,8 @@ def calculate(expression: str) -> int | float:
             raise ValueError(f"result out of range: {ast.unparse(node)!r}")
         return value
 
+    if len(expression) > _MAX_EXPRESSION_CHARS:
+        raise ValueError(f"expression longer than {_MAX_EXPRESSION_CHARS} characters")
     try:
         tree = ast.parse(expression.strip(), mode="eval")
     except SyntaxError as e:

@@ -9,9 +9,10 @@ is unchanged: its own process, session, rlimits and throw-away uid (as root), th
 same record protocol and verdicts (``sandbox.collect`` / ``verdicts.classify``).
 
 What is shared, and how it is reset between programs (one program at a time per
-server): the working directory (emptied by the parent), the pid namespace (the
-zygote SIGKILLs every other process in it before it answers), the IPC namespace,
-/dev/shm and /run/lock (a job that leaves anything there gets a fresh sandbox), and
+server): the working directory (emptied by the parent; under ``unshare`` a tmpfs the
+zygote empties), the pid namespace (the zygote SIGKILLs every other process in it
+before it answers), the IPC namespace, /dev/shm and /dev/mqueue (a job that leaves
+anything there, SysV IPC objects included, gets a fresh sandbox), a memory cgroup, and
 the interpreter's start-up state (hash seed; ``random`` reseeds itself after fork).
 Everything else a program can see is read-only.  The server is also replaced every
 ``max_jobs`` programs, and whenever it dies.  Only levels with a pid namespace (and,
@@ -31,9 +32,12 @@ import subprocess
 import time
 from pathlib import Path
 
+from .cgroup import MemoryCgroup
 from .formats import Program
 from .isolation import (
     HARNESS_PATH,
+    JAIL_PATH,
+    JUDGE_PATH,
     SandboxConfig,
     bwrap_argv,
     child_env,
@@ -42,8 +46,9 @@ from .isolation import (
     unshare_argv,
 )
 from .results import ExecutionResult, Isolation
-from .sandbox import Limits, build_payload, collect, hand_to_throwaway_uid, make_workdir, rmtree
+from .sandbox import Limits, build_payload, collect, tests_file
 from .verdicts import classify
+from .workdir import hand_to_throwaway_uid, make_workdir, rmtree
 
 ZYGOTE_PATH = str(Path(__file__).with_name("zygote.py").resolve())
 _REPLY_TIMEOUT_S = 15.0  # the zygote gives up killing after 5 s and exits
@@ -66,6 +71,8 @@ class ForkServer:
         self._proc: subprocess.Popen | None = None
         self._sock: socket.socket | None = None
         self._base = self._workdir = ""
+        self._group: MemoryCgroup | None = None
+        self._group_mb = None
         self._jobs = 0
         self.starts = 0  # how many sandboxes this server has started (for tests and benchmarks)
 
@@ -105,12 +112,22 @@ class ForkServer:
                 f"the sandbox's fork server did not start ({self.isolation.level} + zygote.py): "
                 + err.decode("utf-8", "replace")[-2000:]
             )
+        self._group, self._group_mb = MemoryCgroup.create(), None
+        if self._group is not None:  # the idle zygote and the wrappers above it: every job forks inside
+            for pid in _descendants(self._proc.pid):
+                with contextlib.suppress(OSError):
+                    self._group.add(pid)
 
     def _argv(self, fd: int) -> tuple[list[str], dict | None]:
         """The zygote's command line and environment at this server's isolation level."""
         drop = self.isolation.privileges_dropped
         if self.isolation.level == "bwrap":
-            files = {"/.marljax_harness.py": HARNESS_PATH, "/.marljax_zygote.py": ZYGOTE_PATH}
+            files = {
+                "/.marljax_harness.py": HARNESS_PATH,
+                "/.marljax_judge.py": JUDGE_PATH,
+                "/.marljax_jail.py": JAIL_PATH,
+                "/.marljax_zygote.py": ZYGOTE_PATH,
+            }
             return bwrap_argv(
                 self.config,
                 self._workdir,
@@ -120,7 +137,7 @@ class ForkServer:
                 caps=("CAP_KILL",),
                 env=(_BIND_NOW,),
             ), None
-        args = [ZYGOTE_PATH, HARNESS_PATH, str(fd), json.dumps(jail_spec(self.config, drop))]
+        args = [ZYGOTE_PATH, HARNESS_PATH, str(fd), json.dumps(jail_spec(self.config))]
         env = {**child_env(self.isolation.level, self._workdir), _BIND_NOW[0]: _BIND_NOW[1]}
         return unshare_argv(self.config, args), env
 
@@ -135,6 +152,9 @@ class ForkServer:
             self._proc.wait()
             self._proc.stderr.close()
             self._proc = None
+        if self._group is not None:
+            self._group.close()
+            self._group = None
         if self._base:
             rmtree(self._base)
             self._base = ""
@@ -153,19 +173,23 @@ class ForkServer:
             self.close()
         if self._proc is None:
             self._start()
+        if self._group is not None and self._group_mb != limits.memory_mb:
+            self._group.limit(limits.memory_mb)
+            self._group_mb = limits.memory_mb
         drop_ids = hand_to_throwaway_uid(self.config, self._workdir, self.isolation.privileges_dropped)
         nonce = secrets.token_hex(16)
-        payload = build_payload(program, limits, nonce, -1, drop_ids, None, pdeathsig=False)
+        payload = build_payload(program, limits, nonce, -1, -1, drop_ids, None, pdeathsig=False)
         out_r, out_w = os.pipe()
         rec_r, rec_w = os.pipe()
+        tfd = tests_file(program)
         self._jobs += 1
         returncode, dirty = None, True
         try:
             t_spawn = time.perf_counter()
-            sent = self._send_job(payload, out_w, rec_w)
-            os.close(out_w)
-            os.close(rec_w)
-            out_w = rec_w = -1
+            sent = self._send_job(payload, out_w, rec_w, tfd)
+            for fd in (out_w, rec_w, tfd):
+                os.close(fd)
+            out_w = rec_w = tfd = -1
             if sent:
                 outcome = collect(out_r, rec_r, nonce, program, limits)
                 returncode, dirty = self._end_job()
@@ -174,13 +198,13 @@ class ForkServer:
                 returncode = -signal.SIGKILL
             outcome["spawn_s"] = time.perf_counter() - t_spawn
         finally:
-            for fd in (out_r, out_w, rec_r, rec_w):
+            for fd in (out_r, out_w, rec_r, rec_w, tfd):
                 if fd >= 0:
                     os.close(fd)
             if not dirty:
                 try:
                     self._empty_workdir()
-                except OSError:
+                except Exception:  # noqa: BLE001 - whatever a program left: a fresh sandbox removes it
                     dirty = True
             if dirty:
                 self.close()
@@ -188,11 +212,11 @@ class ForkServer:
         result.extra["fork_server"] = True
         return result
 
-    def _send_job(self, payload: dict, out_w: int, rec_w: int) -> bool:
+    def _send_job(self, payload: dict, out_w: int, rec_w: int, tests_fd: int) -> bool:
         body = json.dumps(payload).encode()
         head = struct.pack("!Q", len(body))
         try:
-            socket.send_fds(self._sock, [head], [out_w, rec_w])
+            socket.send_fds(self._sock, [head], [out_w, rec_w, tests_fd])
             self._sock.sendall(body)
         except OSError:
             return False
@@ -232,3 +256,17 @@ class ForkServer:
             else:
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(entry.path)
+
+
+def _descendants(pid: int) -> list[int]:
+    """``pid`` and every process below it."""
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        try:
+            with open(f"/proc/{p}/task/{p}/children") as f:
+                todo += [int(c) for c in f.read().split()]
+        except OSError:
+            continue
+    return out

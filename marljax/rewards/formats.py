@@ -4,7 +4,8 @@ A :class:`Program` is what the sandbox runs: untrusted ``code``, optional
 trusted ``setup`` code run after it, and a tuple of tests of one kind:
 
 * :class:`AssertTest` - a snippet of test code run in the program's namespace
-  (HumanEval's ``check(candidate)``, one MBPP ``assert``).  Verdict in the child.
+  (HumanEval's ``check(candidate)``, one MBPP ``assert``).  Judged in a process the
+  program cannot reach, which calls the program's functions over a pipe (``judge.py``).
 * :class:`StdioTest` - feed ``input`` on stdin, compare stdout with ``output``
   (LiveCodeBench / CodeContests / APPS "standard input" problems).
 * :class:`CallTest` - call ``fn_name(*args)`` (or ``Solution().fn_name``) and

@@ -23,8 +23,9 @@ Protocol (see ``sandbox.py`` for the parent side):
 For stdin/stdout and call-based tests the harness only reports the *actual*
 output; expected outputs never enter the child and the parent compares.
 For assert-style tests (HumanEval ``check``, MBPP asserts) the expected values
-are part of the test code, so the verdict is computed here; see
-``sandbox.py``'s module docstring for the remaining trust boundary.
+are part of the test code: the harness forks the program into a process of its
+own and judges the asserts here, where the program cannot reach (``judge.py``).
+The tests arrive on their own fd, read only after that fork.
 """
 
 import builtins
@@ -139,12 +140,7 @@ def _format_tb(exc, n_chars):
     return _limit("".join(lines), n_chars)
 
 
-# ---------------------------------------------------------------- jail setup
-_MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_NOEXEC, _MS_REMOUNT = 1, 2, 4, 8, 32
-_MS_BIND, _MS_MOVE, _MS_REC = 4096, 8192, 16384
-_KEPT_OPTIONS = {b"nosuid": _MS_NOSUID, b"nodev": _MS_NODEV, b"noexec": _MS_NOEXEC}
-
-
+# ------------------------------------------------- privileges, limits, sibling modules
 _LIBC = []  # (ctypes, libc) once loaded: a fork server's children reuse its handle
 
 
@@ -156,86 +152,24 @@ def _libc():
     return _LIBC[0]
 
 
-def _mount(libc_pair, src, target, fstype, flags, data=None):
-    ctypes, libc = libc_pair
-
-    def enc(s):
-        return None if s is None else os.fsencode(s)
-
-    if libc.mount(enc(src), enc(target), enc(fstype), ctypes.c_ulong(flags), enc(data)) != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, f"mount {src} on {target}: {os.strerror(err)}")
+_SIBLINGS = {}
 
 
-def _mounts():
-    """[(mount point, nosuid/nodev/noexec flags)] of this mount namespace, in mount order."""
-    out = []
-    with open("/proc/self/mountinfo", "rb") as f:
-        for line in f:
-            fields = line.split()
-            point = fields[4]
-            for code in (b"\\040", b"\\011", b"\\012", b"\\134"):  # mountinfo escapes these as octal
-                point = point.replace(code, bytes([int(code[1:], 8)]))
-            flags = 0
-            for option in fields[5].split(b","):
-                flags |= _KEPT_OPTIONS.get(option, 0)
-            out.append((os.fsdecode(point), flags))
-    return out
+def _sibling(name):
+    """``judge.py`` or ``jail.py``, loaded once from beside this file (bubblewrap binds them beside
+    it as ``.marljax_judge.py`` and ``.marljax_jail.py``)."""
+    if name not in _SIBLINGS:
+        import importlib.util
 
-
-def _under(path, roots):
-    return any(path == r or path.startswith(r.rstrip("/") + "/") for r in roots)
-
-
-def _build_jail(jail, workdir):
-    """``unshare`` level: runs as root in fresh mount+pid+net namespaces.
-
-    * a fresh /proc for the new pid namespace (host processes invisible);
-    * the working directory bind-mounted on /tmp and /var/tmp, small tmpfs on
-      /dev/shm and /run/lock: the only writable places;
-    * every other mount of the host read-only (world-writable directories of the
-      host, e.g. /var/crash, no longer carry anything from one program to the next);
-    * directories the dropped uid cannot traverse (e.g. a python under /root)
-      covered by a tmpfs that only re-exposes the interpreter's prefix (read-only).
-    """
-    lc = _libc()
-    host_mounts = _mounts()
-    _mount(lc, "proc", "/proc", "proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC)
-    stage = None
-    exposes = [p for p in jail.get("expose", []) if os.path.isdir(p)]
-    covers = jail.get("cover", [])
-    if exposes and covers:
-        stage = "/dev/shm"
-        _mount(lc, "tmpfs", stage, "tmpfs", _MS_NOSUID | _MS_NODEV, "mode=0700,size=64k")
-        staged = []
-        for k, p in enumerate(exposes):
-            s = os.path.join(stage, str(k))
-            os.mkdir(s)
-            _mount(lc, p, s, None, _MS_BIND | _MS_REC)
-            staged.append((s, p))
-        for c in covers:
-            _mount(lc, "tmpfs", c, "tmpfs", _MS_NOSUID | _MS_NODEV, "mode=0755,size=64k")
-        for s, p in staged:
-            os.makedirs(p, mode=0o755, exist_ok=True)
-            _mount(lc, s, p, None, _MS_MOVE)
-    writable = []
-    for d in ("/var/tmp", "/tmp"):  # /tmp last: it hides the workdir path
-        if os.path.isdir(d) and not os.path.islink(d):
-            _mount(lc, workdir, d, None, _MS_BIND)
-            writable.append(d)
-    for d in ("/dev/shm", "/run/lock"):
-        if os.path.isdir(d) and not os.path.islink(d):
-            _mount(lc, "tmpfs", d, "tmpfs", _MS_NOSUID | _MS_NODEV, "mode=1777,size=1m")
-            writable.append(d)
-    # Mounts now hidden under our own (the old /proc, anything below /tmp or a cover) cannot be reached.
-    hidden = ["/proc"] + writable + covers
-    for point, flags in host_mounts:
-        if not _under(point, hidden):
-            _mount(lc, None, point, None, _MS_REMOUNT | _MS_BIND | _MS_RDONLY | flags)
-    for p in exposes:  # binds of host directories: made read-only with their source mount's flags
-        flags = max((m for m in host_mounts if _under(p, [m[0]])), key=lambda m: len(m[0]))[1]
-        _mount(lc, None, p, None, _MS_REMOUNT | _MS_BIND | _MS_RDONLY | flags)
-    os.chdir("/tmp")
+        here = os.path.dirname(os.path.abspath(__file__))
+        path = os.path.join(here, name)
+        if not os.path.exists(path):
+            path = os.path.join(here, ".marljax_" + name)
+        spec = importlib.util.spec_from_file_location("marljax_" + name[:-3], path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        _SIBLINGS[name] = module
+    return _SIBLINGS[name]
 
 
 def _drop_privileges(uid, gid):
@@ -308,7 +242,10 @@ def _explain_assert(exc, test_src, n_chars):
             left, right = right, left
         info["input"] = _limit(ast.get_source_segment(test_src, left) or src, n_chars)
         try:
-            g, loc = frame.f_globals, dict(frame.f_locals)
+            g = frame.f_globals
+            # At the tests' top level their locals are their globals: keep that namespace itself, whose
+            # missing names are the program's (judge.py); eval's plain-dict lookups would not find them.
+            loc = frame.f_locals if frame.f_locals is g else dict(frame.f_locals)
             actual = eval(compile(ast.Expression(left), _TEST, "eval"), g, loc)
             expected = eval(compile(ast.Expression(right), _TEST, "eval"), g, loc)
             info["actual"] = _safe_repr(actual, n_chars)
@@ -342,6 +279,8 @@ def warm_up():
     import traceback  # noqa: F401
 
     _libc()
+    _sibling("judge.py")
+    _sibling("jail.py")
     r, w = os.pipe()
     saved = signal.getsignal(signal.SIGALRM), sys.stdin
     try:
@@ -379,12 +318,20 @@ def _confine(cfg, workdir):
     os.dup2(devnull, 0)
     os.close(devnull)
 
+    if cfg.get("cgroup"):  # the memory cgroup of this program's processes together (cgroup.py)
+        with open(cfg["cgroup"], "w") as f:
+            f.write("0")  # this process
     if cfg.get("jail") is not None:
-        _build_jail(cfg["jail"], workdir)
+        _sibling("jail.py").build(cfg["jail"])
+    if cfg.get("jail") is not None or cfg.get("in_jail"):
+        drop = cfg.get("drop")
+        owner = (drop["uid"], drop["gid"]) if drop else None
+        _sibling("jail.py").size_workdir(*cfg["disk"], owner)
     _apply_limits(cfg["limits"])
     if cfg.get("drop"):
         _drop_privileges(cfg["drop"]["uid"], cfg["drop"]["gid"])
     _prctl_guard(cfg.get("pdeathsig", False))
+    _sibling("jail.py").deny_syscalls()
 
 
 def main(cfg, confine=True):
@@ -422,7 +369,10 @@ def main(cfg, confine=True):
 
     program = cfg.pop("program")
     setup = cfg.pop("setup") or ""
-    tests = cfg.pop("tests")
+    tests = cfg.pop("tests", None)  # given inline by warm_up only; else on their own fd
+    tests_fd = cfg.pop("tests_fd", None)
+    if tests is None and mode != "assert":
+        tests = _read_tests(tests_fd)
     _SOURCES[_SOLUTION], _SOURCES[_SETUP] = program, setup
 
     def error_record(exc, status=None):
@@ -440,12 +390,16 @@ def main(cfg, confine=True):
             "traceback": _safe_tb(exc, n_chars),
         }
 
-    def run_timed(fn, *args):
-        signal.setitimer(signal.ITIMER_REAL, test_timeout)
+    def run_timed(fn, *args, **kwargs):
+        signal.setitimer(signal.ITIMER_REAL, test_timeout + slack)
         try:
-            return fn(*args)
+            return fn(*args, **kwargs)
         finally:
             signal.setitimer(signal.ITIMER_REAL, 0)
+
+    # Asserts are judged in this process, the program runs in a forked one (judge.py); its own
+    # per-call limit fires first, this process's a little later.
+    slack = _sibling("judge.py").SLACK_S if mode == "assert" else 0.0
 
     # ---- load phase: compile (and for non-stdin modes, execute) the program.
     try:
@@ -465,7 +419,25 @@ def main(cfg, confine=True):
         return
     ns = {"__name__": "__main__" if mode == "stdin" else "solution", "__builtins__": builtins}
     real_stdout, real_stderr = sys.stdout, sys.stderr
-    if mode != "stdin":
+    if mode == "assert":
+        t0 = time.perf_counter()
+        record({"e": "load_start"})
+        judge = _sibling("judge.py")
+        ns, rec = judge.start_candidate(
+            _PARTS, code, setup_code, ns, cap, test_timeout, error_record, [rfd, tests_fd]
+        )
+        if tests is None:  # read only now, by the judge: the program's process never holds them
+            tests = _read_tests(tests_fd)
+        if rec["status"] == "ok" and setup_code is not None:
+            try:  # the trusted setup (MBPP's test imports) defines names for the tests as well
+                run_timed(exec, setup_code, ns)
+            except BaseException as exc:  # noqa: BLE001
+                rec = {"e": "load", **error_record(exc)}
+        rec["time_s"] = time.perf_counter() - t0
+        if rec["status"] != "ok":
+            record(rec)
+            return
+    elif mode != "stdin":
         cap_out = _Capture(cap)
         sys.stdout = sys.stderr = cap_out
         sys.stdin = io.StringIO("")
@@ -584,6 +556,9 @@ def main(cfg, confine=True):
 
 
 def _safe_tb(exc, n_chars):
+    remote = getattr(exc, "remote_traceback", None)  # an exception of the program's process (judge.py)
+    if isinstance(remote, str):
+        return _limit(remote, n_chars)
     try:
         return _format_tb(exc, n_chars)
     except BaseException:  # noqa: BLE001 - e.g. MemoryError while importing traceback
@@ -595,6 +570,26 @@ def _safe_msg(exc):
         return str(exc)
     except BaseException:  # noqa: BLE001
         return f"<unprintable {type(exc).__name__}>"
+
+
+def _read_tests(fd):
+    chunks = []
+    while True:
+        chunk = os.read(fd, 1 << 20)
+        if not chunk:
+            break
+        chunks.append(chunk)
+    os.close(fd)
+    return json.loads(b"".join(chunks))
+
+
+class _PARTS:
+    """What ``judge.start_candidate`` uses of this file (which is not importable by name)."""
+
+    _libc = staticmethod(_libc)
+    _Capture = _Capture
+    OutputLimitExceeded = OutputLimitExceeded
+    _TestTimeout = _TestTimeout
 
 
 def run_and_exit(load):

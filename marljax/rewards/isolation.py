@@ -7,17 +7,22 @@ Levels, strongest first (``sandbox.detect_isolation`` probes them once per proce
              directory bind-mounted on /sandbox and /tmp, nothing else
              writable; the sandbox dies with its parent.
 ``unshare``  util-linux unshare (needs root or unprivileged user namespaces):
-             new net/pid/mount/ipc/uts namespaces; the child harness mounts a
-             fresh /proc, binds the working directory on /tmp and /var/tmp,
-             puts small tmpfs on /dev/shm and /run/lock, makes every other
-             mount read-only, and re-exposes an interpreter that lives under a
-             private directory (e.g. /root).
-``none``     rlimits, scrubbed environment, process-group kill only.
+             new net/pid/mount/ipc/uts namespaces and a minimal root entered with
+             pivot_root (``jail.py``): the system directories and the interpreter
+             read-only, the working directory a sized tmpfs on /tmp and /var/tmp,
+             a fresh /proc, a small /dev; ``unshare`` dies with the thread that
+             started it (``setpriv --pdeathsig``).
+``none``     rlimits, scrubbed environment, process-group kill only (named, never
+             picked by ``auto``).
+
+Every level also gets the harness's seccomp filter (no keyrings, no user namespaces) and, where
+this process may make one, a memory cgroup (``cgroup.py``).
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import stat
 import sys
@@ -29,15 +34,20 @@ from pathlib import Path
 from .results import Isolation
 
 HARNESS_PATH = str(Path(__file__).with_name("harness.py").resolve())
+# loaded by the harness from beside it
+JUDGE_PATH = str(Path(__file__).with_name("judge.py").resolve())
+JAIL_PATH = str(Path(__file__).with_name("jail.py").resolve())
 LEVELS = ("bwrap", "unshare", "none")
+ISOLATING_LEVELS = LEVELS[:-1]  # what ``auto`` may pick: ``none`` only when named
 
 
 @dataclass(frozen=True)
 class SandboxConfig:
     """How programs are started.
 
-    isolation: ``"auto"`` (strongest that works here) or one of ``LEVELS``;
-      a named level that does not work here is an error, never a silent downgrade.
+    isolation: ``"auto"`` (the strongest of ``bwrap`` and ``unshare`` that works here) or one of
+      ``LEVELS``; no working level, or a named level that does not work here, is an error, never a
+      silent downgrade (``"none"``, rlimits only, must be named).
       Default: ``$MARLJAX_SANDBOX_ISOLATION`` or ``"auto"``.
     python: interpreter for the child (default: this one).
     site_packages: let programs import installed third-party packages (slower
@@ -173,6 +183,8 @@ def bwrap_argv(
     argv += [
         "--dev",
         "/dev",
+        "--mqueue",  # the IPC namespace's POSIX message queues, for the fork server's check
+        "/dev/mqueue",
         "--proc",
         "/proc",
         "--bind",
@@ -198,7 +210,12 @@ def bwrap_argv(
 
 def bwrap_harness_argv(config: SandboxConfig, workdir: str, payload: str, drop: bool) -> list[str]:
     """One fresh sandboxed interpreter running the harness on one payload file."""
-    files = {"/.marljax_harness.py": HARNESS_PATH, "/.payload.json": payload}
+    files = {
+        "/.marljax_harness.py": HARNESS_PATH,
+        "/.marljax_judge.py": JUDGE_PATH,
+        "/.marljax_jail.py": JAIL_PATH,
+        "/.payload.json": payload,
+    }
     return bwrap_argv(config, workdir, drop, files, ["/.marljax_harness.py", "/.payload.json"])
 
 
@@ -209,8 +226,10 @@ def python_argv(config: SandboxConfig, args: list[str]) -> list[str]:
 
 def unshare_argv(config: SandboxConfig, args: list[str]) -> list[str]:
     """``python args...`` as pid 1 of fresh pid/net/mount/ipc/uts namespaces (and a user namespace
-    when not root), killed when ``unshare`` dies."""
-    argv = [
+    when not root), killed when ``unshare`` dies, which dies with the thread that started it
+    (``setpriv --pdeathsig``: a SIGKILLed parent leaves no sandbox behind)."""
+    argv = ["setpriv", "--pdeathsig", "KILL"] if shutil.which("setpriv") else []
+    argv += [
         "unshare",
         "--net",
         "--pid",
@@ -227,17 +246,10 @@ def unshare_argv(config: SandboxConfig, args: list[str]) -> list[str]:
     return argv + python_argv(config, args)
 
 
-def jail_spec(config: SandboxConfig, drop: bool) -> dict:
-    """What the harness must re-expose after dropping privileges (unshare level)."""
-    expose, cover = [], []
-    if drop:
-        for p in _prefixes(config) + [os.path.dirname(HARNESS_PATH)]:
-            anc = _blocked_ancestor(p)
-            if anc is not None:
-                expose.append(p)
-                if anc not in cover:
-                    cover.append(anc)
-    return {"expose": expose, "cover": cover}
+def jail_spec(config: SandboxConfig) -> dict:
+    """What the ``unshare`` level's minimal root shows besides the system directories (``jail.py``):
+    the interpreter's prefixes and the harness's directory, read-only."""
+    return {"show": _prefixes(config) + [os.path.dirname(HARNESS_PATH)]}
 
 
 def _others_can_read(config: SandboxConfig) -> bool:
@@ -255,7 +267,7 @@ def level_isolation(level: str, config: SandboxConfig) -> Isolation:
             True,
             drop,
             drop or not is_root(),
-            "util-linux unshare: net/pid/mount namespaces; private /tmp",
+            "util-linux unshare: net/pid/mount namespaces; a minimal root, /tmp a sized tmpfs",
         )
     return Isolation(
         "none",

@@ -18,15 +18,13 @@ Result channel and trust boundary: the harness writes one record per step to
 an inherited pipe, each prefixed with a random nonce, *after* the step ran;
 the parent trusts only those records (stdout is just text) and treats missing
 records as failures, so ``sys.exit``/``os._exit``/signals before or during the
-tests can never pass.  For stdin/stdout and call tests the expected outputs
-never enter the child, so no forgery can make a wrong program pass them.  For
-assert-style tests (HumanEval, MBPP) the verdict is computed in the same
-interpreter as the untrusted code: a program written *deliberately* to find
-the nonce and the pipe (e.g. by walking ``gc.get_objects()`` or the harness's
-frames) could forge a pass.  Closing that hole needs the tests to run in a
-second process; we accept it because reward hacking by RL policies finds the
-cheap exits (early exit, printing "passed", patching builtins), all of which
-are handled.
+tests can never pass; a malformed record is a failure too (``verdicts.py``).
+For stdin/stdout and call tests the expected outputs never enter the child, so
+no forgery can make a wrong program pass them.  Assert-style tests (HumanEval,
+MBPP) carry their expected values, so they are judged in a second process: the
+program runs in a forked child that holds neither the record channel nor the
+tests (they come on their own fd, ``tests_file``), and only plain data crosses
+back to the judge (``judge.py``).
 """
 
 from __future__ import annotations
@@ -40,14 +38,15 @@ import select
 import shutil
 import signal
 import subprocess
-import tempfile
 import threading
 import time
 from dataclasses import dataclass, replace
 
+from .cgroup import MemoryCgroup
 from .formats import AssertTest, CallTest, Program, StdioTest
 from .isolation import (
     HARNESS_PATH,
+    ISOLATING_LEVELS,
     LEVELS,
     SandboxConfig,
     bwrap_harness_argv,
@@ -61,6 +60,7 @@ from .isolation import (
 )
 from .results import ExecutionResult, Isolation, Status
 from .verdicts import classify, not_run
+from .workdir import hand_to_throwaway_uid, make_workdir, rmtree
 
 __all__ = ["HARNESS_PATH", "LEVELS", "Limits", "SandboxConfig", "detect_isolation", "run_program"]
 
@@ -84,6 +84,8 @@ class Limits:
     max_file_bytes: int = 16 << 20  # RLIMIT_FSIZE
     max_open_files: int = 128
     max_message_chars: int = 2000  # tracebacks, reprs in records
+    max_disk_mb: int = 64  # all files together (unshare: the working directory is a tmpfs of this size)
+    max_files: int = 4096  # files and directories together (unshare)
 
     def __post_init__(self) -> None:
         for name in (
@@ -95,6 +97,8 @@ class Limits:
             "max_file_bytes",
             "max_open_files",
             "max_message_chars",
+            "max_disk_mb",
+            "max_files",
         ):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or value <= 0:
@@ -108,36 +112,52 @@ _detected: dict[tuple, Isolation] = {}
 
 
 def detect_isolation(config: SandboxConfig | None = None) -> Isolation:
-    """Strongest isolation that actually works here (probed once per config, cached)."""
+    """Strongest isolation that actually works here (probed once per config, cached).
+
+    ``auto`` picks among the levels that isolate (bwrap, unshare) and never falls to ``none``:
+    running untrusted programs unisolated must be asked for by name.  A probe that fails is
+    tried once more (a loaded machine can fail one start), then it is an error that says why.
+    """
     config = config or SandboxConfig()
     key = (config.isolation, config.python, config.site_packages, config.drop_privileges)
     with _detect_lock:
         if key in _detected:
             return _detected[key]
-    levels = LEVELS if config.isolation == "auto" else (config.isolation,)
+    levels = ISOLATING_LEVELS if config.isolation == "auto" else (config.isolation,)
     reasons = []
     for level in levels:
-        if level == "bwrap" and shutil.which("bwrap") is None:
-            reasons.append("bwrap: not installed")
-            continue
-        if level == "unshare" and shutil.which("unshare") is None:
-            reasons.append("unshare: not installed")
+        if level != "none" and shutil.which(level) is None:
+            reasons.append(f"{level}: not installed")
             continue
         iso = level_isolation(level, config)
-        probe = Program("def f(x):\n    return x + 1\n", (CallTest((1,), 2),), fn_name="f")
-        try:
-            res = _run(probe, Limits(test_timeout_s=10, program_timeout_s=20), config, iso)
-        except OSError as exc:
-            reasons.append(f"{level}: {exc}")
-            continue
-        if res.passed:
+        why = _probe(level, config, iso)
+        if why is not None:
+            why = _probe(level, config, iso)
+        if why is None:
             if reasons:
                 iso = replace(iso, note=iso.note + " (" + "; ".join(reasons) + ")")
             with _detect_lock:
                 _detected[key] = iso
             return iso
-        reasons.append(f"{level}: probe failed ({res.status}: {res.error_message or res.output_tail[-300:]})")
-    raise RuntimeError("no working sandbox isolation level: " + "; ".join(reasons))
+        reasons.append(why)
+    hint = (
+        " (isolation 'none' runs programs unisolated, and only when named)"
+        if config.isolation == "auto"
+        else ""
+    )
+    raise RuntimeError("no working sandbox isolation level: " + "; ".join(reasons) + hint)
+
+
+def _probe(level: str, config: SandboxConfig, iso: Isolation) -> str | None:
+    """None when a trivial program passes at ``level``, else why it did not."""
+    probe = Program("def f(x):\n    return x + 1\n", (CallTest((1,), 2),), fn_name="f")
+    try:
+        res = _run(probe, Limits(test_timeout_s=10, program_timeout_s=20), config, iso)
+    except OSError as exc:
+        return f"{level}: {exc}"
+    if res.passed:
+        return None
+    return f"{level}: probe failed ({res.status}: {res.error_message or res.output_tail[-300:]})"
 
 
 # ------------------------------------------------------------------- runner
@@ -176,8 +196,10 @@ def run_program(
     return _run(program, limits, config, detect_isolation(config))
 
 
-def build_payload(program: Program, limits: Limits, nonce: str, rfd: int, drop_ids, jail, pdeathsig) -> dict:
-    cpu = limits.cpu_time_s or (limits.program_timeout_s + 1)
+def tests_file(program: Program) -> int:
+    """An anonymous file holding the tests as the harness reads them, at offset 0 (its fd).  The tests
+    travel apart from the payload so that the process running the program never holds them
+    (``judge.py``: only the judge reads this fd)."""
     tests = []
     for t in program.tests:
         if isinstance(t, AssertTest):
@@ -186,6 +208,22 @@ def build_payload(program: Program, limits: Limits, nonce: str, rfd: int, drop_i
             tests.append({"input": t.input})
         else:
             tests.append({"args": list(t.args)})
+    fd = os.memfd_create("marljax-tests", 0)
+    try:
+        data = json.dumps(tests).encode()
+        while data:
+            data = data[os.write(fd, data) :]
+        os.lseek(fd, 0, os.SEEK_SET)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def build_payload(
+    program: Program, limits: Limits, nonce: str, rfd: int, tfd: int, drop_ids, jail, pdeathsig
+) -> dict:
+    cpu = limits.cpu_time_s or (limits.program_timeout_s + 1)
     return {
         "nonce": nonce,
         "result_fd": rfd,
@@ -193,7 +231,7 @@ def build_payload(program: Program, limits: Limits, nonce: str, rfd: int, drop_i
         "program": program.code,
         "setup": program.setup,
         "fn_name": program.fn_name,
-        "tests": tests,
+        "tests_fd": tfd,
         "limits": {
             "cpu_s": math.ceil(cpu),
             "as_bytes": int(limits.memory_mb) << 20,
@@ -207,56 +245,30 @@ def build_payload(program: Program, limits: Limits, nonce: str, rfd: int, drop_i
         "test_timeout_s": float(limits.test_timeout_s),
         "max_output_bytes": int(limits.max_output_bytes),
         "max_message_chars": int(limits.max_message_chars),
+        "disk": [int(limits.max_disk_mb), int(limits.max_files)],
     }
-
-
-def rmtree(path: str) -> None:
-    def onerror(func, p, exc_info):
-        try:
-            os.chmod(os.path.dirname(p), 0o700)
-            os.chmod(p, 0o700)
-            func(p)
-        except OSError:
-            pass
-
-    shutil.rmtree(path, onerror=onerror)
-
-
-def hand_to_throwaway_uid(config: SandboxConfig, workdir: str, drop: bool) -> dict | None:
-    """With ``drop``: a freshly drawn throw-away uid now owns ``workdir``; the payload's ``drop``
-    ids (None without ``drop``)."""
-    if not drop:
-        return None
-    uid = config.uid_base + secrets.randbelow(config.uid_span)
-    os.chown(workdir, uid, uid)
-    return {"uid": uid, "gid": uid}
-
-
-def make_workdir(config: SandboxConfig) -> tuple[str, str]:
-    """(base, workdir): a fresh base directory others may only traverse, the private working directory inside."""
-    base = tempfile.mkdtemp(prefix="marljax-sbx-", dir=config.tmp_root)
-    try:
-        os.chmod(base, 0o711)
-        workdir = os.path.join(base, "work")
-        os.mkdir(workdir, 0o700)
-    except BaseException:
-        rmtree(base)
-        raise
-    return base, workdir
 
 
 def _run(program: Program, limits: Limits, config: SandboxConfig, iso: Isolation) -> ExecutionResult:
     t_begin = time.perf_counter()
     drop = iso.privileges_dropped
     base, workdir = make_workdir(config)
-    proc = drop_ids = None
-    rfd = wfd = -1
+    proc = drop_ids = group = None
+    rfd = wfd = tfd = -1
     try:
         drop_ids = hand_to_throwaway_uid(config, workdir, drop)
         nonce = secrets.token_hex(16)
         rfd, wfd = os.pipe()
-        jail = jail_spec(config, drop) if iso.level == "unshare" else None
-        payload = build_payload(program, limits, nonce, wfd, drop_ids, jail, pdeathsig=iso.level != "bwrap")
+        tfd = tests_file(program)
+        jail = jail_spec(config) if iso.level == "unshare" else None
+        payload = build_payload(
+            program, limits, nonce, wfd, tfd, drop_ids, jail, pdeathsig=iso.level != "bwrap"
+        )
+        if iso.level != "bwrap":  # the harness joins it itself, before the jail hides /sys
+            group = MemoryCgroup.create()
+            if group is not None:
+                group.limit(limits.memory_mb)
+                payload["cgroup"] = group.join_path
         ppath = os.path.join(base, "payload.json")
         fd = os.open(ppath, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "w") as f:
@@ -276,12 +288,13 @@ def _run(program: Program, limits: Limits, config: SandboxConfig, iso: Isolation
             stderr=subprocess.STDOUT,
             cwd=workdir,
             env=env,
-            pass_fds=(wfd,),
+            pass_fds=(wfd, tfd),
             start_new_session=True,
             close_fds=True,
         )
         os.close(wfd)
-        wfd = -1
+        os.close(tfd)
+        wfd = tfd = -1
         outcome = collect(proc.stdout.fileno(), rfd, nonce, program, limits)
         outcome["spawn_s"] = time.perf_counter() - t_spawn
     finally:
@@ -293,7 +306,9 @@ def _run(program: Program, limits: Limits, config: SandboxConfig, iso: Isolation
                 proc.stdout.close()
         if drop_ids and iso.level == "none":
             kill_uid(drop_ids["uid"])
-        for fd_ in (rfd, wfd):
+        if group is not None:
+            group.close()
+        for fd_ in (rfd, wfd, tfd):
             if fd_ >= 0:
                 os.close(fd_)
         rmtree(base)

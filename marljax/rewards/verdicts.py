@@ -12,6 +12,29 @@ import signal
 from .formats import AssertTest, CallTest, Program, StdioTest, compare_stdout, compare_value
 from .results import ExecutionResult, Isolation, Status, TestResult
 
+_LOAD_FAILURES = frozenset(
+    {Status.SYNTAX_ERROR, Status.RUNTIME_ERROR, Status.TIMEOUT, Status.MEMORY_EXCEEDED}
+)
+
+
+def _seconds(value) -> float:
+    """A record's duration: a finite non-negative number, else 0 (records are read, never trusted)."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value < float("inf"):
+        return float(value)
+    return 0.0
+
+
+def _text(value) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+def _status(value) -> Status:
+    """A record's status; anything unknown is a runtime error."""
+    try:
+        return Status(value)
+    except (ValueError, TypeError):
+        return Status.RUNTIME_ERROR
+
 
 def not_run(program: Program) -> tuple[TestResult, ...]:
     return tuple(TestResult(i, t.split, Status.NOT_RUN) for i, t in enumerate(program.tests))
@@ -47,7 +70,7 @@ def classify(
         wall_s=wall,
         exit_code=returncode,
         output_tail=tail,
-        startup_s=float(ready.get("startup_s", 0.0)) if ready else 0.0,
+        startup_s=_seconds(ready.get("startup_s")) if ready else 0.0,
         extra={"spawn_s": outcome.get("spawn_s", 0.0), "collect_s": outcome.get("collect_s", 0.0)},
     )
 
@@ -76,13 +99,13 @@ def classify(
         )
 
     if load is not None and load.get("status") != "ok":
-        st = Status(load["status"])
+        st = _status(load.get("status"))
         return ExecutionResult(
-            st,
+            st if st in _LOAD_FAILURES else Status.RUNTIME_ERROR,  # a load never passes
             not_run(program),
-            error_type=load.get("exc_type"),
-            error_message=load.get("message"),
-            error_traceback=load.get("traceback"),
+            error_type=_text(load.get("exc_type")),
+            error_message=_text(load.get("message")),
+            error_traceback=_text(load.get("traceback")),
             **common,
         )
 
@@ -92,7 +115,7 @@ def classify(
     for i, spec in enumerate(program.tests):
         rec = ends.get(i)
         if rec is not None:
-            tests_s += float(rec.get("time_s", 0.0))
+            tests_s += _seconds(rec.get("time_s"))
             tests.append(_test_result(i, spec, rec, program.mode))
         elif i in started:  # it was running when the process stopped
             st, et, msg = prog_err
@@ -126,14 +149,14 @@ def _input_text(spec) -> str:
 
 def _test_result(i: int, spec, rec: dict, mode: str) -> TestResult:
     status = rec.get("status")
-    t = float(rec.get("time_s", 0.0))
-    if status == "ok":  # stdio / call: the parent judges
-        actual = rec.get("actual", "")
+    t = _seconds(rec.get("time_s"))
+    if status == "ok" and not isinstance(spec, AssertTest):  # stdio / call: the parent judges
+        actual = _text(rec.get("actual")) or ""
         if isinstance(spec, StdioTest):
             ok = compare_stdout(actual, spec.output)
             expected = spec.output
         else:
-            ok = bool(rec.get("json")) and compare_value(actual, spec.output)
+            ok = rec.get("json") is True and compare_value(actual, spec.output)
             expected = json.dumps(spec.output)
         if ok:
             return TestResult(i, spec.split, Status.PASSED, time_s=t)
@@ -146,21 +169,18 @@ def _test_result(i: int, spec, rec: dict, mode: str) -> TestResult:
             actual=actual,
             time_s=t,
         )
-    try:
-        st = Status(status)
-    except ValueError:
-        st = Status.RUNTIME_ERROR
-    if st is Status.PASSED and not isinstance(spec, AssertTest):
-        st = Status.RUNTIME_ERROR  # the child never judges stdio/call tests
+    st = _status(status)
+    if st in (Status.NOT_RUN, Status.NO_CODE) or (st is Status.PASSED and not isinstance(spec, AssertTest)):
+        st = Status.RUNTIME_ERROR  # the child never judges stdio/call tests, and a test it ran did run
     return TestResult(
         i,
         spec.split,
         st,
-        input=rec.get("input") or (None if st is Status.PASSED else _input_text(spec)),
-        expected=rec.get("expected"),
-        actual=rec.get("actual"),
-        exc_type=rec.get("exc_type"),
-        message=rec.get("message"),
-        traceback=rec.get("traceback"),
+        input=_text(rec.get("input")) or (None if st is Status.PASSED else _input_text(spec)),
+        expected=_text(rec.get("expected")),
+        actual=_text(rec.get("actual")),
+        exc_type=_text(rec.get("exc_type")),
+        message=_text(rec.get("message")),
+        traceback=_text(rec.get("traceback")),
         time_s=t,
     )

@@ -10,17 +10,18 @@ never imported by marljax.
 Once warm it says ``ready\n``.  Per job, over the control socket (a stream):
 
 1. parent -> zygote: 8-byte big-endian length + JSON payload (as for
-   ``harness.py``), with two fds attached: the write ends of the output pipe
-   and of the record channel.
+   ``harness.py``), with three fds attached: the write ends of the output pipe
+   and of the record channel, and the tests' file (which the zygote never reads).
 2. The zygote forks.  The child starts a new session, makes the output pipe
    its stdout/stderr and runs the harness on the payload, exactly as a fresh
    interpreter would (rlimits, dropped uid, records).
 3. parent -> zygote: ``end\\n`` once it has collected what it needs (or a limit hit).
 4. The zygote SIGKILLs the child's session, reaps the child, SIGKILLs every
    process left in the namespace except pid 1 and itself, reaps them (it is the namespace's child
-   subreaper: no zombie of one job is left for the next to see), and answers one JSON line: ``{"exit": <returncode>,
+   subreaper: no zombie of one job is left for the next to see), empties the working directory
+   (under ``unshare`` a tmpfs inside the jail), and answers one JSON line: ``{"exit": <returncode>,
    "dirty": <bool>}``.  ``dirty`` says the job left something outside the
-   working directory (SysV IPC objects, files in /dev/shm or /run/lock) that only
+   working directory (SysV IPC objects, files in /dev/shm, POSIX message queues) that only
    a fresh sandbox removes; the parent then replaces the server.
 
 If the zygote cannot kill everything within a few seconds it exits, and the kernel
@@ -60,8 +61,8 @@ def _recv_exact(sock, n):
 
 
 def _read_job(sock):
-    """(payload, [out_fd, rec_fd]); (None, []) when the parent closed the socket."""
-    head, fds, _, _ = socket.recv_fds(sock, 8, 2)
+    """(payload, [out_fd, rec_fd, tests_fd]); (None, []) when the parent closed the socket."""
+    head, fds, _, _ = socket.recv_fds(sock, 8, 3)
     if not head:
         return None, []
     head += _recv_exact(sock, 8 - len(head))
@@ -130,7 +131,7 @@ def _dirty():
                 return True
         finally:
             os.close(fd)
-    for name in (b"/dev/shm", b"/run/lock"):
+    for name in (b"/dev/shm", b"/dev/mqueue"):
         try:
             if os.listdir(name):
                 return True
@@ -139,7 +140,7 @@ def _dirty():
     return False
 
 
-def _child(harness, sock, job, out_fd, rec_fd):
+def _child(harness, sock, job, out_fd, rec_fd, tests_fd):
     try:
         sock.close()
         os.setsid()
@@ -147,7 +148,7 @@ def _child(harness, sock, job, out_fd, rec_fd):
         os.dup2(out_fd, 2)
         os.close(out_fd)
         harness._libc()[1].prctl(_PR_SET_DUMPABLE, 1, 0, 0, 0)  # as a fresh process would be
-        job["result_fd"] = rec_fd
+        job["result_fd"], job["tests_fd"] = rec_fd, tests_fd
     except BaseException:  # noqa: BLE001
         os._exit(71)
     harness.run_and_exit(lambda: job)
@@ -161,8 +162,9 @@ def main():
     os.environ.pop("LD_BIND_NOW", None)  # set for this interpreter's start only (see fork_server.py)
     harness = _load_harness(sys.argv[1])
     sock = socket.socket(fileno=int(sys.argv[2]))
-    if len(sys.argv) > 3:  # unshare: the jail every program of this sandbox runs in, built once
-        harness._build_jail(json.loads(sys.argv[3]), os.getcwd())
+    jail = harness._sibling("jail.py") if len(sys.argv) > 3 else None
+    if jail is not None:  # unshare: the jail every program of this sandbox runs in, built once
+        jail.build(json.loads(sys.argv[3]))
     harness.warm_up()
     gc.freeze()  # children's garbage collections then leave the shared heap's pages alone (fewer copies)
     # Without a uid drop the programs share this uid: keep them from ptracing the zygote.
@@ -174,12 +176,12 @@ def main():
         job, fds = _read_job(sock)
         if job is None:
             return
-        out_fd, rec_fd = fds
+        job["in_jail"] = jail is not None  # the job sizes its working directory (jail.size_workdir)
         pid = os.fork()
         if pid == 0:
-            _child(harness, sock, job, out_fd, rec_fd)
-        os.close(out_fd)
-        os.close(rec_fd)
+            _child(harness, sock, job, *fds)
+        for fd in fds:
+            os.close(fd)
         _read_end(sock)
         with contextlib.suppress(OSError):
             os.killpg(pid, signal.SIGKILL)
@@ -188,9 +190,10 @@ def main():
             if not _sweep():
                 os._exit(3)
             _only_me_left()
+        dirty = _dirty() or (jail is not None and not jail.empty_workdir())
         reply = b'{"exit": %d, "dirty": %s}\n' % (
             os.waitstatus_to_exitcode(status),
-            b"true" if _dirty() else b"false",
+            b"true" if dirty else b"false",
         )
         sock.sendall(reply)
 

@@ -108,3 +108,24 @@ def test_every_family_call_style_reads_back():
     for family in families.FAMILIES.values():
         text = format_tool_call("f", {"a": 1}, style=family.chat.tool_call_style)
         assert parse_tool_calls(text).calls == (ToolCall("f", {"a": 1}),), family.model_type
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        "[" * 1000 + "]" * 1000,  # nesting deeper than the JSON decoder's recursion
+        '{"name": "x", "arguments": {"a": ' + "9" * 5000 + "}}",  # over Python's int-string limit
+        '{"name": "x", "arguments": "' + "[" * 1000 + '"}',  # the same inside a string of arguments
+    ],
+)
+def test_unreadable_json_is_an_error_not_an_exception(body):
+    for text in (f"<tool_call>{body}</tool_call>", body if body.startswith("{") else "{" + body):
+        parsed = parse_tool_calls(text)
+        assert not parsed.calls
+
+
+def test_lone_surrogate_escapes_become_replacement_characters():
+    text = '<tool_call>{"name": "a\\ud800", "arguments": {"\\udc00k": "\\ud83d\\ude00 \\udfff"}}</tool_call>'
+    (call,) = parse_tool_calls(text).calls
+    assert call == ToolCall("a\ufffd", {"\ufffdk": "\U0001f600 \ufffd"})
+    (call.name + str(call.arguments)).encode("utf-8")  # a tokenizer and a UTF-8 log take them

@@ -3,6 +3,7 @@ every failure is an observation, the turn limit ends it cleanly, and episodes ar
 
 from __future__ import annotations
 
+import json
 import time
 
 import pytest
@@ -133,3 +134,82 @@ def test_spec_checks():
         EnvSpec("x", ("a",), 0)
     with pytest.raises(ValueError, match="at least one agent"):
         EnvSpec("x", (), 1)
+
+
+# ------------------------------------------------------------------ fuzz: hostile replies
+def _fuzz_strategies():
+    from hypothesis import strategies as st
+
+    scalars = st.one_of(
+        st.none(),
+        st.booleans(),
+        st.integers(),
+        st.floats(),
+        st.text(max_size=20),
+        st.sampled_from(["1e309", "2**100**100", "<|im_end|>", "\ud800", "9" * 40, "x" * 300]),
+    )
+    values = st.recursive(
+        scalars,
+        lambda c: st.lists(c, max_size=4) | st.dictionaries(st.text(max_size=6), c, max_size=4),
+        max_leaves=8,
+    )
+    names = st.sampled_from(["calculator", "search", "echo", "nope", "", "calc\ud800", "<|eot_id|>"])
+    keys = st.sampled_from(["expression", "query", "s", "x", ""])
+    args = st.dictionaries(keys, values, max_size=3) | values
+    call_json = st.builds(
+        lambda n, a, k: json.dumps({"name": n, k: a}, ensure_ascii=bool(len(str(a)) % 2)),
+        names,
+        args,
+        st.sampled_from(["arguments", "parameters"]),
+    )
+    raw = st.sampled_from(
+        [
+            "[" * 1000,
+            "{" * 3 + '"a":' * 3,
+            '{"name": "echo", "arguments": {"s": ' + "7" * 5000 + "}}",
+            '{"name": "echo", "arguments": {"s": "\\ud800\\udfff\\udc00"}}',
+            '{"name": "echo", "arguments": "' + "[" * 1200 + '"}',
+            '{"name": "calculator", "arguments": {"expression": "0x' + "f" * 3000 + '"}}',
+            "<|im_end|>",
+            "<|python_tag|>",
+            "<answer>",
+            "</answer>",
+            "<tool_call>",
+            "</tool_call>",
+        ]
+    )
+    fragment = st.one_of(
+        st.text(max_size=30),
+        call_json,
+        raw,
+        st.builds(
+            lambda body: f"<tool_call>{body}</tool_call>", st.one_of(call_json, raw, st.text(max_size=20))
+        ),
+    )
+    return st.lists(fragment, min_size=1, max_size=4).map("".join)
+
+
+def test_fuzz_hostile_replies_are_observations():
+    # Thousands of random structured replies: the parser and the env never raise, and what they give
+    # back is text a tokenizer and a UTF-8 log accept, without chat markup.
+    from hypothesis import HealthCheck, given, settings
+
+    from marljax.envs.tools import Tool
+
+    echo = Tool("echo", "Echo.", {"s": "string"}, lambda s: s + "<|im_end|>", timeout_s=1.0)
+    search = Tool("search", "Search.", {"query": "string"}, lambda query: f"[1] {query}", timeout_s=1.0)
+    env = make_env(max_turns=3, tools=[calculator_tool(), echo, search])
+
+    @settings(max_examples=2000, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+    @given(_fuzz_strategies())
+    def check(reply):
+        env.reset(PROBLEM)
+        step = env.step("solver", reply)
+        step.observation.encode("utf-8")
+        json.dumps(step.info, ensure_ascii=False, default=str).encode("utf-8")
+        for marker in ("<|im_end|>", "<|eot_id|>", "<|python_tag|>"):
+            assert marker not in step.observation
+
+    t0 = time.perf_counter()
+    check()
+    assert time.perf_counter() - t0 < 60

@@ -98,38 +98,55 @@ def open_fds() -> int:
     return len(os.listdir("/proc/self/fd"))
 
 
-def _offered_levels() -> dict:
-    """{level: Isolation} for every level that works here, and {level: why not} for the others."""
-    offered, missing = {}, {}
+def _offered_levels() -> tuple[dict, dict, dict]:
+    """{level: Isolation} for every level that works here; {level: why} for the levels this machine
+    offers (their tool is installed) that do not work, whose tests then fail rather than skip; and
+    {level: why not} for the others (``$MARLJAX_TEST_LEVELS_ABSENT``, a comma list, declares levels
+    a machine knowingly lacks although their tool is installed)."""
+    absent = set(filter(None, os.environ.get("MARLJAX_TEST_LEVELS_ABSENT", "").split(",")))
+    offered, broken, missing = {}, {}, {}
     for level in LEVELS:
+        if level in absent or (level != "none" and shutil.which(level) is None):
+            missing[level] = "not installed" if level not in absent else "$MARLJAX_TEST_LEVELS_ABSENT"
+            continue
         try:
             offered[level] = detect_isolation(SandboxConfig(isolation=level))
         except RuntimeError as exc:
-            missing[level] = str(exc)
-    return offered, missing
+            broken[level] = str(exc)
+    return offered, broken, missing
 
 
-OFFERED, MISSING = _offered_levels()
-# (level, how): every level fresh, and forked from a warm sandbox where the level can keep its promises so.
+OFFERED, BROKEN, MISSING = _offered_levels()
+# (level, how): every level fresh, and forked from a warm sandbox where the level can keep its promises so;
+# a level offered here that does not work runs (and fails) both ways.
 RUNS = [
     (level, how)
     for level, iso in OFFERED.items()
     for how in ("fresh", "fork_server")
     if how == "fresh" or forks_programs(iso)
-]
-FORKING = [level for level, iso in OFFERED.items() if forks_programs(iso)]
+] + [(level, how) for level in BROKEN for how in ("fresh", "fork_server")]
+FORKING = [level for level, iso in OFFERED.items() if forks_programs(iso)] + list(BROKEN)
+
+
+def _fail_if_broken(level: str) -> None:
+    if level in BROKEN:
+        pytest.fail(
+            f"isolation level {level!r} is offered here (its tool is installed) but does not work: {BROKEN[level]}"
+        )
 
 
 def pytest_report_header(config):
     return [
         f"sandbox: levels offered here {list(OFFERED)}, fork server at {FORKING}",
         *(f"sandbox: level {level!r} not offered: {why}" for level, why in MISSING.items()),
+        *(f"sandbox: level {level!r} offered but BROKEN: {why}" for level, why in BROKEN.items()),
     ]
 
 
-@pytest.fixture(params=list(OFFERED))
+@pytest.fixture(params=list(OFFERED) + list(BROKEN))
 def level_config(request):
     """A ``SandboxConfig`` naming each level offered here."""
+    _fail_if_broken(request.param)
     return SandboxConfig(isolation=request.param)
 
 
@@ -140,8 +157,10 @@ def isolation(request):
     params = getattr(request.node, "callspec", None)
     params = params.params if params is not None else {}
     if "run" in params:
+        _fail_if_broken(params["run"][0])
         return OFFERED[params["run"][0]]
     if "forking_isolation" in params:
+        _fail_if_broken(params["forking_isolation"])
         return OFFERED[params["forking_isolation"]]
     return detect_isolation(SandboxConfig())
 
@@ -164,13 +183,14 @@ def no_leaks():
 
 _NO_FORKING = (
     "no isolation level here can fork programs from a warm sandbox (bwrap, or unshare as root): "
-    f"offered {list(OFFERED)}; missing: {MISSING}"
+    f"offered {list(OFFERED)}; not installed: {MISSING}"
 )
 
 
 @pytest.fixture(params=FORKING or [pytest.param(None, marks=pytest.mark.skip(reason=_NO_FORKING))])
 def forking_isolation(request):
     """Each isolation in force here under which a fork server runs."""
+    _fail_if_broken(request.param)
     return OFFERED[request.param]
 
 
@@ -182,6 +202,7 @@ def run(request, no_leaks):
     Requests ``no_leaks`` itself so the leak check runs after the server has been closed.
     """
     level, how = request.param
+    _fail_if_broken(level)
     config = SandboxConfig(isolation=level)
     if how == "fresh":
         yield lambda program, limits=None: run_program(program, limits, config)

@@ -204,3 +204,66 @@ def test_limits_validation():
         Program("x", (CallTest((), 1),))
     with pytest.raises(ValueError, match="one kind"):
         Program("x", (CallTest((), 1), StdioTest("", "")), fn_name="f")
+
+
+def test_auto_never_falls_to_no_isolation(monkeypatch):
+    # No isolating level works here (neither tool found): ``auto`` is an error that says why, not
+    # untrusted programs run with rlimits only.
+    from marljax.rewards import sandbox
+
+    monkeypatch.setattr(sandbox, "_detected", {})
+    monkeypatch.setattr(sandbox.shutil, "which", lambda name: None)
+    with pytest.raises(RuntimeError, match="bwrap: not installed; unshare: not installed.*'none'"):
+        sandbox.detect_isolation(SandboxConfig(isolation="auto"))
+
+
+def test_a_failed_probe_is_tried_once_more(monkeypatch, level_config):
+    # A transient failure (a loaded machine, one start that dies) does not disable a level.
+    from marljax.rewards import sandbox
+
+    real, calls = sandbox._run, []
+
+    def flaky(program, limits, config, iso):
+        calls.append(iso.level)
+        if len(calls) == 1:
+            return sandbox.ExecutionResult(Status.RUNTIME_ERROR, error_message="process exited (code 70)")
+        return real(program, limits, config, iso)
+
+    monkeypatch.setattr(sandbox, "_detected", {})
+    monkeypatch.setattr(sandbox, "_run", flaky)
+    assert sandbox.detect_isolation(level_config).level == level_config.isolation
+    assert calls == [level_config.isolation] * 2
+
+
+@pytest.mark.parametrize(
+    "records",
+    [
+        [{"e": "load", "status": "no_such_status"}],
+        [{"e": "load", "status": "passed"}],
+        [{"e": "load", "status": ["x"], "message": {"a": 1}}],
+        [{"e": "load", "status": "ok"}, {"e": "ready", "startup_s": "soon"}, {"e": "start", "i": 0}]
+        + [{"e": "end", "i": 0, "status": "bogus", "time_s": "x"}, {"e": "done"}],
+        [{"e": "load", "status": "ok"}, {"e": "start", "i": 0}]
+        + [{"e": "end", "i": 0, "status": "ok", "actual": 3, "json": "yes", "time_s": float("nan")}],
+        [
+            {"e": "load", "status": "ok"},
+            {"e": "end", "i": 0, "status": {"k": 1}, "time_s": None},
+            {"e": "done"},
+        ],
+    ],
+)
+def test_malformed_records_are_failures_not_exceptions(records):
+    # A record the harness would never write (a program that reached the recorder could) is a
+    # failing verdict in the parent, never a ValueError/TypeError, and never a pass.
+    from marljax.rewards.results import Isolation
+    from marljax.rewards.verdicts import classify
+
+    iso = Isolation("none", False, False, False, False)
+    for program in (
+        Program("x = 1", (CallTest((), 3),), fn_name="f"),
+        Program("x = 1", (StdioTest("", "3"),)),
+        Program("x = 1", (AssertTest("assert True"),)),
+    ):
+        outcome = {"records": records, "killed": None, "output": ""}
+        res = classify(program, outcome, iso, 0, 0.1)
+        assert not res.passed and isinstance(res.startup_s, float), res
