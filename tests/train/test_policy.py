@@ -92,7 +92,7 @@ def test_a_non_finite_update_is_skipped_reported_and_not_counted():
     policy = Policy("p", config(seed=1))
     before = jax.tree.map(np.array, policy.params)
     bad = samples()
-    bad[1].advantage = float("nan")
+    bad.advantage[1] = float("nan")
     metrics = policy.update(bad)
     assert metrics["skipped"] == 1.0 and metrics["lr"] == pytest.approx(1e-3)
     assert moved(policy, before) == 0.0 and policy.state.step == 0 and policy.version == 1
