@@ -201,15 +201,16 @@ class Learner:
                 jnp.asarray, collate(rows, micro_batch_size=mb, pad_id=self.pad_id, geometric=True)
             )
         # rows (axis 1) over the data-parallel axes; micro-batch index and length replicated
-        rows = NamedSharding(self.mesh, PartitionSpec(None, ("data", "fsdp")))
-        if rows.is_fully_addressable:
+        spread = NamedSharding(self.mesh, PartitionSpec(None, ("data", "fsdp")))
+        if spread.is_fully_addressable:
             batch = collate(rows, micro_batch_size=mb, pad_id=self.pad_id, geometric=True)
-            return jax.tree.map(lambda x: jax.device_put(x, rows), batch)
+            return jax.tree.map(lambda x: jax.device_put(x, spread), batch)
         # multi-process: this process's rows fill its part of every micro-batch; all agree on [M, T]
         from jax.experimental import multihost_utils
 
         spans = {
-            (s[1].start or 0, s[1].stop or mb) for s in rows.addressable_devices_indices_map((1, mb)).values()
+            (s[1].start or 0, s[1].stop or mb)
+            for s in spread.addressable_devices_indices_map((1, mb)).values()
         }
         local_mb = sum(b - a for a, b in spans)
         batch = collate(rows, micro_batch_size=local_mb, pad_id=self.pad_id, geometric=True)
@@ -218,7 +219,7 @@ class Learner:
         )
         batch = _pad_batch(batch, M, T, self.pad_id)
         return {
-            k: jax.make_array_from_process_local_data(rows, v, (M, mb) + v.shape[2:])
+            k: jax.make_array_from_process_local_data(spread, v, (M, mb) + v.shape[2:])
             for k, v in batch.items()
         }
 
