@@ -188,7 +188,7 @@ def child_team(level: int, team: int, p: dict) -> dict:
     from marljax.train.generation import PolicyGenerator
     from marljax.train.policy import BaseStore, Policy
     from marljax.workflows.base import Agent
-    from marljax.workflows.types import Sample
+    from marljax.workflows.types import Rows
 
     t0 = time.perf_counter()
     bases = BaseStore()
@@ -231,13 +231,21 @@ def child_team(level: int, team: int, p: dict) -> dict:
         by_policy: dict[str, list] = {}
         for agent, row in zip(agents, gens):
             for g in row:
-                by_policy.setdefault(agent.policy, []).append(
-                    Sample(g.prompt_ids, g.completion_ids, g.logprobs, 0.0, float(rng.normal()), agent.policy)
-                )
+                by_policy.setdefault(agent.policy, []).append((g, float(rng.normal())))
+        batches = {
+            name: Rows(
+                [g.prompt_ids for g, _ in drawn],
+                [g.completion_ids for g, _ in drawn],
+                [g.logprobs for g, _ in drawn],
+                advantage=[a for _, a in drawn],
+                agent=name,
+            )
+            for name, drawn in by_policy.items()
+        }
         fresh = reset_peak()
         t = time.perf_counter()
-        for name, samples in by_policy.items():
-            policies[name].update(samples)
+        for name, rows in batches.items():
+            policies[name].update(rows)
         jax.block_until_ready([pol.params for pol in policies.values()])
         steps.append(
             {

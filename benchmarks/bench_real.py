@@ -233,12 +233,13 @@ def child_train(work: Path, args) -> dict:
             t = time.perf_counter()
             pending = _orig(samples)
             jax.block_until_ready(_pol.params)
-            captured[_name] = list(samples)
+            captured[_name] = samples
+            completion_tokens = sum(len(c) for c in samples.completion_ids)
             updates[_name] = {
                 "seconds": time.perf_counter() - t,
                 "rows": len(samples),
-                "tokens": int(sum(len(s.prompt_ids) + len(s.completion_ids) for s in samples)),
-                "completion_tokens": int(sum(len(s.completion_ids) for s in samples)),
+                "tokens": int(sum(len(p) for p in samples.prompt_ids) + completion_tokens),
+                "completion_tokens": int(completion_tokens),
                 "peak_rss_after": peak_rss(),
             }
             return pending

@@ -145,6 +145,7 @@ def sft_on_pairs(
     pairs of similar length: a batch is padded to its longest, and the few long multi-turn prompts
     would otherwise put most batches in twice the length bucket."""
     from marljax.train.sft import pair_samples
+    from marljax.workflows.types import Rows
 
     losses: list[float] = []
     for name, policy in trainer.policies.items():
@@ -159,8 +160,8 @@ def sft_on_pairs(
                 rng.shuffle(chunk)
                 batches += [c for c in chunk if len(c) == batch]
         for chosen in batches[:steps]:
-            samples = [s for a, p in chosen for s in pair_samples([p], a, policy)]
-            losses.append(policy.sft_update(samples)["loss"])
+            rows = Rows.concatenate([pair_samples([p], a, policy) for a, p in chosen])
+            losses.append(policy.sft_update(rows)["loss"])
         policy.reset_optimizer()
         policy.reset_reference()
     return losses

@@ -7,7 +7,7 @@ a LoRA adapter on a frozen base, shared with the other adapters on it and neithe
 changed by a step. Gradients, optimiser state and the KL reference cover the trainable part only.
 
 Layouts. The update runs on the policy's `mesh` (e.g. FSDP over `fsdp`, Megatron splits over
-`tensor`). On a multi-process run the update takes each process's samples as its share of the rows
+`tensor`). On a multi-process run the update takes each process's rows as its share of the rows
 of every micro-batch (`jax.make_array_from_process_local_data`).
 """
 
@@ -29,7 +29,7 @@ from marljax.train.config import LossConfig, OptimizerConfig
 from marljax.train.optim import make_optimizer, make_schedule
 from marljax.train.state import PolicyState
 from marljax.train.update import make_agent_grad_norm_fn, make_logprob_fn, make_update_fn, rl_loss, sft_loss
-from marljax.workflows.types import Sample
+from marljax.workflows.types import Rows
 
 
 def combine(trainable: dict, frozen: dict | None, *, lora: LoraSpec | None) -> dict:
@@ -144,7 +144,7 @@ def finish_update(pending: list) -> dict[str, float]:
 
 
 class Learner:
-    """The update steps of one policy: batches from samples, RL and SFT steps, the per-agent
+    """The update steps of one policy: batches from rows, RL and SFT steps, the per-agent
     gradient-norm diagnostic. Holds no trainable state: each step takes a `PolicyState` and
     returns the next one.
 
@@ -194,31 +194,32 @@ class Learner:
         return PolicyState(params, self.new_optimizer(params), ref)
 
     # ------------------------------------------------------------- batches
-    def collate(self, samples: Sequence[Sample]) -> dict:
+    def collate(self, rows: Rows) -> dict:
         mb = self.micro_batch_size
         if self.mesh is None:
             return jax.tree.map(
-                jnp.asarray, collate(samples, micro_batch_size=mb, pad_id=self.pad_id, geometric=True)
+                jnp.asarray, collate(rows, micro_batch_size=mb, pad_id=self.pad_id, geometric=True)
             )
         # rows (axis 1) over the data-parallel axes; micro-batch index and length replicated
-        rows = NamedSharding(self.mesh, PartitionSpec(None, ("data", "fsdp")))
-        if rows.is_fully_addressable:
-            batch = collate(samples, micro_batch_size=mb, pad_id=self.pad_id, geometric=True)
-            return jax.tree.map(lambda x: jax.device_put(x, rows), batch)
-        # multi-process: this process's samples fill its rows of every micro-batch; all agree on [M, T]
+        spread = NamedSharding(self.mesh, PartitionSpec(None, ("data", "fsdp")))
+        if spread.is_fully_addressable:
+            batch = collate(rows, micro_batch_size=mb, pad_id=self.pad_id, geometric=True)
+            return jax.tree.map(lambda x: jax.device_put(x, spread), batch)
+        # multi-process: this process's rows fill its part of every micro-batch; all agree on [M, T]
         from jax.experimental import multihost_utils
 
         spans = {
-            (s[1].start or 0, s[1].stop or mb) for s in rows.addressable_devices_indices_map((1, mb)).values()
+            (s[1].start or 0, s[1].stop or mb)
+            for s in spread.addressable_devices_indices_map((1, mb)).values()
         }
         local_mb = sum(b - a for a, b in spans)
-        batch = collate(samples, micro_batch_size=local_mb, pad_id=self.pad_id, geometric=True)
+        batch = collate(rows, micro_batch_size=local_mb, pad_id=self.pad_id, geometric=True)
         M, T = (
             int(x) for x in multihost_utils.process_allgather(np.array(batch["tokens"].shape[::2])).max(0)
         )
         batch = _pad_batch(batch, M, T, self.pad_id)
         return {
-            k: jax.make_array_from_process_local_data(rows, v, (M, mb) + v.shape[2:])
+            k: jax.make_array_from_process_local_data(spread, v, (M, mb) + v.shape[2:])
             for k, v in batch.items()
         }
 
@@ -241,63 +242,57 @@ class Learner:
 
     # ------------------------------------------------------------- updates
     def start_update(
-        self, state: PolicyState, samples: Sequence[Sample], agents: Sequence[str] | None = None
+        self, state: PolicyState, rows: Rows, agents: Sequence[str] | None = None
     ) -> tuple[PolicyState, list]:
-        """One RL update on `samples` (`mini_batches` optimiser steps), dispatched without waiting for
+        """One RL update on `rows` (`mini_batches` optimiser steps), dispatched without waiting for
         the devices: (the next state, its version bumped; the pending metrics for `finish_update`).
         Policies on disjoint devices therefore update at the same time.
 
         `agents` (the policy's agents, a fixed list so the diagnostic compiles once): also report
-        `agent_grad_norm/<agent>`, the norm of the gradient of each agent's samples' loss alone
-        at the parameters the step starts from, for the agents with samples in the batch
+        `agent_grad_norm/<agent>`, the norm of the gradient of each agent's rows' loss alone
+        at the parameters the step starts from, for the agents with rows in the batch
         (`make_agent_grad_norm_fn`; one more forward and backward pass per agent)."""
-        order = np.random.default_rng([self.seed, state.version]).permutation(len(samples))
-        chunks = [c for c in np.array_split(order, self.mini_batches) if len(c)]
-        batches = [self.collate([samples[i] for i in c]) for c in chunks]
+        order = np.random.default_rng([self.seed, state.version]).permutation(len(rows))
+        chunks = [rows[c] for c in np.array_split(order, self.mini_batches) if len(c)]
+        batches = [self.collate(c) for c in chunks]
         for k, b in enumerate(batches):
             self._rl_inputs(state, b, k)
         history = []
         params, opt_state = state.params, state.opt_state
         for c, b in zip(chunks, batches):  # metrics are read after the last step: steps queue up
             at = state.replace(params=params)
-            extra = (
-                {} if agents is None else self._agent_grad_norms(at, b, [samples[i].agent for i in c], agents)
-            )
+            extra = {} if agents is None else self._agent_grad_norms(at, b, c.agent, agents)
             params, opt_state, metrics = self._rl_update(params, opt_state, b, self.frozen)
             history.append({**metrics, **extra})
         return state.replace(params=params, opt_state=opt_state, version=state.version + 1), history
 
-    def update(self, state: PolicyState, samples: Sequence[Sample]) -> tuple[PolicyState, dict[str, float]]:
+    def update(self, state: PolicyState, rows: Rows) -> tuple[PolicyState, dict[str, float]]:
         """`start_update`, waiting for its metrics."""
-        state, pending = self.start_update(state, samples)
+        state, pending = self.start_update(state, rows)
         return state, finish_update(pending)
 
-    def sft_update(
-        self, state: PolicyState, samples: Sequence[Sample]
-    ) -> tuple[PolicyState, dict[str, float]]:
+    def sft_update(self, state: PolicyState, rows: Rows) -> tuple[PolicyState, dict[str, float]]:
         """One supervised step: maximise the likelihood of the completions."""
-        batch = self.collate(samples)
+        batch = self.collate(rows)
         self._add_dropout_seeds(state, batch, 0)
         params, opt_state, metrics = self._sft_update(state.params, state.opt_state, batch, self.frozen)
         return state.replace(params=params, opt_state=opt_state), _to_float(metrics)
 
     # --------------------------------------------------------- diagnostics
-    def agent_grad_norms(
-        self, state: PolicyState, samples: Sequence[Sample], agents: Sequence[str]
-    ) -> dict[str, float]:
-        """`{agent: norm}` of the gradient of each agent's samples' loss alone at the state's
-        parameters, without updating (e.g. the same samples under another advantage
-        normalisation); the agents of `agents` with samples in `samples` only."""
-        batch = self.collate(samples)
+    def agent_grad_norms(self, state: PolicyState, rows: Rows, agents: Sequence[str]) -> dict[str, float]:
+        """`{agent: norm}` of the gradient of each agent's rows' loss alone at the state's
+        parameters, without updating (e.g. the same rows under another advantage
+        normalisation); the agents of `agents` with rows in `rows` only."""
+        batch = self.collate(rows)
         self._rl_inputs(state, batch, 0)
-        norms = self._agent_grad_norms(state, batch, [s.agent for s in samples], agents)
+        norms = self._agent_grad_norms(state, batch, rows.agent, agents)
         return {k.split("/", 1)[1]: float(v) for k, v in norms.items()}
 
     def _agent_grad_norms(
         self, state: PolicyState, batch: dict, names: Sequence[str], agents: Sequence[str]
     ) -> dict:
         """`agent_grad_norm/<agent>` (device scalars) for the agents of `agents` with rows in `batch`;
-        `names`: the agent of each of its rows, in order (`collate` keeps the samples' order)."""
+        `names`: the agent of each of its rows, in order (`collate` keeps the rows' order)."""
         if self.mesh is not None and not batch["advantages"].sharding.is_fully_addressable:
             raise NotImplementedError("per-agent gradient norms are not supported on multi-process runs")
         rows = np.full(batch["advantages"].size, -1, np.int32)

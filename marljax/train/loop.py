@@ -42,7 +42,7 @@ from marljax.train.state import PolicyState
 from marljax.workflows import build_workflow
 from marljax.workflows.base import Agent
 from marljax.workflows.diversity import per_agent_diversity
-from marljax.workflows.types import Rollout
+from marljax.workflows.types import Rollout, Rows
 
 log = logging.getLogger(__name__)
 
@@ -150,12 +150,13 @@ class Trainer:
             buffers = {}
             for name in saved[0]["buffers"]:
                 parts = [s["buffers"][name] for s in saved]
-                pooled = sorted((x for part in parts for x in part["samples"]), key=lambda x: x["version"])
+                pooled = Rows.concatenate([Rows.from_json(part["rows"]) for part in parts])
+                oldest_first = np.argsort(pooled.version, kind="stable")
                 totals = {
                     k: sum(part[k] for part in parts) if pid == 0 else 0
                     for k in ("added", "taken", "dropped")
                 }
-                buffers[name] = {"samples": pooled[pid::count], **totals}
+                buffers[name] = {"rows": pooled[oldest_first[pid::count]].to_json(), **totals}
             workflow = saved[0]["workflow"]
         for name, state in buffers.items():
             self.buffers[name].load_state_dict(state)
@@ -257,7 +258,7 @@ class Trainer:
             )
         t1 = time.perf_counter()
         for k, name in enumerate(rollout.policy_names):
-            self.buffers[name].add([s for s, p in zip(rollout.samples, rollout.policy_ids) if p == k])
+            self.buffers[name].add(rollout.rows[rollout.policy_ids == k])
         metrics = {
             **rollout.metrics,
             **sampling,

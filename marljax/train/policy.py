@@ -36,7 +36,7 @@ from marljax.train.config import MeshConfig, PolicyConfig, PolicyModelConfig, Ru
 from marljax.train.learner import Learner, finish_update
 from marljax.train.sampling import SamplerView
 from marljax.train.state import PolicyState
-from marljax.workflows.types import Sample
+from marljax.workflows.types import Rows
 
 
 def policy_mesh(mesh_cfg: MeshConfig) -> Mesh | None:
@@ -207,20 +207,20 @@ class Policy:
         return self.state.version
 
     # ------------------------------------------------------------- updates
-    def update(self, samples: Sequence[Sample]) -> dict[str, float]:
-        """One RL update on `samples` (`Learner.start_update`); bumps `version`."""
-        return finish_update(self.start_update(samples))
+    def update(self, rows: Rows) -> dict[str, float]:
+        """One RL update on `rows` (`Learner.start_update`); bumps `version`."""
+        return finish_update(self.start_update(rows))
 
-    def start_update(self, samples: Sequence[Sample], agents: Sequence[str] | None = None) -> list:
+    def start_update(self, rows: Rows, agents: Sequence[str] | None = None) -> list:
         """Dispatch an RL update (`Learner.start_update`); `finish_update` reads its metrics."""
-        self.state, pending = self.learner.start_update(self.state, samples, agents)
+        self.state, pending = self.learner.start_update(self.state, rows, agents)
         return pending
 
     finish_update = staticmethod(finish_update)
 
-    def sft_update(self, samples: Sequence[Sample]) -> dict[str, float]:
-        """One supervised step on `samples` (`Learner.sft_update`)."""
-        self.state, metrics = self.learner.sft_update(self.state, samples)
+    def sft_update(self, rows: Rows) -> dict[str, float]:
+        """One supervised step on `rows` (`Learner.sft_update`)."""
+        self.state, metrics = self.learner.sft_update(self.state, rows)
         return metrics
 
     def reset_optimizer(self) -> None:

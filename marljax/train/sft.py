@@ -17,7 +17,7 @@ import numpy as np
 
 from marljax.train.metrics import Progress
 from marljax.workflows.base import Agent
-from marljax.workflows.types import Sample
+from marljax.workflows.types import Rows
 
 
 def reference_completion(problem: Any) -> str | None:
@@ -36,29 +36,23 @@ def sft_samples(
     agent: Agent,
     policy: Any,
     target: Callable[[Any], str | None] = reference_completion,
-) -> list[Sample]:
+) -> Rows:
     """(prompt, target + eos) pairs of `agent` for the problems that have a target."""
     pairs = [(agent.render(p.prompt), target(p)) for p in problems]
     return pair_samples([(q, t) for q, t in pairs if t is not None], agent, policy)
 
 
-def pair_samples(pairs: Sequence[tuple[str, str]], agent: Agent, policy: Any) -> list[Sample]:
-    """SFT samples of `agent` from (prompt, target text) pairs, the prompt encoded as the sampler gets
+def pair_samples(pairs: Sequence[tuple[str, str]], agent: Agent, policy: Any) -> Rows:
+    """SFT rows of `agent` from (prompt, target text) pairs, the prompt encoded as the sampler gets
     it (chat template or raw text); the target ends with the first EOS id (a chat turn's end)."""
-    out = []
-    for prompt, target in pairs:
-        completion = policy.turns.encode_completion(target)
-        out.append(
-            Sample(
-                policy.turns.encode_prompt(prompt),
-                completion,
-                np.zeros(len(completion), np.float32),
-                reward=0.0,
-                agent=agent.name,
-                policy=agent.policy,
-            )
-        )
-    return out
+    completions = [policy.turns.encode_completion(target) for _, target in pairs]
+    return Rows(
+        [policy.turns.encode_prompt(prompt) for prompt, _ in pairs],
+        completions,
+        [np.zeros(len(c), np.float32) for c in completions],
+        agent=agent.name,
+        policy=agent.policy,
+    )
 
 
 def run_sft(
@@ -89,19 +83,20 @@ def run_sft(
         chosen = [problems[(k * batch + j) % len(problems)] for j in range(batch)]
         metrics = {}
         for name, policy in trainer.policies.items():
-            samples = []
+            parts = []
             for a in trainer.agents.values():
                 if a.policy != name:
                     continue
                 if not use_extra:
-                    samples += sft_samples(chosen, a, policy, target)
+                    parts.append(sft_samples(chosen, a, policy, target))
                 elif a.name in extra:
                     pairs = extra[a.name]
-                    samples += pair_samples(
-                        [pairs[(n * batch + j) % len(pairs)] for j in range(batch)], a, policy
+                    parts.append(
+                        pair_samples([pairs[(n * batch + j) % len(pairs)] for j in range(batch)], a, policy)
                     )
-            if samples:
-                m = policy.sft_update(samples)
+            rows = Rows.concatenate(parts)
+            if len(rows):
+                m = policy.sft_update(rows)
                 metrics.update({f"sft/{name}/{key}": v for key, v in m.items()})
         writer.write(k - steps, metrics)  # negative steps: SFT comes before RL step 0
         bar.update(1, **{key.split("/")[1]: v for key, v in metrics.items() if key.endswith("/loss")})

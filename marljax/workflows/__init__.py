@@ -22,7 +22,7 @@ from marljax.workflows.base import (
     register_workflow,
 )
 from marljax.workflows.episodes import Episodes
-from marljax.workflows.types import ID_FIELDS, Generation, Rollout, Sample
+from marljax.workflows.types import ID_FIELDS, Generation, Rollout, Rows
 
 for _module in pkgutil.iter_modules(__path__):
     importlib.import_module(f"{__name__}.{_module.name}")
@@ -35,7 +35,7 @@ __all__ = [
     "Generation",
     "Generator",
     "Rollout",
-    "Sample",
+    "Rows",
     "ScriptedGenerator",
     "Workflow",
     "BaseWorkflowConfig",

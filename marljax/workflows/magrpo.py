@@ -22,7 +22,7 @@ among its G siblings, the other completions of the same agent at the same
 node: ``A = (C - mean) / (std + eps)`` (sample std; ``scale="none"`` keeps
 the mean baseline only, as the paper's reference code does).
 
-Each agent's completion becomes one `Sample` with ids ``node`` (the node it
+Each agent's completion becomes one training row with ids ``node`` (the node it
 was sampled at, numbered breadth-first from 0 per episode), ``parent`` (that
 node's parent, -1 at the root), ``depth == turn``; ``episode`` is the
 problem's index in the batch. Sibling group = (episode, node, agent).

@@ -13,7 +13,7 @@ batch per policy), then are scored together.
 Training reward: fraction of all tests passed. Credit: one advantage group
 per tree, ``A_n = (r_n - mean_T) / std_T`` over all nodes of tree ``T`` across
 agents and depths (`marljax.kernels.mars2_advantages`); every node is a
-`Sample` routed to its agent's policy. ``normalization: agent`` instead
+training row routed to its agent's policy. ``normalization: agent`` instead
 normalises each agent's nodes of a tree by their own statistics (Dr. MAS,
 `marljax.kernels.dr_mas_advantages` with tree groups): in a team of unequal
 models the weaker one's advantages are otherwise negative on average, and

@@ -1,11 +1,11 @@
-"""What workflows hand to the trainer: a `Rollout` of arrays over completions, and its `Sample`s.
+"""What workflows hand to the trainer: a `Rollout` of arrays over completions, and its training `Rows`.
 
 Entry i of every array of a `Rollout` belongs to completion i: one agent's
 completion at one node of one episode (or search tree), with its reward,
 advantage and pass flag. Credit assignment (the kernels) runs in the
 workflow's `credit`, because only it knows the group structure; the statistics every
 workflow reports per agent are computed here, once, from the arrays.
-The trainer routes the samples to their policy's buffer.
+The trainer routes the rows to their policy's buffer.
 """
 
 from __future__ import annotations
@@ -141,88 +141,131 @@ def merge_turns(turns: Sequence[Generation]) -> Generation | None:
     )
 
 
-@dataclasses.dataclass
-class Sample:
-    """One completion. Token arrays are host numpy int32 / float32.
+def _column(values: Any, n: int, default: Any, dtype: Any) -> np.ndarray:
+    if values is None:
+        return np.full(n, default, dtype)
+    if isinstance(values, (str, int, float, np.number)):
+        return np.full(n, values, dtype)
+    return np.asarray(values, dtype).reshape(-1)
 
-    prompt_ids `[P]`, completion_ids `[C]`, sampling_logprobs `[C]` (the
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Rows:
+    """Training rows: a struct of columns, row i one completion (a rollout's, or an SFT pair's).
+
+    Ragged columns (a tuple per row, host numpy): prompt_ids `[P]` and
+    completion_ids `[C]` (int32), sampling_logprobs `[C]` (float32: the
     sampler's log-probs of the completion tokens under `softmax(logits /
-    temperature)`, for truncated importance sampling); `completion_mask` `[C]`
-    (None: every token) marks the completion tokens the loss covers: a
-    multi-turn sequence (`merge_turns`) leaves out the tool results and turn
-    markup between the agent's turns; `temperature` is the one
-    it was sampled at, which the trainer's log-probs, entropy and KL use too
-    (top-k / top-p truncation is not part of either side's log-probs, so equal
-    parameters give an importance ratio of exactly 1). `version` is the policy
-    version that generated it (for staleness). `passed` is 1 when the outcome it was credited with passed
-    every test, 0 when not, and the fraction of passing outcomes when it took
-    part in several (MAGRPO's cross product). `ids` holds the integer or
-    string ids in `ID_FIELDS` (problem, episode/tree, node, parent (-1 at a
-    root), depth, turn).
-    """
+    temperature)`, for truncated importance sampling), completion_mask `[C]`
+    (bool, or None: every token) marking the completion tokens the loss covers
+    (a multi-turn sequence, `merge_turns`, leaves out the tool results and turn
+    markup between the agent's turns). Columns `[N]`: reward (float64),
+    advantage and passed (float32; passed is 1 when the outcome a row was
+    credited with passed every test, 0 when not, the fraction of passing
+    outcomes when it took part in several: MAGRPO's cross product),
+    temperature (float64: the one it was sampled at, which the trainer's
+    log-probs, entropy and KL use too; top-k / top-p truncation is in neither
+    side's log-probs, so equal parameters give an importance ratio of exactly
+    1), version (int64: the policy version that generated it, for staleness),
+    agent and policy (str), ids (each row's `ID_FIELDS`: problem, episode/tree,
+    node, parent (-1 at a root), depth, turn).
 
-    prompt_ids: np.ndarray
-    completion_ids: np.ndarray
-    sampling_logprobs: np.ndarray
-    reward: float
-    advantage: float = 0.0
-    agent: str = ""
-    policy: str = ""
-    version: int = 0
-    ids: dict[str, Any] = dataclasses.field(default_factory=dict)
-    passed: float = 0.0
-    temperature: float = 1.0
-    completion_mask: np.ndarray | None = None
+    Omitted per-row columns take their defaults (reward, advantage, passed 0;
+    temperature 1; version 0; agent, policy ""; ids {}; mask None); a scalar
+    fills its whole column."""
+
+    prompt_ids: Sequence[Any]
+    completion_ids: Sequence[Any]
+    sampling_logprobs: Sequence[Any]
+    completion_mask: Sequence[Any] | None = None
+    reward: Any = None
+    advantage: Any = None
+    passed: Any = None
+    temperature: Any = None
+    version: Any = None
+    agent: Any = None
+    policy: Any = None
+    ids: Sequence[Mapping[str, Any]] | None = None
 
     def __post_init__(self) -> None:
-        self.prompt_ids = np.asarray(self.prompt_ids, np.int32).reshape(-1)
-        self.completion_ids = np.asarray(self.completion_ids, np.int32).reshape(-1)
-        self.sampling_logprobs = np.asarray(self.sampling_logprobs, np.float32).reshape(-1)
-        if self.sampling_logprobs.shape != self.completion_ids.shape:
+        n = len(self.prompt_ids)
+        put = functools.partial(object.__setattr__, self)
+        put("prompt_ids", tuple(np.asarray(x, np.int32).reshape(-1) for x in self.prompt_ids))
+        put("completion_ids", tuple(np.asarray(x, np.int32).reshape(-1) for x in self.completion_ids))
+        put("sampling_logprobs", tuple(np.asarray(x, np.float32).reshape(-1) for x in self.sampling_logprobs))
+        masks = self.completion_mask if self.completion_mask is not None else [None] * n
+        put("completion_mask", tuple(None if m is None else np.asarray(m, bool).reshape(-1) for m in masks))
+        put("reward", _column(self.reward, n, 0.0, np.float64))
+        put("advantage", _column(self.advantage, n, 0.0, np.float32))
+        put("passed", _column(self.passed, n, 0.0, np.float32))
+        put("temperature", _column(self.temperature, n, 1.0, np.float64))
+        put("version", _column(self.version, n, 0, np.int64))
+        for name in ("agent", "policy"):
+            v = getattr(self, name)
+            put(name, tuple([v or ""] * n if v is None or isinstance(v, str) else (str(x) for x in v)))
+        put("ids", tuple({} for _ in range(n)) if self.ids is None else tuple(dict(i) for i in self.ids))
+        sizes = {f.name: len(getattr(self, f.name)) for f in dataclasses.fields(self)}
+        if len(set(sizes.values())) > 1:
+            raise ValueError(f"rows need one entry per row in each column, got sizes {sizes}")
+        for b in range(n):
+            self._check_row(b)
+
+    def _check_row(self, b: int) -> None:
+        C = self.completion_ids[b].shape
+        if self.sampling_logprobs[b].shape != C:
             raise ValueError(
-                f"sampling_logprobs has shape {self.sampling_logprobs.shape}, "
-                f"completion_ids {self.completion_ids.shape}: one log-prob per completion token"
+                f"row {b}: sampling_logprobs has shape {self.sampling_logprobs[b].shape}, "
+                f"completion_ids {C}: one log-prob per completion token"
             )
-        if self.completion_mask is not None:
-            self.completion_mask = np.asarray(self.completion_mask, bool).reshape(-1)
-            if self.completion_mask.shape != self.completion_ids.shape:
-                raise ValueError(
-                    f"completion_mask has shape {self.completion_mask.shape}, "
-                    f"completion_ids {self.completion_ids.shape}: one flag per completion token"
-                )
-        if not self.temperature > 0:
+        mask = self.completion_mask[b]
+        if mask is not None and mask.shape != C:
             raise ValueError(
-                f"temperature must be > 0 (greedy samples are not trained), got {self.temperature}"
+                f"row {b}: completion_mask has shape {mask.shape}, "
+                f"completion_ids {C}: one flag per completion token"
             )
-        unknown = set(self.ids) - set(ID_FIELDS)
+        if not self.temperature[b] > 0:
+            raise ValueError(
+                f"temperature must be > 0 (greedy samples are not trained), got {self.temperature[b]}"
+            )
+        unknown = set(self.ids[b]) - set(ID_FIELDS)
         if unknown:
-            raise ValueError(f"unknown sample ids {sorted(unknown)}; known: {ID_FIELDS}")
+            raise ValueError(f"unknown row ids {sorted(unknown)}; known: {ID_FIELDS}")
+
+    def __len__(self) -> int:
+        return len(self.prompt_ids)
+
+    def __getitem__(self, which: slice | Sequence[int] | np.ndarray) -> Rows:
+        """The rows `which` picks (a slice, indices or a boolean mask), in that order."""
+        idx = np.arange(len(self))[which]
+        return Rows(**{f.name: [getattr(self, f.name)[i] for i in idx] for f in dataclasses.fields(self)})
 
     def to_json(self) -> dict[str, Any]:
-        """A JSON-able dict (for the loop checkpoint); `from_json` inverts it exactly."""
+        """The columns as JSON-able lists (for the loop checkpoint); `from_json` inverts it exactly
+        (float32 -> float64 -> JSON text -> float64 -> float32 is exact)."""
         return {
-            "prompt_ids": self.prompt_ids.tolist(),
-            "completion_ids": self.completion_ids.tolist(),
-            # float32 -> float64 -> JSON text -> float64 -> float32 is exact
-            "sampling_logprobs": [float(x) for x in self.sampling_logprobs],
-            "reward": float(self.reward),
-            "advantage": float(self.advantage),
-            "agent": self.agent,
-            "policy": self.policy,
-            "version": int(self.version),
-            "ids": dict(self.ids),
-            "passed": float(self.passed),
-            "temperature": float(self.temperature),
-            **(
-                {}
-                if self.completion_mask is None
-                else {"completion_mask": [int(x) for x in self.completion_mask]}
-            ),
+            "prompt_ids": [x.tolist() for x in self.prompt_ids],
+            "completion_ids": [x.tolist() for x in self.completion_ids],
+            "sampling_logprobs": [x.astype(np.float64).tolist() for x in self.sampling_logprobs],
+            "completion_mask": [None if m is None else m.astype(int).tolist() for m in self.completion_mask],
+            **{
+                k: getattr(self, k).tolist()
+                for k in ("reward", "advantage", "passed", "temperature", "version")
+            },
+            "agent": list(self.agent),
+            "policy": list(self.policy),
+            "ids": [dict(i) for i in self.ids],
         }
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> Sample:
+    def from_json(cls, data: Mapping[str, Any]) -> Rows:
         return cls(**data)
+
+    @classmethod
+    def concatenate(cls, parts: Sequence[Rows]) -> Rows:
+        """The rows of `parts`, one after another."""
+        return cls(
+            **{f.name: [x for p in parts for x in getattr(p, f.name)] for f in dataclasses.fields(cls)}
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -231,7 +274,7 @@ class Rollout:
 
     generations: the completions (tokens, log-probs, agent, policy, version);
     ids: each completion's `ID_FIELDS`; rewards `[N]`, advantages `[N]` and
-    passed `[N]` (in [0, 1], see `Sample.passed`); extras: the workflow's own
+    passed `[N]` (in [0, 1], see `Rows`); extras: the workflow's own
     metrics (`mars2/...`, `team/...`, per-agent ones beyond `agent_metrics`).
     """
 
@@ -243,7 +286,7 @@ class Rollout:
     extras: Mapping[str, float] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        # float64 keeps rewards computed in Python exact in the samples; the kernels take float32
+        # float64 keeps rewards computed in Python exact in the rows; the kernels take float32
         object.__setattr__(self, "rewards", np.asarray(self.rewards, np.float64).reshape(-1))
         object.__setattr__(self, "advantages", np.asarray(self.advantages, np.float32).reshape(-1))
         object.__setattr__(self, "passed", np.asarray(self.passed, np.float32).reshape(-1))
@@ -291,24 +334,23 @@ class Rollout:
         return np.searchsorted(self.policy_names, [g.policy for g in self.generations]).astype(np.int32)
 
     @functools.cached_property
-    def samples(self) -> list[Sample]:
-        return [
-            Sample(
-                g.prompt_ids,
-                g.completion_ids,
-                g.logprobs,
-                reward=float(self.rewards[i]),
-                advantage=float(self.advantages[i]),
-                agent=g.agent,
-                policy=g.policy,
-                version=g.version,
-                ids=dict(self.ids[i]),
-                passed=float(self.passed[i]),
-                temperature=g.temperature,
-                completion_mask=g.completion_mask,
-            )
-            for i, g in enumerate(self.generations)
-        ]
+    def rows(self) -> Rows:
+        """The training rows of the completions, in order (what the trainer routes to the buffers)."""
+        g = self.generations
+        return Rows(
+            [x.prompt_ids for x in g],
+            [x.completion_ids for x in g],
+            [x.logprobs for x in g],
+            [x.completion_mask for x in g],
+            reward=self.rewards,
+            advantage=self.advantages,
+            passed=self.passed,
+            temperature=[x.temperature for x in g],
+            version=[x.version for x in g],
+            agent=[x.agent for x in g],
+            policy=[x.policy for x in g],
+            ids=self.ids,
+        )
 
     @property
     def metrics(self) -> dict[str, float]:

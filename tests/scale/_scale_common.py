@@ -36,17 +36,17 @@ def policy_config(
 
 
 def samples(n: int, seed: int = 0, vocab: int = 300):
-    """`n` samples of mixed prompt / completion lengths with random advantages."""
-    from marljax.workflows.types import Sample
+    """`n` training rows of mixed prompt / completion lengths with random advantages."""
+    from marljax.workflows.types import Rows
 
     rng = np.random.default_rng(seed)
-    out = []
+    drawn = []
     for _ in range(n):
         prompt = rng.integers(3, vocab, rng.integers(2, 9))
         completion = rng.integers(3, vocab, rng.integers(1, 12))
         logp = -rng.random(len(completion)).astype(np.float32) - 4.0
-        out.append(Sample(prompt, completion, logp, reward=0.0, advantage=float(rng.normal()), policy="p"))
-    return out
+        drawn.append((prompt, completion, logp, float(rng.normal())))
+    return Rows(*([d[k] for d in drawn] for k in range(3)), advantage=[d[3] for d in drawn], policy="p")
 
 
 def host(tree):

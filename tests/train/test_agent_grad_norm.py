@@ -14,7 +14,7 @@ from marljax.train.buffer import ExperienceBuffer
 from marljax.train.config import PolicyConfig
 from marljax.train.policy import Policy
 from marljax.train.update import rl_loss
-from marljax.workflows.types import Sample
+from marljax.workflows.types import Rows
 
 
 def config(agg_mode: str) -> PolicyConfig:
@@ -28,24 +28,24 @@ def config(agg_mode: str) -> PolicyConfig:
     )
 
 
-def samples() -> list[Sample]:
+def samples() -> Rows:
     rng = np.random.default_rng(0)
     agents = ["a", "b", "a", "a", "b", "a", "b"]  # interleaved, so each micro-batch mixes agents
-    return [
-        Sample(
-            rng.integers(3, 200, 5 + k % 3),
-            rng.integers(3, 200, 3 + k % 4),
-            np.full(3 + k % 4, -4.0, np.float32),
-            reward=0.0,
-            advantage=float(rng.normal()),
-            agent=agent,
-            policy="p",
-        )
-        for k, agent in enumerate(agents)
+    drawn = [
+        (rng.integers(3, 200, 5 + k % 3), rng.integers(3, 200, 3 + k % 4), float(rng.normal()))
+        for k in range(len(agents))
     ]
+    return Rows(
+        [p for p, _, _ in drawn],
+        [c for _, c, _ in drawn],
+        [np.full(len(c), -4.0, np.float32) for _, c, _ in drawn],
+        advantage=[a for _, _, a in drawn],
+        agent=agents,
+        policy="p",
+    )
 
 
-def by_hand(policy: Policy, mine: list[Sample]) -> float:
+def by_hand(policy: Policy, mine: Rows) -> float:
     """The norm of the gradient of the loss of a batch of `mine` only, in one micro-batch."""
     batch = collate(mine, micro_batch_size=len(mine), pad_id=policy.turns.pad_id)
     mb = jax.tree.map(lambda x: x[0], batch)
@@ -62,7 +62,7 @@ def by_hand(policy: Policy, mine: list[Sample]) -> float:
 def test_each_agents_norm_is_the_gradient_norm_of_its_own_batch(agg_mode):
     data = samples()
     policy = Policy("p", config(agg_mode))
-    expected = {a: by_hand(policy, [s for s in data if s.agent == a]) for a in ("a", "b")}
+    expected = {a: by_hand(policy, data[np.array(data.agent) == a]) for a in ("a", "b")}
     metrics = policy.finish_update(policy.start_update(data, agents=("a", "b", "c")))
     for a in ("a", "b"):
         assert metrics[f"agent_grad_norm/{a}"] == pytest.approx(expected[a], rel=1e-4)

@@ -11,7 +11,7 @@ from marljax.train.config import PolicyConfig, RunConfig, SamplerConfig
 from marljax.train.generation import PolicyGenerator
 from marljax.train.policy import BaseStore, Policy
 from marljax.workflows.base import Agent
-from marljax.workflows.types import Sample
+from marljax.workflows.types import Rows
 
 MODEL = {"preset": "tiny-qwen3", "seed": 3}
 
@@ -73,18 +73,15 @@ def test_each_agent_samples_with_its_own_settings(policy):
     np.testing.assert_array_equal(out[0][0].completion_ids, alone.tokens[0, : alone.lengths[0]])
 
     # the trainer: log-probs at each sample's own temperature equal the sampler's
-    samples = [
-        Sample(
-            g.prompt_ids,
-            g.completion_ids,
-            g.logprobs,
-            reward=0.0,
-            advantage=1.0,
-            policy="p",
-            temperature=g.temperature,
-        )
-        for g in out[1] + out[2]
-    ]
+    gens = out[1] + out[2]
+    samples = Rows(
+        [g.prompt_ids for g in gens],
+        [g.completion_ids for g in gens],
+        [g.logprobs for g in gens],
+        advantage=1.0,
+        policy="p",
+        temperature=[g.temperature for g in gens],
+    )
     batch = policy.learner.collate(samples)
     mask = np.asarray(batch["loss_mask"])
     np.testing.assert_allclose(
@@ -126,7 +123,15 @@ def test_adapter_policies_on_one_base_sample_in_one_call():
         for i, n in enumerate(("x", "y"))
     }
     for p in team.values():  # make the adapters differ from the base (b = 0 would equal it)
-        p.update([Sample(np.arange(3, 9), np.arange(9, 14), np.full(5, -4.0, np.float32), 0.0, 1.0, p.name)])
+        p.update(
+            Rows(
+                [np.arange(3, 9)],
+                [np.arange(9, 14)],
+                [np.full(5, -4.0, np.float32)],
+                advantage=1.0,
+                agent=p.name,
+            )
+        )
     run = SamplerConfig(max_new_tokens=8, temperature=1.0)
     agents = [(Agent("ax", "x"), "def f():"), (Agent("ay", "y"), "def f():")]
     calls = []

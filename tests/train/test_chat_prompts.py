@@ -117,9 +117,10 @@ def test_the_sampler_and_sft_get_the_chat_ids(chat_policy):
     want = chat_policy.turns.encode_prompt(prompt)
     for g in gens[0]:
         np.testing.assert_array_equal(g.prompt_ids, want)
-    (sample,) = pair_samples([(prompt, "return a + b")], CODER, chat_policy)
-    np.testing.assert_array_equal(sample.prompt_ids, want)
-    assert sample.completion_ids[-1] == chat_policy.turns.eos_ids[0] == 2  # <|im_end|> ends the turn
+    rows = pair_samples([(prompt, "return a + b")], CODER, chat_policy)
+    assert len(rows) == 1
+    np.testing.assert_array_equal(rows.prompt_ids[0], want)
+    assert rows.completion_ids[0][-1] == chat_policy.turns.eos_ids[0] == 2  # <|im_end|> ends the turn
 
 
 def test_generation_config_eos_ids_join_the_configs(tmp_path):

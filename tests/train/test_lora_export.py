@@ -11,7 +11,7 @@ import pytest
 
 from marljax.train.config import PolicyConfig
 from marljax.train.policy import Policy
-from marljax.workflows.types import Sample
+from marljax.workflows.types import Rows
 
 torch = pytest.importorskip("torch", reason="the reference models are transformers' torch models")
 peft = pytest.importorskip("peft", reason="peft is the reference loader of exported adapters (test extra)")
@@ -32,18 +32,15 @@ def trained(checkpoint):
     policy = Policy("p", cfg)
     rng = np.random.default_rng(0)
     for _ in range(3):  # enough Adam steps that a and b both move
+        drawn = [(rng.integers(3, 200, 6), rng.integers(3, 200, 5)) for _ in range(4)]
         policy.update(
-            [
-                Sample(
-                    rng.integers(3, 200, 6),
-                    rng.integers(3, 200, 5),
-                    np.full(5, -4.0, np.float32),
-                    0.0,
-                    adv,
-                    "p",
-                )
-                for adv in (1.0, -1.0, 0.5, -0.5)
-            ]
+            Rows(
+                [p for p, _ in drawn],
+                [c for _, c in drawn],
+                [np.full(5, -4.0, np.float32)] * 4,
+                advantage=[1.0, -1.0, 0.5, -0.5],
+                agent="p",
+            )
         )
     return path, policy
 

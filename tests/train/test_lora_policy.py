@@ -13,7 +13,7 @@ from marljax.train.checkpoint import RunCheckpointer
 from marljax.train.config import PolicyConfig, RunConfig
 from marljax.train.policy import BaseStore, Policy
 from marljax.train.state import PolicyState
-from marljax.workflows.types import Sample
+from marljax.workflows.types import Rows
 
 MODEL = {"preset": "tiny-qwen3", "seed": 3}
 
@@ -31,19 +31,16 @@ def config(lr: float = 1e-3, **changes) -> PolicyConfig:
     )
 
 
-def samples(n: int = 4, seed: int = 0) -> list[Sample]:
+def samples(n: int = 4, seed: int = 0) -> Rows:
     rng = np.random.default_rng(seed)
-    return [
-        Sample(
-            rng.integers(3, 200, 6),
-            rng.integers(3, 200, 5),
-            np.full(5, -4.0, np.float32),
-            reward=0.0,
-            advantage=float(rng.normal()),
-            policy="p",
-        )
-        for _ in range(n)
-    ]
+    drawn = [(rng.integers(3, 200, 6), rng.integers(3, 200, 5), float(rng.normal())) for _ in range(n)]
+    return Rows(
+        [p for p, _, _ in drawn],
+        [c for _, c, _ in drawn],
+        [np.full(5, -4.0, np.float32)] * n,
+        advantage=[a for _, _, a in drawn],
+        policy="p",
+    )
 
 
 def host(tree):

@@ -14,7 +14,7 @@ from marljax.models.tokenizer import make_tokenizer
 from marljax.train import update
 from marljax.train.batch import collate
 from marljax.train.config import LossConfig
-from marljax.workflows.types import Generation, Prompt, Sample, merge_turns
+from marljax.workflows.types import Generation, Prompt, Rows, merge_turns
 
 
 def gen(prompt_ids, completion_ids, logprobs=None, policy="p", finish="eos", text="", version=0):
@@ -98,24 +98,20 @@ def test_continued_raw_prompt_appends_the_new_text(tok):
 
 
 def test_collate_masks_the_observation_tokens():
-    s = Sample(
-        [1, 2], [3, 4, 9, 9, 5], np.zeros(5), reward=1.0, advantage=1.0, completion_mask=[1, 1, 0, 0, 1]
-    )
-    b = collate([s], micro_batch_size=1, length_multiple=8)
+    s = Rows([[1, 2]], [[3, 4, 9, 9, 5]], [np.zeros(5)], [[1, 1, 0, 0, 1]], reward=1.0, advantage=1.0)
+    b = collate(s, micro_batch_size=1, length_multiple=8)
     # position t predicts token t + 1: completion tokens sit at 2..6, predicted at 1..5
     np.testing.assert_array_equal(b["loss_mask"][0, 0], [0, 1, 1, 0, 0, 1, 0, 0])
-    assert Sample.from_json(s.to_json()).completion_mask.tolist() == [1, 1, 0, 0, 1]
+    assert Rows.from_json(s.to_json()).completion_mask[0].tolist() == [1, 1, 0, 0, 1]
     with pytest.raises(ValueError, match="one flag per completion token"):
-        Sample([1], [2, 3], np.zeros(2), reward=0.0, completion_mask=[1])
+        Rows([[1]], [[2, 3]], [np.zeros(2)], [[1]])
 
 
 def test_masked_tokens_get_zero_gradient(monkeypatch):
     """The trainer's loss (`update.rl_loss`: PPO surrogate, entropy bonus, token-mean) as a function
     of the per-token log-probs: its gradient is zero exactly at the observation tokens."""
-    s = Sample(
-        [1, 2], [3, 4, 9, 9, 5], -0.3 * np.ones(5), reward=1.0, advantage=0.7, completion_mask=[1, 1, 0, 0, 1]
-    )
-    b = collate([s], micro_batch_size=1, length_multiple=8)
+    s = Rows([[1, 2]], [[3, 4, 9, 9, 5]], [-0.3 * np.ones(5)], [[1, 1, 0, 0, 1]], reward=1.0, advantage=0.7)
+    b = collate(s, micro_batch_size=1, length_multiple=8)
     mb = {k: jnp.asarray(v[0]) for k, v in b.items()}
     mb["old_logp"] = jnp.full(mb["labels"].shape, -0.3)
 

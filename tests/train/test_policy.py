@@ -10,7 +10,7 @@ import pytest
 from marljax.train.config import PolicyConfig
 from marljax.train.learner import step_functions
 from marljax.train.policy import Policy
-from marljax.workflows.types import Sample
+from marljax.workflows.types import Rows
 
 
 def config(seed: int, lr: float = 1e-3) -> PolicyConfig:
@@ -24,19 +24,16 @@ def config(seed: int, lr: float = 1e-3) -> PolicyConfig:
     )
 
 
-def samples(n: int = 4) -> list[Sample]:
+def samples(n: int = 4) -> Rows:
     rng = np.random.default_rng(0)
-    return [
-        Sample(
-            rng.integers(3, 200, 6),
-            rng.integers(3, 200, 5),
-            np.full(5, -4.0, np.float32),
-            reward=0.0,
-            advantage=float(rng.normal()),
-            policy="p",
-        )
-        for _ in range(n)
-    ]
+    drawn = [(rng.integers(3, 200, 6), rng.integers(3, 200, 5), float(rng.normal())) for _ in range(n)]
+    return Rows(
+        [p for p, _, _ in drawn],
+        [c for _, c, _ in drawn],
+        [np.full(5, -4.0, np.float32)] * n,
+        advantage=[a for _, _, a in drawn],
+        policy="p",
+    )
 
 
 LOWERINGS: list[float] = []  # every jit cache miss lowers its function to StableHLO first
@@ -95,7 +92,7 @@ def test_a_non_finite_update_is_skipped_reported_and_not_counted():
     policy = Policy("p", config(seed=1))
     before = jax.tree.map(np.array, policy.params)
     bad = samples()
-    bad[1].advantage = float("nan")
+    bad.advantage[1] = float("nan")
     metrics = policy.update(bad)
     assert metrics["skipped"] == 1.0 and metrics["lr"] == pytest.approx(1e-3)
     assert moved(policy, before) == 0.0 and policy.state.step == 0 and policy.version == 1

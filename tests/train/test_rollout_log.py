@@ -75,24 +75,25 @@ def test_each_step_logs_its_samples_as_the_model_saw_them(logged_run):
     for step, rollout in enumerate(rollouts, 1):
         records = rollout_log.read_step(run_dir, step)
         assert len(records) == len(rollout) == 8
-        for r, sample, gen, ids in zip(records, rollout.samples, rollout.generations, rollout.ids):
+        rows = rollout.rows
+        for i, (r, gen, ids) in enumerate(zip(records, rollout.generations, rollout.ids)):
             assert set(r) == FIELDS and r["step"] == step
             assert r["prompt"].startswith("<|im_start|>user\nQuestion ") and r["prompt"].endswith(
                 "assistant\n"
             )
-            assert r["prompt"] == tok.decode(sample.prompt_ids, skip_special_tokens=False)
-            np.testing.assert_array_equal(tok(r["prompt"])["input_ids"], sample.prompt_ids)
-            assert r["completion"] == tok.decode(sample.completion_ids, skip_special_tokens=False)
+            assert r["prompt"] == tok.decode(rows.prompt_ids[i], skip_special_tokens=False)
+            np.testing.assert_array_equal(tok(r["prompt"])["input_ids"], rows.prompt_ids[i])
+            assert r["completion"] == tok.decode(rows.completion_ids[i], skip_special_tokens=False)
             assert (r["prompt_len"], r["completion_len"]) == (
-                len(sample.prompt_ids),
-                len(sample.completion_ids),
+                len(rows.prompt_ids[i]),
+                len(rows.completion_ids[i]),
             )
             assert (r["reward"], r["advantage"], r["passed"]) == (
-                sample.reward,
-                sample.advantage,
-                sample.passed,
+                rows.reward[i],
+                rows.advantage[i],
+                rows.passed[i],
             )
-            assert (r["agent"], r["policy"], r["version"]) == (sample.agent, sample.policy, sample.version)
+            assert (r["agent"], r["policy"], r["version"]) == (rows.agent[i], rows.policy[i], rows.version[i])
             assert {k: r[k] for k in ids} == dict(ids)
             assert r["finish_reason"] == gen.finish_reason in ("eos", "stop", "length")
 

@@ -16,7 +16,7 @@ from marljax.train.generation import PolicyGenerator
 from marljax.train.policy import Policy
 from marljax.train.update import rl_loss
 from marljax.workflows.base import Agent
-from marljax.workflows.types import Sample
+from marljax.workflows.types import Rows
 
 
 @pytest.fixture(scope="module")
@@ -27,26 +27,22 @@ def policy() -> Policy:
     return Policy("p", cfg)
 
 
-def sampled(policy: Policy, temperature: float, top_p: float, top_k: int) -> list[Sample]:
+def sampled(policy: Policy, temperature: float, top_p: float, top_k: int) -> Rows:
     sampler = SamplerConfig(max_new_tokens=10, temperature=temperature, top_p=top_p, top_k=top_k)
     agent = Agent("a", "p")
     gens = PolicyGenerator({"p": policy}, sampler).generate(
         [(agent, "def add(a, b):"), (agent, "print the sum of 2 and 3")], n=4, seed=7
     )
     rng = np.random.default_rng(0)
-    return [
-        Sample(
-            g.prompt_ids,
-            g.completion_ids,
-            g.logprobs,
-            reward=0.0,
-            advantage=float(rng.normal()),
-            policy="p",
-            temperature=g.temperature,
-        )
-        for row in gens
-        for g in row
-    ]
+    flat = [g for row in gens for g in row]
+    return Rows(
+        [g.prompt_ids for g in flat],
+        [g.completion_ids for g in flat],
+        [g.logprobs for g in flat],
+        advantage=[float(rng.normal()) for _ in flat],
+        policy="p",
+        temperature=[g.temperature for g in flat],
+    )
 
 
 @pytest.mark.parametrize("top_k", [0, 20])
@@ -54,7 +50,7 @@ def sampled(policy: Policy, temperature: float, top_p: float, top_k: int) -> lis
 @pytest.mark.parametrize("temperature", [0.6, 1.0])
 def test_trainer_logprobs_equal_the_samplers(policy, temperature, top_p, top_k):
     samples = sampled(policy, temperature, top_p, top_k)
-    assert {s.temperature for s in samples} == {temperature}
+    assert set(samples.temperature) == {temperature}
     batch = policy.learner.collate(samples)
     mask = np.asarray(batch["loss_mask"])
     sampler_lp = np.asarray(batch["sampling_logp"])[mask]
@@ -62,12 +58,12 @@ def test_trainer_logprobs_equal_the_samplers(policy, temperature, top_p, top_k):
     np.testing.assert_allclose(trainer_lp, sampler_lp, atol=2e-5, rtol=0)
 
     # independently: full logits of one row, divided by T, no truncation
-    s = samples[0]
-    ids = np.concatenate([s.prompt_ids, s.completion_ids])[None]
+    prompt, completion = samples.prompt_ids[0], samples.completion_ids[0]
+    ids = np.concatenate([prompt, completion])[None]
     logits = np.asarray(forward(policy.params, ids, config=policy.config)[0][0], np.float64)
-    z = logits[len(s.prompt_ids) - 1 : -1] / temperature
-    want = z[np.arange(len(s.completion_ids)), s.completion_ids] - np.log(np.exp(z).sum(-1))
-    np.testing.assert_allclose(s.sampling_logprobs, want, atol=2e-5, rtol=0)
+    z = logits[len(prompt) - 1 : -1] / temperature
+    want = z[np.arange(len(completion)), completion] - np.log(np.exp(z).sum(-1))
+    np.testing.assert_allclose(samples.sampling_logprobs[0], want, atol=2e-5, rtol=0)
 
     loss = functools.partial(rl_loss, config=policy.config, loss=policy.learner.loss, use_old_logp=False)
     _, metrics = jax.jit(loss)(policy.params, jax.tree.map(lambda x: x[0], batch))

@@ -19,17 +19,18 @@ from marljax.train.buffer import ExperienceBuffer
 from marljax.train.config import LossConfig, OptimizerConfig
 from marljax.train.optim import applied_steps, make_optimizer, make_schedule
 from marljax.train.update import accumulate, guarded_step, make_logprob_fn, make_update_fn, rl_loss, sft_loss
-from marljax.workflows.types import Sample
+from marljax.workflows.types import Rows
 
 CONFIG = ModelConfig.preset("tiny-qwen2", vocab_size=64)
 
 
 def sample(prompt, completion, adv=0.0, version=0, policy="p", seed=0):
+    """One training row."""
     rng = np.random.default_rng(seed)
-    return Sample(
-        prompt,
-        completion,
-        -rng.random(len(completion)).astype(np.float32),
+    return Rows(
+        [prompt],
+        [completion],
+        [-rng.random(len(completion)).astype(np.float32)],
         reward=adv,
         advantage=adv,
         policy=policy,
@@ -39,19 +40,21 @@ def sample(prompt, completion, adv=0.0, version=0, policy="p", seed=0):
 
 def random_samples(n, seed=0):
     rng = np.random.default_rng(seed)
-    return [
-        sample(
-            rng.integers(3, 64, rng.integers(2, 6)),
-            rng.integers(3, 64, rng.integers(1, 9)),
-            adv=float(rng.normal()),
-            seed=k,
-        )
-        for k in range(n)
-    ]
+    return Rows.concatenate(
+        [
+            sample(
+                rng.integers(3, 64, rng.integers(2, 6)),
+                rng.integers(3, 64, rng.integers(1, 9)),
+                adv=float(rng.normal()),
+                seed=k,
+            )
+            for k in range(n)
+        ]
+    )
 
 
 def test_collate_layout_by_hand():
-    s = [sample([5, 6, 7], [8, 9], adv=1.5), sample([4], [3, 2, 1], adv=-1.0)]
+    s = Rows.concatenate([sample([5, 6, 7], [8, 9], adv=1.5), sample([4], [3, 2, 1], adv=-1.0)])
     b = collate(s, micro_batch_size=4, pad_id=0, length_multiple=8)
     assert b["tokens"].shape == (1, 4, 8)
     np.testing.assert_array_equal(b["tokens"][0, 0], [5, 6, 7, 8, 9, 0, 0, 0])
@@ -59,7 +62,7 @@ def test_collate_layout_by_hand():
     # position t predicts t + 1: completion tokens 8, 9 are predicted at positions 2, 3
     np.testing.assert_array_equal(b["loss_mask"][0, 0], [0, 0, 1, 1, 0, 0, 0, 0])
     np.testing.assert_array_equal(b["loss_mask"][0, 1], [1, 1, 1, 0, 0, 0, 0, 0])
-    np.testing.assert_array_equal(b["sampling_logp"][0, 0, 2:4], s[0].sampling_logprobs)
+    np.testing.assert_array_equal(b["sampling_logp"][0, 0, 2:4], s.sampling_logprobs[0])
     np.testing.assert_array_equal(b["advantages"][0], [1.5, -1.0, 0.0, 0.0])
     assert not b["loss_mask"][0, 2:].any() and not b["attention_mask"][0, 2:].any()  # filler rows
 
@@ -80,12 +83,12 @@ def test_collate_loss_positions_pick_completion_logprobs():
             attention_mask=mb["attention_mask"],
         )
     )
-    for k, smp in enumerate(s):
-        ids = np.concatenate([smp.prompt_ids, smp.completion_ids])[None]
+    for k, (prompt, completion) in enumerate(zip(s.prompt_ids, s.completion_ids)):
+        ids = np.concatenate([prompt, completion])[None]
         ref = np.asarray(
             token_logprobs(params, jnp.asarray(ids), jnp.roll(jnp.asarray(ids), -1, 1), config=CONFIG)
         )
-        P = len(smp.prompt_ids)
+        P = len(prompt)
         np.testing.assert_allclose(logp[k][b["loss_mask"][0, k]], ref[0, P - 1 : -1], atol=1e-5)
 
 
@@ -162,7 +165,7 @@ def test_nan_guard_skips_exactly_the_bad_update():
     )
     good = random_samples(4, seed=5)
     bad = random_samples(4, seed=5)
-    bad[2].advantage = float("nan")
+    bad.advantage[2] = float("nan")
     state = opt.init(params)
     before = jax.tree.map(np.asarray, (params, state))
     p1, s1, m1 = update(params, state, jax.tree.map(jnp.asarray, collate(bad, micro_batch_size=2)))
@@ -253,7 +256,7 @@ def test_ppo_step_raises_logprob_of_positive_advantage_tokens():
     fn = functools.partial(rl_loss, config=CONFIG, loss=LossConfig(), use_old_logp=False)
     update = make_update_fn(fn, opt, "token-mean")
     s = random_samples(2, seed=9)
-    s[0].advantage, s[1].advantage = 1.0, -1.0
+    s.advantage[:] = 1.0, -1.0
     b = jax.tree.map(jnp.asarray, collate(s, micro_batch_size=2))
     mb = jax.tree.map(lambda x: x[0], b)
 
@@ -277,12 +280,12 @@ def test_ppo_step_raises_logprob_of_positive_advantage_tokens():
 # --------------------------------------------------------------------- buffers
 def test_buffer_take_is_fifo_and_keeps_leftovers():
     buf = ExperienceBuffer(threshold=3)
-    buf.add([sample([1], [2], adv=k) for k in range(7)])
+    buf.add(Rows.concatenate([sample([1], [2], adv=k) for k in range(7)]))
     assert buf.ready(0)
     first, stats = buf.take(0)
-    assert [s.advantage for s in first] == [0, 1, 2] and stats["buffer_left"] == 4
+    assert first.advantage.tolist() == [0, 1, 2] and stats["buffer_left"] == 4
     second, _ = buf.take(0)
-    assert [s.advantage for s in second] == [3, 4, 5]
+    assert second.advantage.tolist() == [3, 4, 5]
     assert len(buf) == 1 and not buf.ready(0)
     with pytest.raises(RuntimeError, match="fewer than its threshold 3"):
         buf.take(0)
@@ -291,10 +294,10 @@ def test_buffer_take_is_fifo_and_keeps_leftovers():
 
 def test_buffer_drops_only_samples_past_max_staleness_and_counts_them():
     buf = ExperienceBuffer(threshold=2, max_staleness=1)
-    buf.add([sample([1], [2], version=v) for v in (0, 0, 1, 2, 3)])
+    buf.add(Rows.concatenate([sample([1], [2], version=v) for v in (0, 0, 1, 2, 3)]))
     assert buf.drop_stale(3) == 3  # versions 0, 0, 1 are more than 1 behind version 3
     batch, stats = buf.take(3)
-    assert [s.version for s in batch] == [2, 3] and stats["staleness_max"] == 1.0
+    assert batch.version.tolist() == [2, 3] and stats["staleness_max"] == 1.0
     assert buf.dropped == 3
 
 
@@ -306,10 +309,11 @@ def test_buffer_state_round_trip_is_exact():
 
     other = ExperienceBuffer(threshold=4)
     other.load_state_dict(json.loads(json.dumps(state)))
-    for a, b in zip(buf._samples, other._samples):
-        np.testing.assert_array_equal(a.sampling_logprobs, b.sampling_logprobs)
-        np.testing.assert_array_equal(a.completion_ids, b.completion_ids)
-        assert a.advantage == b.advantage
+    for column in ("sampling_logprobs", "completion_ids", "prompt_ids"):
+        for a, b in zip(getattr(buf.rows, column), getattr(other.rows, column), strict=True):
+            np.testing.assert_array_equal(a, b)
+    np.testing.assert_array_equal(buf.rows.advantage, other.rows.advantage)
+    np.testing.assert_array_equal(buf.rows.reward, other.rows.reward)
 
 
 def test_skewed_rates_fast_policy_updates_while_slow_waits():
@@ -336,8 +340,8 @@ def test_skewed_rates_fast_policy_updates_while_slow_waits():
     t.buffers = {"fast": ExperienceBuffer(4), "slow": ExperienceBuffer(3)}
     updates = []
     for _ in range(6):
-        t.buffers["fast"].add([sample([1], [2], policy="fast") for _ in range(5)])
-        t.buffers["slow"].add([sample([1], [2], policy="slow")])
+        t.buffers["fast"].add(Rows.concatenate([sample([1], [2], policy="fast") for _ in range(5)]))
+        t.buffers["slow"].add(sample([1], [2], policy="slow"))
         m = t.update_ready_policies()
         updates.append((m["policy/fast/updates"], m["policy/slow/updates"]))
     # fast: 5, 10, 15, ... arrive; 4 per update -> cumulative floor(5 (k+1) / 4) updates

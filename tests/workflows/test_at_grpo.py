@@ -7,6 +7,7 @@ import json
 
 import numpy as np
 import pytest
+from rows_view import each_row
 
 from marljax.envs.base import best_branch
 from marljax.envs.code import parse_asserts
@@ -120,9 +121,9 @@ def code_run(pool):
 # ------------------------------------------------------------------ code task
 def test_k_candidates_per_agent_per_turn_and_ids(code_run):
     rollout, _ = code_run
-    assert len(rollout.samples) == 2 * 2 * 2 * 3  # problems x turns x agents x K
+    assert len(each_row(rollout)) == 2 * 2 * 2 * 3  # problems x turns x agents x K
     for ep, pid in enumerate(["inc", "dbl"]):
-        mine = [s for s in rollout.samples if s.ids["episode"] == ep]
+        mine = [s for s in each_row(rollout) if s.ids["episode"] == ep]
         assert {s.ids["problem"] for s in mine} == {pid}
         assert sorted(s.ids["node"] for s in mine) == list(range(12))  # unique within the tree
         for s in mine:
@@ -137,7 +138,7 @@ def test_best_branch_continues_and_parents(code_run):
     rollout, _ = code_run
     # inc: coder best k=1 (0.5), tester best k=2 (1.5); dbl: coder tie .25/.25 -> k=1, tester k=0
     want = {(0, "coder"): 1, (0, "tester"): 3 + 2, (1, "coder"): 1, (1, "tester"): 3 + 0}
-    for s in rollout.samples:
+    for s in each_row(rollout):
         if s.ids["turn"] == 1:
             assert s.ids["parent"] == want[(s.ids["episode"], s.agent)]
     assert best_branch([0.25, 0.5, 0.5]) == 1 and best_branch([0.0, 0.0]) == 0
@@ -145,7 +146,7 @@ def test_best_branch_continues_and_parents(code_run):
 
 def test_rewards_and_group_advantages_hand_computed(code_run):
     rollout, _ = code_run
-    for s in rollout.samples:
+    for s in each_row(rollout):
         key = (s.ids["problem"], s.agent)
         k = s.ids["node"] % 3
         assert s.reward == pytest.approx(REWARDS[key][k]), (key, s.ids)
@@ -168,7 +169,7 @@ def test_rewards_and_group_advantages_hand_computed(code_run):
 def test_grouping_option_changes_the_groups(pool, grouping, pool_size, key):
     gen = ScriptedGenerator(code_script)
     wf = AtGrpoWorkflow("code", num_candidates=3, num_turns=2, grouping=grouping, pool_size=pool_size)
-    samples = wf.rollout(code_problems(), agents(shared=False), gen, pool, seed=7).samples
+    samples = each_row(wf.rollout(code_problems(), agents(shared=False), gen, pool, seed=7))
     groups: dict = {}
     for s in samples:
         groups.setdefault(key(s), []).append(s)
@@ -226,7 +227,7 @@ def test_dr_grpo_centres_without_scaling(pool):
     r = AtGrpoWorkflow("code", num_candidates=3, num_turns=1, estimator="dr_grpo").rollout(
         code_problems()[:1], {"coder": Agent("coder", "p")} | {"tester": Agent("tester", "p")}, gen, pool, 0
     )
-    coder = [s.advantage for s in sorted(r.samples, key=lambda s: s.ids["node"]) if s.agent == "coder"]
+    coder = [s.advantage for s in sorted(each_row(r), key=lambda s: s.ids["node"]) if s.agent == "coder"]
     assert coder == pytest.approx([-0.25, 0.25, 0.0])
 
 
@@ -342,7 +343,7 @@ def test_plan_tree_multi_turn():
     gen = Recording(plan_script)
     wf = AtGrpoWorkflow("plan", num_candidates=3, num_turns=3)
     r = wf.rollout([GRID_PROBLEM], {"planner": Agent("planner", "p")}, gen, None, seed=1)
-    assert [(s.ids["turn"], s.ids["node"], s.ids["parent"]) for s in r.samples] == [
+    assert [(s.ids["turn"], s.ids["node"], s.ids["parent"]) for s in each_row(r)] == [
         (0, 0, -1),
         (0, 1, -1),
         (0, 2, -1),
@@ -350,12 +351,12 @@ def test_plan_tree_multi_turn():
         (1, 4, 1),
         (1, 5, 1),
     ]  # solved at turn 1: no turn 2
-    assert [s.reward for s in r.samples] == pytest.approx([1 / 12, 1 / 6, 0.0, 0.25, 1.0, 0.0])
+    assert [s.reward for s in each_row(r)] == pytest.approx([1 / 12, 1 / 6, 0.0, 0.25, 1.0, 0.0])
     turn1 = gen.batches[1][0][1]
     assert "..A" in turn1 and "Moves so far: RR" in turn1 and "4 moves from G" in turn1
     assert r.metrics["at_grpo/turns"] == 2 and r.metrics["at_grpo/solved"] == 1.0
     # turn 0: [1/12, 1/6, 0] -> mean 1/12, std 1/12 -> [0, 1, -1]; turn 1: [.25, 1, 0] -> mean 5/12, std .520416
-    assert [s.advantage for s in r.samples] == pytest.approx(
+    assert [s.advantage for s in each_row(r)] == pytest.approx(
         [0, 1, -1, -0.320256, 1.120897, -0.800641], rel=1e-4, abs=1e-6
     )  # eps 1e-6 in std + eps
 
@@ -365,8 +366,8 @@ def test_plan_ties_go_to_the_lowest_index_and_evaluate():
     r = AtGrpoWorkflow("plan", num_candidates=2, num_turns=2).rollout(
         [GRID_PROBLEM], {"planner": Agent("planner", "p")}, gen, None, seed=0
     )
-    assert [s.ids["parent"] for s in r.samples if s.ids["turn"] == 1] == [0, 0]
-    assert all(s.advantage == 0 for s in r.samples)  # identical candidates: no comparison signal
+    assert [s.ids["parent"] for s in each_row(r) if s.ids["turn"] == 1] == [0, 0]
+    assert all(s.advantage == 0 for s in each_row(r))  # identical candidates: no comparison signal
     wf = AtGrpoWorkflow("plan", num_candidates=2, num_turns=2)
     solve = ScriptedGenerator(lambda a, p, k, s: "Moves: RRDDLL")
     assert (
@@ -391,7 +392,7 @@ def test_coder_alone_gets_public_feedback_only(pool):
     gen = Recording(code_script)
     wf = AtGrpoWorkflow("code", tester=None, num_candidates=3, num_turns=2)
     r = wf.rollout(code_problems()[:1], {"coder": Agent("coder", "p")}, gen, pool, 0)
-    assert {s.agent for s in r.samples} == {"coder"} and len(r.samples) == 6
+    assert {s.agent for s in each_row(r)} == {"coder"} and len(each_row(r)) == 6
     prompt = gen.batches[1][0][1]
     assert "Passed 2 of 3 tests." in prompt and "tester" not in prompt
 
@@ -436,9 +437,9 @@ def test_tiny_real_policy_trains_two_steps(pool):
     for step in range(2):
         version = policy.version
         rollout = wf.rollout(code_problems(), agents(shared=True), gen, pool, seed=step)
-        assert len(rollout.samples) == 16 and all(np.isfinite(v) for v in rollout.metrics.values())
-        assert all(len(s.completion_ids) > 0 and s.version == version for s in rollout.samples)
-        buffer.add(rollout.samples)
+        assert len(each_row(rollout)) == 16 and all(np.isfinite(v) for v in rollout.metrics.values())
+        assert all(len(s.completion_ids) > 0 and s.version == version for s in each_row(rollout))
+        buffer.add(rollout.rows)
         while buffer.ready(policy.version):
             updates.append(policy.update(buffer.take(policy.version)[0]))
     assert len(updates) == 4 and all(np.isfinite(u["loss"]) for u in updates), updates

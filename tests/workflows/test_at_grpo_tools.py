@@ -7,6 +7,7 @@ import re
 
 import numpy as np
 import pytest
+from rows_view import each_row
 
 from marljax.envs.tool_calls import format_tool_call
 from marljax.rewards import SandboxVerifier
@@ -76,10 +77,10 @@ def test_grid_turn_by_hand():
         [GRID], AGENTS, ScriptedGenerator(spy), SandboxVerifier(), seed=0
     )
     d = GRID.fields["distance"]
-    tool = [s for s in out.samples if s.agent == "tool_agent"]
-    plan = [s for s in out.samples if s.agent == "plan_agent"]
+    tool = [s for s in each_row(out) if s.agent == "tool_agent"]
+    plan = [s for s in each_row(out) if s.agent == "plan_agent"]
     # solved at turn 0: no second turn
-    assert len(tool) == 4 and len(plan) == 4 and {s.ids["turn"] for s in out.samples} == {0}
+    assert len(tool) == 4 and len(plan) == 4 and {s.ids["turn"] for s in each_row(out)} == {0}
     assert [s.reward for s in tool] == [1.0, 0.0, 0.0, 0.0]
     np.testing.assert_allclose([s.reward for s in plan], [1.0, 0.5 / d, 0.0, 1.0])
     for group in (tool, plan):
@@ -119,7 +120,7 @@ def test_a_tool_check_is_worth_how_far_the_checked_moves_get():
     out = AtGrpoToolsWorkflow(num_turns=1).rollout(
         [GRID], AGENTS, ScriptedGenerator(script), SandboxVerifier(), 0
     )
-    tool = [s.reward for s in out.samples if s.agent == "tool_agent"]
+    tool = [s.reward for s in each_row(out) if s.agent == "tool_agent"]
     # every call ran and returned a finding (process reward 1); the best check decides the rest
     np.testing.assert_allclose(tool, [1.0, 0.5 + 0.5 * (0.5 / d), 1.0, 0.5])
 
@@ -147,11 +148,11 @@ def test_a_second_turn_starts_where_the_best_plan_ended():
     out = AtGrpoToolsWorkflow(num_turns=2, num_candidates=2).rollout(
         [GRID], AGENTS, ScriptedGenerator(spy), SandboxVerifier(), seed=0
     )
-    plan = {(s.ids["turn"], s.ids["node"]): s.reward for s in out.samples if s.agent == "plan_agent"}
+    plan = {(s.ids["turn"], s.ids["node"]): s.reward for s in each_row(out) if s.agent == "plan_agent"}
     assert plan == pytest.approx({(0, 2): 0.5 / d, (0, 3): 0.0, (1, 6): 1.0, (1, 7): 0.0})
     assert f"reaches the goal after {d - 1} moves" in [p for a, p in prompts if a == "plan_agent"][-1]
     assert out.metrics["team/pass_rate"] == 1.0 and out.metrics["team/reward"] == 1.0
-    turn1_tool = [s for s in out.samples if s.agent == "tool_agent" and s.ids["turn"] == 1]
+    turn1_tool = [s for s in each_row(out) if s.agent == "tool_agent" and s.ids["turn"] == 1]
     assert {s.ids["parent"] for s in turn1_tool} == {2}  # the best plan of turn 0
 
 
@@ -167,7 +168,7 @@ def test_math_with_the_python_tool():
 
     wf = AtGrpoToolsWorkflow(num_candidates=2, tools={"task": "math", "multi_turn": "per_turn"})
     out = wf.rollout(problems, AGENTS, ScriptedGenerator(script), SandboxVerifier(), seed=0)
-    assert [s.reward for s in out.samples] == [1.0, 0.0, 1.0, 0.0]
+    assert [s.reward for s in each_row(out)] == [1.0, 0.0, 1.0, 0.0]
     assert problems[0].fields["answer"] == a * b - c
 
 

@@ -121,9 +121,10 @@ def test_rollout_arrays_samples_and_common_metrics():
     out = Rollout(gens, ids, rewards, adv, passed, extras={"team/x": 2.0})
     assert out.agent_names == ("a", "b") and out.agent_ids.tolist() == [1, 0, 1, 0, 0]
     assert out.policy_names == ("p", "q") and out.policy_ids.tolist() == [1, 0, 1, 0, 0]
-    s = out.samples[3]
-    assert (s.agent, s.policy, s.version, s.reward, s.advantage, s.passed) == ("a", "p", 0, 1 / 3, -0.5, 0.0)
-    assert out.samples[0].version == 2 and out.samples[0].to_json()["passed"] == 1.0
+    rows = out.rows
+    assert (rows.agent[3], rows.policy[3], rows.version[3]) == ("a", "p", 0)
+    assert (rows.reward[3], rows.advantage[3], rows.passed[3]) == (1 / 3, -0.5, 0.0)
+    assert rows.version[0] == 2 and rows.to_json()["passed"][0] == 1.0
     m = out.metrics
     assert m["agent/a/reward"] == pytest.approx((0.5 + 1 / 3 + 1.0) / 3) and m["agent/b/reward"] == 0.5
     assert m["agent/a/pass_rate"] == pytest.approx(1 / 3) and m["agent/b/pass_rate"] == 0.5

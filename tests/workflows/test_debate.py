@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from rows_view import each_row
 
 from marljax.rewards import SandboxVerifier
 from marljax.tasks import parse_row
@@ -64,9 +65,9 @@ def test_debaters_see_each_other_and_are_rewarded_jointly():
     assert bob_first.startswith("B: " + PROBLEMS[0].prompt)
     assert "Your answer:\n\\boxed{3}" in bob_first and "The answer of alice:\n\\boxed{2}" in bob_first
     # per debate: alice's first answer, bob's, alice's revision, bob's (nodes 0..3)
-    assert [s.agent for s in out.samples[:4]] == ["alice", "bob", "alice", "bob"]
+    assert [s.agent for s in each_row(out)[:4]] == ["alice", "bob", "alice", "bob"]
     for d in range(4):
-        turns = out.samples[4 * d : 4 * d + 4]
+        turns = each_row(out)[4 * d : 4 * d + 4]
         assert [s.ids["node"] for s in turns] == [0, 1, 2, 3] and [s.ids["parent"] for s in turns] == [
             -1,
             -1,
@@ -77,12 +78,12 @@ def test_debaters_see_each_other_and_are_rewarded_jointly():
         assert {s.ids["problem"] for s in turns} == {PROBLEMS[d // 2].id}
         # debate 0 of each problem: both revisions right (joint 1, passed); debate 1: both wrong
         assert {(s.reward, s.passed) for s in turns} == {(1.0, 1.0) if d % 2 == 0 else (0.0, 0.0)}
-    assert {s.version for s in out.samples if s.agent == "bob"} == {4}
-    assert {s.version for s in out.samples if s.agent == "alice"} == {0}
-    rewards = [s.reward for s in out.samples]
-    groups = [(s.ids["problem"], s.agent) for s in out.samples]  # each agent's turns on one problem
+    assert {s.version for s in each_row(out) if s.agent == "bob"} == {4}
+    assert {s.version for s in each_row(out) if s.agent == "alice"} == {0}
+    rewards = [s.reward for s in each_row(out)]
+    groups = [(s.ids["problem"], s.agent) for s in each_row(out)]  # each agent's turns on one problem
     np.testing.assert_allclose(
-        [s.advantage for s in out.samples], hand_advantages(rewards, groups), atol=1e-5
+        [s.advantage for s in each_row(out)], hand_advantages(rewards, groups), atol=1e-5
     )
     m = out.metrics
     assert m["team/reward"] == 0.5 and m["team/pass_rate"] == 0.5

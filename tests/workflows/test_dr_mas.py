@@ -6,6 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from pydantic import ValidationError
+from rows_view import each_row
 
 from marljax import kernels
 from marljax.rewards import SandboxPool, SandboxVerifier
@@ -64,7 +65,7 @@ def turns_of(rollout, episode):
     return [
         s.agent
         for s in sorted(
-            (s for s in rollout.samples if s.ids["episode"] == episode), key=lambda s: s.ids["turn"]
+            (s for s in each_row(rollout) if s.ids["episode"] == episode), key=lambda s: s.ids["turn"]
         )
     ]
 
@@ -105,7 +106,7 @@ def test_default_order_accept_and_max_loops(pool):
     ]
     # One generate call per stage, one policy per stage here; the first batches G per problem prompt.
     assert gen.calls == [("pol_s", 2), ("pol_v", 4), ("pol_s", 1), ("pol_v", 1)]
-    for s in out.samples:
+    for s in each_row(out):
         t = s.ids["turn"]
         assert s.ids == {
             "problem": PROBLEMS[s.ids["episode"] // 2].id,
@@ -116,13 +117,13 @@ def test_default_order_accept_and_max_loops(pool):
             "turn": t,
         }
         assert s.policy == AGENTS[s.agent].policy and s.version == (3 if s.policy == "pol_s" else 0)
-    rewards = [s.reward for s in out.samples]
+    rewards = [s.reward for s in each_row(out)]
     # solver turns carry the final program's pass fraction, verifier turns their verdict's correctness
     assert np.allclose(rewards, [1, 1, 2 / 3, 1, 2 / 3, 1, 1, 1, 1 / 3, 0])
-    groups = [s.ids["episode"] // 2 * 2 + (s.agent == "verifier") for s in out.samples]  # (problem, agent)
-    assert np.allclose([s.advantage for s in out.samples], hand_advantages(rewards, groups), atol=1e-5)
+    groups = [s.ids["episode"] // 2 * 2 + (s.agent == "verifier") for s in each_row(out)]  # (problem, agent)
+    assert np.allclose([s.advantage for s in each_row(out)], hand_advantages(rewards, groups), atol=1e-5)
     # e.g. p0's solver turns {1, 2/3, 2/3}: (2/9) / (sqrt(3) / 9) = 1.1547
-    assert out.samples[0].advantage == pytest.approx(2 / np.sqrt(3), abs=1e-5)
+    assert each_row(out)[0].advantage == pytest.approx(2 / np.sqrt(3), abs=1e-5)
     m = out.metrics
     assert m["team/reward"] == pytest.approx((1 + 2 / 3 + 1 + 1 / 3) / 4)
     assert m["team/pass_rate"] == 0.5 and m["team/accept_rate"] == 0.75 and m["team/loops"] == 1.25
@@ -130,8 +131,8 @@ def test_default_order_accept_and_max_loops(pool):
     # amplification per problem: mean over each agent's samples of (var_pk + (mu_pk - mu_p)^2) / var_p,
     # over the problems where the agent's own rewards vary (agent-wise advantages 0 elsewhere)
     r = np.asarray(rewards)
-    verifier = np.array([s.agent == "verifier" for s in out.samples])
-    problem = np.array([s.ids["episode"] // 2 for s in out.samples])
+    verifier = np.array([s.agent == "verifier" for s in each_row(out)])
+    problem = np.array([s.ids["episode"] // 2 for s in each_row(out)])
     for name, mine in (("solver", ~verifier), ("verifier", verifier)):
         f = [
             (r[sel].var() + (r[sel].mean() - r[problem == p].mean()) ** 2) / r[problem == p].var()
@@ -164,13 +165,13 @@ def test_global_normalization_is_global_advantages_per_problem(pool):
     out = DrMasWorkflow(max_loops=2, group_size=2, normalization="global").rollout(
         PROBLEMS, AGENTS, ScriptedGenerator(script()), pool, seed=5
     )
-    r = jnp.asarray([s.reward for s in out.samples], jnp.float32)
-    problem = np.array([s.ids["episode"] // 2 for s in out.samples])
+    r = jnp.asarray([s.reward for s in each_row(out)], jnp.float32)
+    problem = np.array([s.ids["episode"] // 2 for s in each_row(out)])
     expect = sum(
         np.where(problem == p, np.asarray(kernels.global_advantages(r, mask=jnp.asarray(problem == p))), 0.0)
         for p in range(2)
     )
-    assert np.allclose([s.advantage for s in out.samples], expect, atol=1e-6)
+    assert np.allclose([s.advantage for s in each_row(out)], expect, atol=1e-6)
     assert np.allclose(expect, hand_advantages(np.asarray(r), problem), atol=1e-5)
 
 
@@ -184,7 +185,7 @@ def test_router_names_the_next_agent_and_budgets_bound_it(pool):
         assert turns_of(out, n) == ["solver", "router", "solver", "verifier", "verifier"]
     assert gen.calls == [("pol_s", 1), ("pol_r", 2), ("pol_s", 2), ("pol_v", 2), ("pol_v", 2)]
     assert out.metrics["agent/router/parse_rate"] == 1.0
-    router_rewards = [s.reward for s in out.samples if s.agent == "router"]
+    router_rewards = [s.reward for s in each_row(out) if s.agent == "router"]
     assert router_rewards == pytest.approx([2 / 3, 2 / 3])  # the team's outcome (revisions are wrong)
 
 
@@ -245,12 +246,12 @@ def test_tiny_real_models_through_buffers_and_updates(pool):
     buffer, wf, updates = ExperienceBuffer(32), DrMasWorkflow(max_loops=1, group_size=8), []
     for step in range(2):
         out = wf.rollout(problems, agents, gen, pool, seed=step)
-        assert len(out.samples) == 64 and all(np.isfinite(v) for v in out.metrics.values())
-        buffer.add(out.samples)
+        assert len(each_row(out)) == 64 and all(np.isfinite(v) for v in out.metrics.values())
+        buffer.add(out.rows)
         while buffer.ready(policy.version):
             updates.append(policy.update(buffer.take(policy.version)[0]))
     assert len(updates) == 4 and all(np.isfinite(v) for u in updates for v in u.values())
-    assert any(s.advantage != 0 for s in out.samples)
+    assert any(s.advantage != 0 for s in each_row(out))
     assert any(
         not np.array_equal(a, np.asarray(b))
         for a, b in zip(jax.tree.leaves(before), jax.tree.leaves(policy.params))

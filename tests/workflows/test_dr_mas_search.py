@@ -7,6 +7,7 @@ import re
 
 import numpy as np
 import pytest
+from rows_view import each_row
 
 from marljax.envs.tool_calls import format_tool_call
 from marljax.rewards import SandboxVerifier
@@ -82,8 +83,8 @@ def test_one_searching_episode_and_one_that_answers_at_once(multi_turn):
     out = wf.rollout(PROBLEMS, AGENTS, gen, SandboxVerifier(), seed=0)
     # episode 0: router search, search (person); router search, search (city); router answer, answer
     # episode 1: router answer, answer
-    by = {(s.ids["episode"], s.agent): [] for s in out.samples}
-    for s in out.samples:
+    by = {(s.ids["episode"], s.agent): [] for s in each_row(out)}
+    for s in each_row(out):
         by[(s.ids["episode"], s.agent)].append(s)
     merged = multi_turn == "merged"
     assert {k: len(v) for k, v in by.items()} == {
@@ -100,7 +101,7 @@ def test_one_searching_episode_and_one_that_answers_at_once(multi_turn):
     assert {s.reward for s in by[(0, "searcher")]} == {1.5}
     assert {s.reward for s in by[(1, "router")] + by[(1, "answerer")]} == {0.0}
     # agent-wise normalisation on the problem: the searcher acted in one episode only: one value
-    for s in out.samples:
+    for s in each_row(out):
         if s.agent == "searcher":
             assert s.advantage == 0.0
     answers = [by[(e, "answerer")][0] for e in (0, 1)]
@@ -133,7 +134,7 @@ def test_the_last_round_always_answers():
         PROBLEMS, AGENTS, ScriptedGenerator(searcher_forever), SandboxVerifier(), seed=0
     )
     assert out.metrics["dr_mas/rounds"] == 2.0 and out.metrics["dr_mas/search_turns"] == 1.0
-    assert sum(s.agent == "answerer" for s in out.samples) == 2
+    assert sum(s.agent == "answerer" for s in each_row(out)) == 2
 
 
 def test_evaluate():

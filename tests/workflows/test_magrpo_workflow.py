@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from pydantic import ValidationError
+from rows_view import each_row
 
 from marljax.envs import coop_code
 from marljax.rewards import SandboxPool, SandboxVerifier
@@ -205,7 +206,7 @@ def test_tree_shape_and_ids(joint, nodes_per_turn, joints_per_turn):
         assert [
             sum(tree.joints[j].node.turn == t for s in nodes for j in s.joints) for t in range(2)
         ] == joints_per_turn
-    samples = wf.rollout(problems, team(), gen, SandboxVerifier(), seed=0).samples
+    samples = each_row(wf.rollout(problems, team(), gen, SandboxVerifier(), seed=0))
     assert len(samples) == 2 * sum(nodes_per_turn) * 2 * 2  # episodes x nodes x agents x G
     for e, prob in enumerate(problems):
         mine = [s for s in samples if s.ids["episode"] == e]
@@ -255,7 +256,7 @@ def test_two_turn_returns_and_sibling_advantages_by_hand(pool):
         [j.reward for j in tree.joints], [0.5, 0.0, 0.25] + leaf[0] + leaf[1] + leaf[2]
     )
 
-    samples = wf.rollout(problems, team(), ScriptedGenerator(two_turn_script), pool, seed=1).samples
+    samples = each_row(wf.rollout(problems, team(), ScriptedGenerator(two_turn_script), pool, seed=1))
     groups = by_node(samples)
     want = {0: normalised(root), 1: normalised(leaf[0]), 2: normalised(leaf[1]), 3: normalised(leaf[2])}
     for node, adv_node in want.items():
@@ -285,7 +286,7 @@ def test_cross_mode_credits_each_agent_by_its_own_choice(pool):
     tree = wf.grow(problems, list(team().values()), ScriptedGenerator(cross_script), pool, seed=0, n=3)
     assert [j.combo for j in tree.joints] == [(h, m) for h in range(3) for m in range(3)]
     np.testing.assert_allclose([j.reward for j in tree.joints], table.reshape(-1), atol=1e-9)
-    samples = wf.rollout(problems, team(), ScriptedGenerator(cross_script), pool, seed=0).samples
+    samples = each_row(wf.rollout(problems, team(), ScriptedGenerator(cross_script), pool, seed=0))
     groups = by_node(samples)
     np.testing.assert_allclose(
         [s.advantage for s in groups[(0, 0, "helper")]], normalised(table.sum(1)), atol=1e-5
@@ -322,7 +323,7 @@ def test_a_perfect_answer_is_never_credited_below_a_sibling_fixed_next_turn(pool
     np.testing.assert_allclose(returns, [1.0 + 0.9, 0.5 + 0.9, 1.0, 1.0, 1.0, 1.0], atol=1e-6)
     assert adv[0, 1] > 0 > adv[1, 1]  # main's perfect answer above its half-right sibling
     rollout = wf.rollout([code_problem()], team(), gen, pool, seed=0)
-    main_root = [s for s in rollout.samples if s.agent == "main" and s.ids["node"] == 0]
+    main_root = [s for s in each_row(rollout) if s.agent == "main" and s.ids["node"] == 0]
     assert main_root[0].advantage > 0 > main_root[1].advantage
     assert rollout.metrics["tree/early_stop_rate"] == 0.0
 
@@ -368,7 +369,7 @@ def test_one_generate_call_per_policy_per_turn(pool, policies, expected):
     wf = MagrpoWorkflow(group_size=3, num_turns=2, task="score")
     rollout = wf.rollout([code_problem()], team(*policies), gen, pool, seed=0)
     assert gen.n_calls == 2 and gen.calls == expected
-    assert {s.policy for s in rollout.samples} == set(policies)
+    assert {s.policy for s in each_row(rollout)} == set(policies)
     for key in (
         "agent/helper/adv_std",
         "agent/main/reward",
@@ -441,8 +442,8 @@ def test_tiny_real_policy_trains_on_magrpo_samples(pool):
         )
         assert all(np.isfinite(v) for v in rollout.metrics.values())
         assert rollout.metrics["agent/main/adv_std"] > 0  # (aux used, 1.0) vs (alone without aux, 0.7)
-        assert {s.version for s in rollout.samples} == {step}
-        buffer.add(rollout.samples)
+        assert {s.version for s in each_row(rollout)} == {step}
+        buffer.add(rollout.rows)
         while buffer.ready(policy.version):
             updates.append(policy.update(buffer.take(policy.version)[0]))
     assert len(updates) == 2 and all(np.isfinite(v) for u in updates for v in u.values())

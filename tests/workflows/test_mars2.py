@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from rows_view import each_row
 
 from marljax.rewards import SandboxPool, SandboxVerifier
 from marljax.tasks import parse_row, synthetic_rows
@@ -200,7 +201,7 @@ def test_feedback_only_in_refinement_prompts(pool):
         "Feedback on the public tests" in q and "Wrong answer." in q and "return -12345" in q for q in refine
     )
     assert not any("Feedback" in q or "Wrong answer" in q for q in fresh)
-    assert {s.ids["depth"] > 0 for s in out.samples} == {True, False}
+    assert {s.ids["depth"] > 0 for s in each_row(out)} == {True, False}
     # without feedback the refinement prompt still shows the previous program, but no feedback
     gen = CountingGenerator(lambda a, q, k, s: WRONG)
     Mars2Workflow(max_nodes=6, use_feedback=False).rollout(problems, team(), gen, pool, seed=3)
@@ -242,7 +243,7 @@ def test_max_nodes_ids_and_one_group_per_tree(pool):
     out = wf.rollout(problems, agents, gen, pool, seed=11)
     assert len(gen.rounds) == 3 and out.metrics["mars2/rounds"] == 3  # 3 + 3 + 1 expansions per tree
     by_tree = {}
-    for s in out.samples:
+    for s in each_row(out):
         by_tree.setdefault(s.ids["episode"], []).append(s)
     assert sorted(by_tree) == [0, 1, 2]
     for i, ss in by_tree.items():
@@ -286,7 +287,7 @@ def test_agent_normalization_groups_each_agents_nodes_of_a_tree(pool):
     )
     out = wf.rollout(problems, team(), CountingGenerator(script), pool, seed=11)
     groups = {}
-    for s in out.samples:
+    for s in each_row(out):
         groups.setdefault((s.ids["episode"], s.agent), []).append(s)
     assert {agent for _, agent in groups} == {"alpha", "beta"}
     for (_, agent), ss in groups.items():
@@ -294,7 +295,7 @@ def test_agent_normalization_groups_each_agents_nodes_of_a_tree(pool):
             [s.advantage for s in ss], ref_advantages([s.reward for s in ss]), atol=1e-5
         )
         assert agent == "alpha" or all(s.reward == 0 and s.advantage == 0 for s in ss)
-    assert any(s.advantage > 0 for s in out.samples) and any(s.advantage < 0 for s in out.samples)
+    assert any(s.advantage > 0 for s in each_row(out)) and any(s.advantage < 0 for s in each_row(out))
     with pytest.raises(ValueError, match="normalization"):
         Mars2Workflow(normalization="team")
 
@@ -303,8 +304,8 @@ def test_stop_on_solve(pool):
     problems = make_problems(2)
     gen = CountingGenerator(lambda a, q, k, s: fenced(problem_of(problems, q).fields["solution"]))
     out = Mars2Workflow(max_nodes=8, expansions_per_round=2).rollout(problems, team(), gen, pool, seed=0)
-    assert len(out.samples) == 4 and len(gen.rounds) == 1  # every first-round node solves its tree
-    assert all(s.advantage == 0.0 for s in out.samples)  # constant rewards in each tree
+    assert len(each_row(out)) == 4 and len(gen.rounds) == 1  # every first-round node solves its tree
+    assert all(s.advantage == 0.0 for s in each_row(out))  # constant rewards in each tree
 
 
 @pytest.mark.parametrize("heterogeneous", [True, False])
@@ -314,7 +315,7 @@ def test_one_generate_call_per_policy_per_round(pool, heterogeneous):
     out = Mars2Workflow(max_nodes=4, expansions_per_round=2).rollout(
         problems, team(heterogeneous), gen, pool, 5
     )
-    assert len(gen.rounds) == 2 and len(out.samples) == 12
+    assert len(gen.rounds) == 2 and len(each_row(out)) == 12
     for calls in gen.rounds:
         policies = [p for p, _ in calls]
         assert len(policies) == len(set(policies))  # one batch per policy
@@ -495,10 +496,12 @@ def test_two_steps_with_tiny_real_policy(pool):
     wf = Mars2Workflow(max_nodes=3, expansions_per_round=2, stop_on_solve=False, prior="reward_average")
     for step in range(2):
         out = wf.rollout(problems, agents, gen, pool, seed=step)
-        assert len(out.samples) == 6 and all(math.isfinite(v) for v in out.metrics.values())
-        assert all(math.isfinite(s.advantage) and s.completion_ids.size > 0 for s in out.samples)
-        assert {s.policy for s in out.samples} == {"shared"} and {s.version for s in out.samples} == {step}
-        buffer.add(out.samples)
+        assert len(each_row(out)) == 6 and all(math.isfinite(v) for v in out.metrics.values())
+        assert all(math.isfinite(s.advantage) and s.completion_ids.size > 0 for s in each_row(out))
+        assert {s.policy for s in each_row(out)} == {"shared"} and {s.version for s in each_row(out)} == {
+            step
+        }
+        buffer.add(out.rows)
         while buffer.ready(policy.version):
             stats = policy.update(buffer.take(policy.version)[0])
             assert all(math.isfinite(v) for v in stats.values())
@@ -529,7 +532,7 @@ def test_binary_reward_option_for_mars2_and_grpo(pool, reward):
         problems, agents, ScriptedGenerator(script), pool, 0
     )
     for rollout in (tree, grpo):
-        assert [s.reward for s in rollout.samples] == pytest.approx([expected] * 4)
+        assert [s.reward for s in each_row(rollout)] == pytest.approx([expected] * 4)
     with pytest.raises(ValueError, match="reward"):
         GrpoWorkflow(reward="half")
 

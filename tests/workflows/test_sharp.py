@@ -7,6 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from pydantic import ValidationError
+from rows_view import each_row
 
 from marljax import kernels
 from marljax.rewards import SandboxPool, SandboxVerifier
@@ -151,14 +152,14 @@ def test_rollout_credit_rewards_advantages_and_batching(pool):
     process = np.array([[1, 1, 1], [0, 0, 1]])
     rewards = outcome[:, None] + phi + 0.5 * process  # w_g R + w_s phi + w_p process
     assert rewards[0] == pytest.approx([1 + 4 / 9 + 0.5, 1 + 1 / 9 + 0.5, 1 + 4 / 9 + 0.5])
-    got = np.array([s.reward for s in out.samples]).reshape(2, 3)
+    got = np.array([s.reward for s in each_row(out)]).reshape(2, 3)
     assert np.allclose(got, rewards, atol=1e-6)
     assert np.allclose(
-        np.array([s.advantage for s in out.samples]).reshape(2, 3), hand_advantages(rewards), atol=1e-5
+        np.array([s.advantage for s in each_row(out)]).reshape(2, 3), hand_advantages(rewards), atol=1e-5
     )
-    assert out.samples[0].advantage == pytest.approx(np.sqrt(0.5), abs=1e-5)
+    assert each_row(out)[0].advantage == pytest.approx(np.sqrt(0.5), abs=1e-5)
     for n in range(2):
-        for k, s in enumerate(out.samples[3 * n : 3 * n + 3]):
+        for k, s in enumerate(each_row(out)[3 * n : 3 * n + 3]):
             assert s.agent == ["planner", "w1", "w2"][k] and s.policy == AGENTS[s.agent].policy
             assert s.ids == {
                 "problem": PROBLEM.id,
@@ -206,7 +207,7 @@ def test_sampled_mode_is_efficient_per_trajectory(pool):
         process_weight=0.0,
     )
     out = wf.rollout([PROBLEM], AGENTS, ScriptedGenerator(script), pool, seed=3)
-    credit = np.array([s.reward for s in out.samples]).reshape(2, 4)  # reward = phi with these weights
+    credit = np.array([s.reward for s in each_row(out)]).reshape(2, 4)  # reward = phi with these weights
     # w3 repeats w2's entry point; with the good plan the team passes everything, else the broken helper fails it
     assert credit.sum(1) == pytest.approx([1.0, 0.0], abs=1e-5)
     assert out.metrics["team/programs_run"] <= 2 * 7
@@ -217,7 +218,7 @@ def test_counterfactual_credit_masks_one_agent_at_a_time(pool):
         "planner", ["w1", "w2"], group_size=2, shapley="counterfactual", global_weight=0.0, process_weight=0.0
     )
     out = wf.rollout([PROBLEM], AGENTS, ScriptedGenerator(script), pool, seed=0)
-    credit = np.array([s.reward for s in out.samples]).reshape(2, 3)  # reward = credit with these weights
+    credit = np.array([s.reward for s in each_row(out)]).reshape(2, 3)  # reward = credit with these weights
     # trajectory 0 (values {} 0, {w1} 0, {w2} 2/3, {w1, w2} 1): v(all) - v(all without k), without
     # the planner as without any worker: (1 - 0, 1 - 2/3, 1 - 0); trajectory 1 (v(all) = 0, {w2} 2/3)
     np.testing.assert_allclose(credit, [[1, 1 / 3, 1], [0, -2 / 3, 0]], atol=1e-6)

@@ -7,6 +7,7 @@ import re
 
 import numpy as np
 import pytest
+from rows_view import each_row
 
 from marljax.envs.tool_calls import format_tool_call
 from marljax.rewards import SandboxVerifier
@@ -93,7 +94,7 @@ def test_counterfactual_credit_by_hand(multi_turn):
     assert m["agent/planner/credit"] == -0.5 and m["agent/w1/credit"] == 0.5 and m["agent/w2/credit"] == 0.5
     assert m["agent/w2/process"] == 0.5 and m["multiturn/fallbacks"] == 0.0
     per_agent = {name: [] for name in rewards}
-    for s in out.samples:
+    for s in each_row(out):
         per_agent[s.agent].append(s)
     # turns per episode: planner 1; worker 1 two (search, answer); worker 2 two in ep 0, one in ep 1
     expected_samples = {
