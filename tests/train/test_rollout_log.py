@@ -42,7 +42,7 @@ def tiny_config(tmp: Path, run_dir: Path, **train):
             "agents": {
                 "solver": {"policy": "main", "template": "{problem}"}
             },  # the tokenizer's chat template applies
-            "data": {"train": str(data), "batch_size": 2},
+            "data": {"source": {"kind": "jsonl", "train": str(data)}, "batch_size": 2},
             "sampler": {"max_new_tokens": 8},
             "workflow": {"kind": "grpo", "group_size": 4},
             "train": {"steps": 3, "save_every": 2, "tensorboard": False, "progress": False, **train},

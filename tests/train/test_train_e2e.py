@@ -38,7 +38,7 @@ def seven_task(tmp: Path, run_dir: Path, **train) -> Path:
             }
         },
         "agents": {"solver": {"policy": "main"}},
-        "data": {"train": str(data), "eval": str(data), "batch_size": 8},
+        "data": {"source": {"kind": "jsonl", "train": str(data), "eval": str(data)}, "batch_size": 8},
         "sampler": {"max_new_tokens": 16},
         "workflow": {"kind": "grpo", "group_size": 8},
         "train": {"steps": 30, "save_every": 10, "tensorboard": False, "progress": False, **train},
