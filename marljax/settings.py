@@ -41,3 +41,13 @@ class StrictModel(BaseModel):
         ):
             raise ValueError("expected a number, not a boolean")
         return v
+
+
+def check_kind_default(model: type[BaseModel], kind: str) -> None:
+    """A registry's entry must be chosen by its own name: `model.kind` defaults to `kind` (a
+    `Literal[kind]` field, the discriminator of the config union it joins)."""
+    default = model.model_fields["kind"].default
+    if default != kind:
+        raise TypeError(
+            f"{model.__name__}.kind must default to {kind!r} (a Literal[{kind!r}] field), got {default!r}"
+        )

@@ -94,14 +94,14 @@ class RealCheckpoint:
 class Family:
     """One model family (module doc).
 
-        fixed_biases: `(qkv_bias, o_bias)` every checkpoint of the family has, or None when the HF key
-        `attention_bias` sets both. presets: named `ModelConfig`s (field values), "tiny-<model_type>" a
-    tiny random one for tests and demos.
-        tiny_checkpoint: the HF config keys of the family's tiny test checkpoint (over the fixtures'
-        common tiny sizes). real_checkpoints: real shapes the fixtures write random checkpoints of.
-        tensor_names: HF tensor names that differ from the Llama layout, by the `hf_io.tensor_map` name.
-        parity_cases: tiny checkpoints (name -> HF config overrides of `tiny_checkpoint`) that the
-        parity tests compare with transformers (`marljax.testing.parity.CASES`).
+    fixed_biases: `(qkv_bias, o_bias)` every checkpoint of the family has, or None when the HF key
+    `attention_bias` sets both. presets: named `ModelConfig`s (field values), "tiny-<model_type>" a
+    tiny random one for tests and demos. tiny_checkpoint: the HF config keys of the family's tiny
+    test checkpoint (over the fixtures' common tiny sizes). real_checkpoints: real shapes the
+    fixtures write random checkpoints of. tensor_names: HF tensor names that differ from the Llama
+    layout, by the `hf_io.tensor_map` name. parity_cases: tiny checkpoints (name -> HF config
+    overrides of `tiny_checkpoint`) that the parity tests compare with transformers
+    (`marljax.testing.parity.CASES`).
     """
 
     model_type: str

@@ -24,7 +24,7 @@ from pydantic import ConfigDict, Field
 
 from marljax.kernels.losses_registry import Registry
 from marljax.rewards import Problem
-from marljax.settings import StrictModel
+from marljax.settings import StrictModel, check_kind_default
 
 __all__ = ["EVAL_SEED_OFFSET", "SOURCES", "GeneratedSource", "Source", "register_source"]
 
@@ -72,11 +72,7 @@ def register_source(kind: str) -> Callable[[type[Source]], type[Source]]:
     def register(cls: type[Source]) -> type[Source]:
         if not (isinstance(cls, type) and issubclass(cls, Source)):
             raise TypeError(f"@register_source({kind!r}) needs a Source subclass, got {cls!r}")
-        if cls.model_fields["kind"].default != kind:
-            raise TypeError(
-                f"{cls.__name__}.kind must default to {kind!r} (a Literal[{kind!r}] field), "
-                f"got {cls.model_fields['kind'].default!r}"
-            )
+        check_kind_default(cls, kind)
         return SOURCES.register(kind)(cls)
 
     return register

@@ -41,7 +41,7 @@ from pydantic import Field, model_validator
 
 from marljax import kernels
 from marljax.rewards import Problem, Verifier
-from marljax.settings import StrictModel
+from marljax.settings import StrictModel, check_kind_default
 from marljax.workflows.episodes import Episodes
 from marljax.workflows.types import Generation, Prompt, Rollout
 
@@ -316,11 +316,7 @@ def register_workflow(kind: str) -> Callable[[type[Workflow]], type[Workflow]]:
         config = getattr(cls, "config_type", None)
         if not (isinstance(config, type) and issubclass(config, BaseWorkflowConfig)):
             raise TypeError(f"workflow {cls.__name__} must subclass Workflow[<its BaseWorkflowConfig>]")
-        if config.model_fields["kind"].default != kind:
-            raise TypeError(
-                f"{config.__name__}.kind must default to {kind!r} (a Literal[{kind!r}] field), "
-                f"got {config.model_fields['kind'].default!r}"
-            )
+        check_kind_default(config, kind)
         known = REGISTRY.get(kind)
         if known is not None and _qualified(known[1]) != _qualified(cls):
             raise ValueError(f"workflow kind {kind!r} is already registered by {_qualified(known[1])}")
