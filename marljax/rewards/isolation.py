@@ -9,7 +9,7 @@ Levels, strongest first (``sandbox.detect_isolation`` probes them once per proce
 ``unshare``  util-linux unshare (needs root or unprivileged user namespaces):
              new net/pid/mount/ipc/uts namespaces and a minimal root entered with
              pivot_root (``jail.py``): the system directories and the interpreter
-             read-only, the working directory a sized tmpfs on /tmp and /var/tmp,
+             read-only, the working directory a sized tmpfs on /sandbox (and /tmp, /var/tmp),
              a fresh /proc, a small /dev; ``unshare`` dies with the thread that
              started it (``setpriv --pdeathsig``).
 ``none``     rlimits, scrubbed environment, process-group kill only (named, never
@@ -123,9 +123,10 @@ _SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 def child_env(level: str, workdir: str) -> dict[str, str]:
     """The environment a sandboxed program starts with (nothing of ours is inherited). Home and
     temp directory are the working directory where the program sees it: bubblewrap binds it on
-    /sandbox and /tmp, the unshare jail on /tmp (which hides its host path), and without
-    isolation it is at its host path."""
-    home, tmp = {"bwrap": ("/sandbox", "/tmp"), "unshare": ("/tmp", "/tmp")}.get(level, (workdir, workdir))
+    /sandbox and /tmp, the unshare jail makes a tmpfs on /sandbox (/tmp too, unless a checkout or
+    environment under /tmp must show there), and without isolation it is at its host path."""
+    inside = {"bwrap": ("/sandbox", "/tmp"), "unshare": ("/sandbox", "/sandbox")}
+    home, tmp = inside.get(level, (workdir, workdir))
     return {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": home, "TMPDIR": tmp}
 
 

@@ -6,7 +6,7 @@ The program sees what bubblewrap shows and nothing else of the host:
 
 * /usr, /bin, /sbin, /lib* and the directories in ``jail["show"]`` (the interpreter's prefix, the
   harness's directory), read-only at their host paths;
-* its working directory on /tmp and /var/tmp: a tmpfs whose size and file count are its disk quota
+* its working directory /sandbox (also on /tmp and /var/tmp): a tmpfs whose size and file count are its disk quota
   (``size_workdir``), emptied between the programs of a fork server (``empty_workdir``);
 * a fresh /proc for its pid namespace, a /dev of null, zero, full, random, urandom, a small tmpfs
   /dev/shm, and /dev/mqueue (its IPC namespace's POSIX message queues, so that a fork server sees
@@ -69,8 +69,11 @@ def _bind_ro(fd, target, flags):
     _mount(None, target, None, _MS_REMOUNT | _MS_BIND | _MS_RDONLY | flags)
 
 
+WORKDIR = "/sandbox"  # the program's working directory, HOME and TMPDIR inside the jail (as bwrap's)
+
+
 def build(jail):
-    """Build the root in a fresh tmpfs, ``pivot_root`` into it and detach the host's; cwd: /tmp."""
+    """Build the root in a fresh tmpfs, ``pivot_root`` into it and detach the host's; cwd: WORKDIR."""
     mounts = _mount_flags()
     shown = []  # (path, O_PATH fd): opened before anything is covered
     for d in list(_SYSTEM_DIRS) + list(jail.get("show", [])):
@@ -86,11 +89,14 @@ def build(jail):
         os.makedirs(new + d, mode=0o755, exist_ok=True)
         _bind_ro(fd, new + d, _flags_of(d, mounts))
     # The working directory: a tmpfs (its size and file count are the program's disk quota, set by
-    # ``size_workdir`` per program), on /tmp and /var/tmp.
-    os.mkdir(new + "/tmp", 0o700)
-    _mount("tmpfs", new + "/tmp", "tmpfs", _MS_NOSUID | _MS_NODEV, "mode=0700,size=64m,nr_inodes=4096")
-    os.makedirs(new + "/var/tmp", mode=0o755)
-    _mount(new + "/tmp", new + "/var/tmp", None, _MS_BIND)
+    # ``size_workdir`` per program), also on /tmp and /var/tmp unless a shown directory lies below
+    # them (a checkout or virtual environment under /tmp): those stay read-only, holding just it.
+    os.mkdir(new + WORKDIR, 0o700)
+    _mount("tmpfs", new + WORKDIR, "tmpfs", _MS_NOSUID | _MS_NODEV, "mode=0700,size=64m,nr_inodes=4096")
+    for tmp in ("/tmp", "/var/tmp"):
+        if not any(d.startswith(tmp + "/") for d, _ in shown):
+            os.makedirs(new + tmp, mode=0o755)
+            _mount(new + WORKDIR, new + tmp, None, _MS_BIND)
     os.mkdir(new + "/dev", 0o755)
     for name, fd in devices:
         open(f"{new}/dev/{name}", "w").close()
@@ -119,29 +125,29 @@ def build(jail):
     _check(_LIBC.umount2(b"/.old", _MNT_DETACH), "umount /.old")
     os.rmdir("/.old")
     _mount(None, "/", None, _MS_REMOUNT | _MS_RDONLY | _MS_NOSUID | _MS_NODEV)  # the root itself: no writes
-    os.chdir("/tmp")
+    os.chdir(WORKDIR)
 
 
 def size_workdir(megabytes, files, owner):
-    """One program's disk quota on /tmp (remounted: a fork server's programs may differ), owned by
-    ``owner`` ((uid, gid) or None)."""
+    """One program's disk quota on its working directory (remounted: a fork server's programs may
+    differ), owned by ``owner`` ((uid, gid) or None)."""
     _mount(
         None,
-        "/tmp",
+        WORKDIR,
         None,
         _MS_REMOUNT | _MS_NOSUID | _MS_NODEV,
         f"size={int(megabytes)}m,nr_inodes={int(files)}",
     )
     if owner is not None:
-        os.chown("/tmp", *owner)
+        os.chown(WORKDIR, *owner)
 
 
 def empty_workdir():
-    """Remove what a program left on /tmp; False when something could not be removed."""
+    """Remove what a program left in its working directory; False when something could not be removed."""
     import shutil
 
     ok = True
-    for entry in os.scandir("/tmp"):
+    for entry in os.scandir(WORKDIR):
         try:
             if entry.is_dir(follow_symlinks=False):
                 shutil.rmtree(entry.path)
