@@ -268,7 +268,7 @@ def level_isolation(level: str, config: SandboxConfig) -> Isolation:
             True,
             drop,
             drop or not is_root(),
-            "util-linux unshare: net/pid/mount namespaces; a minimal root, /tmp a sized tmpfs",
+            "util-linux unshare: net/pid/mount namespaces; a minimal root, /sandbox a sized tmpfs",
         )
     return Isolation(
         "none",
