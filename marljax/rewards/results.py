@@ -33,7 +33,7 @@ class Isolation:
     level: ``"bwrap"`` (bubblewrap: fresh net/pid/ipc/uts namespaces, read-only
       view of the system, only the working directory writable),
       ``"unshare"`` (util-linux unshare: fresh net/pid/mount namespaces and a
-      minimal root like bubblewrap's, /tmp a sized tmpfs), or ``"none"`` (rlimits,
+      minimal root like bubblewrap's, /sandbox a sized tmpfs), or ``"none"`` (rlimits,
       scrubbed environment and process-group kill only).
     network_denied: the program has no network interface but loopback-down.
     pid_namespace: processes it starts die with it and cannot see the host's.

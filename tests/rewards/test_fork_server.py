@@ -86,12 +86,15 @@ def test_no_process_of_a_program_survives_into_the_next(server):
 
 def test_working_directory_is_emptied_between_programs(server):
     litter = (
-        "import os\ndef f():\n    open('a.txt', 'w').write('x')\n    open(os.environ['TMPDIR'] + '/b.txt', 'w').write('x')\n"
+        "import os\ndef f():\n    open('a.txt', 'w').write('x')\n"
+        "    open(os.environ['TMPDIR'] + '/b.txt', 'w').write('x')\n"
         "    os.makedirs('d/e')\n    open('d/e/c.txt', 'w').write('x')\n    os.chmod('d', 0)\n"
         "    return sorted(os.listdir('.'))\n"
     )
     assert run_program(call(litter, ["a.txt", "b.txt", "d"]), LIM, server=server).passed
-    look = "import os\ndef f():\n    return sorted(os.listdir('.')) + sorted(os.listdir(os.environ['TMPDIR']))\n"
+    look = (
+        "import os\ndef f():\n    return sorted(os.listdir('.')) + sorted(os.listdir(os.environ['TMPDIR']))\n"
+    )
     res = run_program(call(look, []), LIM, server=server)
     assert res.passed, res.tests[0].actual
 
