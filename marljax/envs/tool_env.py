@@ -113,12 +113,13 @@ class ToolEnv:
         ]
         info["valid_calls"] = sum(r.ok for r in results)
         info["useful_calls"] = sum(r.ok and r.text.strip() not in _EMPTY_RESULTS for r in results)
-        parts += [f"[{r.call.name}] {r.text}" for r in results]
+        # the results are made safe by the box; the tool name is the model's own text, echoed
+        parts += [f"[{clean_text(r.call.name)}] {r.text}" for r in results]
         skipped = len(parsed.calls) - len(results)
         if skipped:
             parts.append(f"{skipped} further call(s) skipped: at most {self.max_calls} per turn")
-        # each result is cut by the box; several together are cut once more; echoed names made safe
-        return clean_text(truncate("\n".join(parts), self.max_observation_chars)[0])
+        # each result is cut by the box; several together are cut once more
+        return truncate("\n".join(parts), self.max_observation_chars)[0]
 
 
 def run_episode(env: ToolEnv, problem: Problem, replies: Sequence[str], agent: str | None = None):
