@@ -156,7 +156,7 @@ def worker(pid: int, port: int, out: Path, nproc: int, mode: str) -> None:
                 from marljax.train.config import SamplerConfig
 
                 greedy = SamplerConfig(max_new_tokens=2, temperature=0.0)
-                trainer.policies["llama"].generate([[5, 6, 7]], n=1, seed=seed, sampler=greedy)
+                trainer.policies["llama"].sampler.generate([[5, 6, 7]], n=1, seed=seed, sampler=greedy)
             return rollout(problems, agents, generator, verifier, seed)
 
         trainer.workflow.rollout = sampling_rollout
