@@ -54,7 +54,7 @@ def main(argv=None) -> int:
     from bench_common import interleaved
 
     from marljax.models import from_pretrained
-    from marljax.sampler import generate
+    from marljax.sampler import SamplingParams, generate
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--ref", default="8ca037a")
@@ -80,7 +80,9 @@ def main(argv=None) -> int:
                 common = dict(max_new_tokens=args.new, eos_ids=(), seed=0, **kw)
                 res = interleaved(
                     {
-                        "head": lambda ids=ids, common=common: generate(head_model, ids, **common),
+                        "head": lambda ids=ids, kw=kw: generate(
+                            head_model, ids, SamplingParams(args.new, **kw), eos_ids=(), seed=0
+                        ),
                         "ref": lambda ids=ids, common=common: ref.sampler.generate(ref_model, ids, **common),
                     },
                     args.repeats,

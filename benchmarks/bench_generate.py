@@ -76,14 +76,14 @@ def prompts(batch: int, length: int, vocab: int = CKPT["vocab_size"]) -> list[li
 # interleaved in one process (A B A B ...) so that they see the same machine load.
 def setup_marljax(path, batch, plen, new):
     from marljax.models import from_pretrained
-    from marljax.sampler import generate
+    from marljax.sampler import SamplingParams, generate
 
     model, _ = from_pretrained(path)
     ids = prompts(batch, plen)
 
     def make(kw):
         def call():
-            out = generate(model, ids, max_new_tokens=new, eos_ids=(), seed=0, **kw)
+            out = generate(model, ids, SamplingParams(new, **kw), eos_ids=(), seed=0)
             assert (out.lengths == new).all()
             return out
 
@@ -407,7 +407,7 @@ def longtail_tunix(mode: str, checkpoint: str) -> dict:
     from bench_common import interleaved
 
     from marljax.models import from_pretrained
-    from marljax.sampler import Schedule, generate
+    from marljax.sampler import SamplingParams, Schedule, generate
 
     N, largest, plen, slots, repeats, batch = LONGTAIL_MODES[mode]
     path = Path(checkpoint)
@@ -424,8 +424,8 @@ def longtail_tunix(mode: str, checkpoint: str) -> dict:
             samplers[len(part), m]["top_p=0.9"][0]()
 
     def marljax_call():
-        kw = dict(max_new_tokens=budgets, eos_ids=(), seed=0, temperature=1.0, top_p=0.9)
-        generate(model, ids, **kw, schedule=Schedule(slots=slots))
+        sampling = [SamplingParams(b, temperature=1.0, top_p=0.9) for b in budgets]
+        generate(model, ids, sampling, eos_ids=(), seed=0, schedule=Schedule(slots=slots))
 
     timed = interleaved({"tunix": tunix_call, "marljax": marljax_call}, repeats, warmup=1)
     return {
@@ -456,7 +456,7 @@ def run_longtail(
     from bench_common import interleaved
 
     from marljax.models import from_pretrained
-    from marljax.sampler import Schedule, generate, get_engine
+    from marljax.sampler import SamplingParams, Schedule, generate, get_engine
 
     N, largest, plen, slots, repeats, hf_batch = LONGTAIL_MODES[mode]
     spec = SMOKE_CKPT if mode == "smoke" else CKPT
@@ -468,7 +468,7 @@ def run_longtail(
     ids = prompts(N, plen)
     budgets = longtail_budgets(N, largest)
     useful = sum(budgets)
-    kw = dict(max_new_tokens=budgets, eos_ids=(), seed=0, temperature=1.0, top_p=0.9)
+    sampling = [SamplingParams(b, temperature=1.0, top_p=0.9) for b in budgets]
     engine = get_engine(config)
 
     def marljax_call(schedule, calls=1):
@@ -482,7 +482,9 @@ def run_longtail(
                     generate(
                         model,
                         ids[i : i + per],
-                        **{**kw, "max_new_tokens": budgets[i : i + per]},
+                        sampling[i : i + per],
+                        eos_ids=(),
+                        seed=0,
                         schedule=schedule,
                     )
                 )
