@@ -87,8 +87,8 @@ class Recorder:
         )
         row = {"step": self.trainer.step + 1}
         for mode in ("agent", "global"):
-            samples = [dataclasses.replace(s, advantage=float(a)) for s, a in zip(rollout.samples, adv[mode])]
-            for a, norm in policy.learner.agent_grad_norms(policy.state, samples, AGENTS).items():
+            rows = dataclasses.replace(rollout.rows, advantage=np.asarray(adv[mode], np.float32))
+            for a, norm in policy.learner.agent_grad_norms(policy.state, rows, AGENTS).items():
                 row[f"{a}/grad_norm_{mode}"] = norm
         for k, a in enumerate(names):
             mine = rollout.agent_ids == k
