@@ -166,6 +166,13 @@ def isolation(request):
 
 
 @pytest.fixture
+def live_sandboxes():
+    """``sandbox_processes`` for a test (a test file cannot import it: every test directory's
+    conftest is a module named ``conftest``, and xdist may have loaded another one under that name)."""
+    return sandbox_processes
+
+
+@pytest.fixture
 def no_leaks():
     """Fails the test if it leaves a sandbox process, a working directory or an fd behind."""
     procs0, dirs0, fds0 = sandbox_processes(), sandbox_dirs(), open_fds()

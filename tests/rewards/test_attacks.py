@@ -251,19 +251,17 @@ def test_a_very_deep_directory_tree_is_removed(run):
 
 
 @pytest.mark.parametrize("how", ["fresh", "fork_server"])
-def test_no_sandbox_outlives_a_killed_parent(level_config, how):
+def test_no_sandbox_outlives_a_killed_parent(level_config, how, live_sandboxes):
     # The process that runs programs dies by SIGKILL while a program that blocks SIGALRM sleeps:
     # nothing of its sandbox may live on (no one would ever reap or kill it).
     import time
-
-    from conftest import sandbox_processes
 
     from marljax.rewards.isolation import forks_programs
     from marljax.rewards.sandbox import detect_isolation
 
     if how == "fork_server" and not forks_programs(detect_isolation(level_config)):
         pytest.skip(f"level {level_config.isolation!r} starts a fresh sandbox per program")
-    before = sandbox_processes()
+    before = live_sandboxes()
     code = (
         "import signal, time\nsignal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGALRM])\n"
         "def f():\n    time.sleep(120)\n"
@@ -287,15 +285,15 @@ def test_no_sandbox_outlives_a_killed_parent(level_config, how):
     try:
         assert parent.stdout.readline() == b"go\n"
         time.sleep(2.0)  # the program is asleep in its sandbox
-        assert sandbox_processes() - before, "the program should be running"
+        assert live_sandboxes() - before, "the program should be running"
     finally:
         parent.kill()
         parent.wait()
         parent.stdout.close()
     deadline = time.monotonic() + 5.0
-    while sandbox_processes() - before and time.monotonic() < deadline:
+    while live_sandboxes() - before and time.monotonic() < deadline:
         time.sleep(0.05)
-    left = sandbox_processes() - before
+    left = live_sandboxes() - before
     for pid in left:  # do not leave them to the next test
         with contextlib.suppress(OSError):
             os.kill(pid, 9)
