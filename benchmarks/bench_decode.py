@@ -25,7 +25,6 @@ expected time is left of `--budget`.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import functools
 import gc
 import json
