@@ -244,8 +244,8 @@ class Trainer:
         self.sync_samplers()
         seed = derive_seed(self.cfg.seed, self.step)
         rollout = self.workflow.rollout(next(self.stream), self.agents, self.generator, self.verifier, seed)
-        sampling = {}
-        if self.cfg.train.dynamic_sampling:
+        sampled, sampling = rollout, {}
+        if self.cfg.train.dynamic_sampling is not None:
 
             def more(round_: int) -> Rollout:
                 again = derive_seed(seed, round_)
@@ -253,22 +253,25 @@ class Trainer:
                     next(self.stream), self.agents, self.generator, self.verifier, again
                 )
 
-            rollout, sampling = dynamic_sampling.collect(
-                rollout, more, self.cfg.data.batch_size, self.cfg.train.max_sampling_rounds
+            rollout, sampled, sampling = dynamic_sampling.collect(
+                rollout, more, self.cfg.data.batch_size, self.cfg.train.dynamic_sampling
             )
         t1 = time.perf_counter()
-        for k, name in enumerate(rollout.policy_names):
-            self.buffers[name].add(rollout.rows[rollout.policy_ids == k])
+        if rollout is not None:  # None: dynamic sampling skips the step
+            for k, name in enumerate(rollout.policy_names):
+                self.buffers[name].add(rollout.rows[rollout.policy_ids == k])
+        # the rollout's metrics describe everything sampled, the dropped problems too
         metrics = {
-            **rollout.metrics,
+            **sampled.metrics,
             **sampling,
-            **self.workflow.overlong_metrics(rollout),
-            **diversity_of(rollout),
+            **self.workflow.overlong_metrics(sampled),
+            **diversity_of(sampled),
             **self.update_ready_policies(),
         }
         self.step += 1
         metrics.update({"time/rollout_s": t1 - t0, "time/update_s": time.perf_counter() - t1})
-        self.log_rollout(rollout)
+        if rollout is not None:
+            self.log_rollout(rollout)
         return metrics
 
     def log_rollout(self, rollout: Rollout) -> None:

@@ -338,7 +338,7 @@ class DrMasWorkflow(Workflow[DrMasConfig]):
     def credit(self, episodes: Episodes):
         """Dr. MAS: each agent's rewards normalised per problem (or all agents together: `global`)."""
         if self.cfg.tools is not None:  # router, searcher, answerer
-            return agentwise_advantages(episodes, 3)
+            return agentwise_advantages(episodes, 3, singleton=self.cfg.singleton)
         N, P = len(episodes), episodes.num_problems
         # padded to a power of two (masked out) so the jitted kernels compile for few sizes
         size = power_of_two_bucket(N)

@@ -100,15 +100,21 @@ class Episodes:
 
 
 def agentwise_advantages(
-    episodes: Episodes, num_agents: int, group: str = "group", num_groups: int | None = None
+    episodes: Episodes,
+    num_agents: int,
+    group: str = "group",
+    num_groups: int | None = None,
+    singleton: str = "zero",
 ):
     """Dr. MAS's credit: each agent's (column `agent`) rewards normalised among its own rows of the
-    same group (column `group`; `num_groups` of them, by default one per problem)."""
+    same group (column `group`; `num_groups` of them, by default one per problem); an agent's lone
+    row in a group gets 0 or, with `singleton="raw"`, its reward (`kernels.dr_mas_advantages`)."""
     advantages, _ = kernels.dr_mas_advantages(
         episodes.array("reward"),
         episodes.array("agent"),
         num_agents,
         group_ids=episodes.array(group),
         num_groups=episodes.num_problems if num_groups is None else num_groups,
+        singleton=singleton,
     )
     return advantages

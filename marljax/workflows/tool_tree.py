@@ -4,12 +4,16 @@ Each turn the tool agent, then the planner, samples K candidates from the same s
 
 * tool agent: calls the task's tools (``plan``: `check_plan`, which runs a move string on the grid
   from the current cell and says where it ends, without planning; ``math``: python and calculator).
-  Its reward is its tool-process reward (`turns.process_reward`: the share of its calls that
-  ran, and of those that returned something); on ``plan`` that is half of it, the other half the
-  shaped grid reward of the best move string it checked, as the reference rewards its tool agent
-  by the environment reward of the actions its tool produced (PettingLLMs' plan_path): a check of
-  one move runs as well as a check of a whole path, only the second tells the planner the way.
-  Its best candidate's calls and results join the notes both agents see.
+  On ``plan`` its reward is half its tool-process reward (`turns.process_reward`: the share of its
+  calls that ran, and of those that returned something) and half the shaped grid reward of the
+  best move string it checked, as the reference rewards its tool agent by the environment reward
+  of the actions its tool produced (PettingLLMs' plan_path): a check of one move runs as well as a
+  check of a whole path, only the second tells the planner the way. On ``math`` its reward is the
+  correctness of its tool's output, as PettingLLMs rewards its math tool agent by whether its
+  code's output equals the answer: 1 when the last number in the output of its last call (a python
+  program's printed output, when it ran to the end; a calculator's value) is the problem's answer
+  (`marljax.envs.tasks.numeric_score`), else 0. The last call, not any call: listing guesses in
+  several calls must not pay. Its best candidate's calls and results join the notes both agents see.
 * planner: reads the state and the notes and commits: ``plan`` a move string (reward
   `marljax.envs.grid.plan_reward` from the current cell; the best plan moves the agent), ``math``
   an answer (``<answer>``, or the reply's last number; reward 1 when right).
@@ -31,11 +35,14 @@ from marljax.envs.grid import grid_prompt, parse_moves, plan_reward, run_plan
 from marljax.envs.tasks import grid_checker_tool, numeric_score
 from marljax.envs.tool_calls import parse_tool_calls
 from marljax.envs.tool_env import extract_tagged_answer
-from marljax.envs.tools import ToolBox
+from marljax.envs.tools import ToolBox, ToolResult
 from marljax.rewards import Problem, Verifier
 from marljax.workflows.turns import TaskTools, ToolsConfig, process_reward, tool_prompt
 
-TOOL_TASK = "Use the tools to check ideas before the plan agent commits. Report what you found."
+TOOL_TASK = {
+    "plan": "Use the tools to check ideas before the plan agent commits. Report what you found.",
+    "math": "Use the tools to compute the answer; the output of your last call is checked against it.",
+}
 PLAN_TASK = {
     "plan": "Commit your moves on one line, like `Moves: RRD`.",
     "math": "Give the final answer as <answer>...</answer>.",
@@ -50,6 +57,18 @@ class State:
     solved: bool = False
     last_reward: float = 0.0  # the planner's best reward at its last turn
     turn: int = 0  # turns played
+
+
+def tool_output(result: ToolResult) -> str | None:
+    """What a math tool call computed: a python program's printed output when it ran to the end, a
+    calculator's value; None for a call that failed or whose output was truncated (the truncation
+    note ends with a number of its own)."""
+    if not result.ok or result.truncated:
+        return None
+    if result.call.name != "python":
+        return result.text
+    verdict, found, printed = result.text.partition("\noutput:\n")
+    return printed if found and verdict == "verdict: ok" else None
 
 
 class ToolTree:
@@ -89,7 +108,7 @@ class ToolTree:
 
     def prompt(self, agent: Any, problem: Problem, s: State, role: str, turn: int) -> Any:
         if role == self.roles[0]:
-            return tool_prompt(agent, f"{self._view(s)}\n\n{TOOL_TASK}", self._box(s).schemas)
+            return tool_prompt(agent, f"{self._view(s)}\n\n{TOOL_TASK[self.cfg.task]}", self._box(s).schemas)
         return agent.render(f"{self._view(s)}\n\n{PLAN_TASK[self.cfg.task]}")
 
     def _tool_step(self, s: State, box: ToolBox, text: str) -> tuple[StepResult, float]:
@@ -111,7 +130,8 @@ class ToolTree:
         }
         step = StepResult("\n".join(lines) or "(no tool call)", 0.0, False, info)
         if s.pos is None:
-            return step, process_reward([step])
+            output = tool_output(results[-1]) if results else None
+            return step, numeric_score(s.problem, output) if output is not None else 0.0
         return step, 0.5 * process_reward([step]) + 0.5 * max(checked, default=0.0)
 
     def _plan_score(self, s: State, text: str) -> tuple[float, bool, tuple[int, int] | None]:

@@ -172,6 +172,48 @@ def test_math_with_the_python_tool():
     assert problems[0].fields["answer"] == a * b - c
 
 
+def test_the_math_tool_agent_is_rewarded_for_a_right_output():
+    """PettingLLMs rewards its math tool agent by whether its code's output is the answer: a call
+    that runs but prints a wrong number, a program that fails after printing the answer, and a
+    right call followed by another call all earn 0 (the old process reward gave each of them 1)."""
+    problems = make_arithmetic(1, seed=2)
+    a, b, c = (int(x) for x in re.findall(r"\d+", problems[0].prompt))
+    right = format_tool_call("python", {"code": f"print({a} * {b} - {c})"})
+    tool_calls = [
+        right,  # 1
+        format_tool_call("python", {"code": f"print({a} * {b} + {c})"}),  # runs, wrong: 0
+        format_tool_call("calculator", {"expression": f"{a} * {b} - {c}"}),  # 1
+        right + format_tool_call("calculator", {"expression": "1 + 1"}),  # the last call is wrong: 0
+        format_tool_call("python", {"code": f"print({a} * {b} - {c})\n1 / 0"}),  # fails: 0
+    ]
+
+    def script(agent, prompt, k, seed):
+        if agent.name == "tool_agent":
+            return tool_calls[k]
+        return f"<answer>{a * b - c}</answer>"
+
+    wf = AtGrpoToolsWorkflow(num_candidates=5, tools={"task": "math", "multi_turn": "per_turn"})
+    out = wf.rollout(problems, AGENTS, ScriptedGenerator(script), SandboxVerifier(), seed=0)
+    tool = [s for s in each_row(out) if s.agent == "tool_agent"]
+    assert [s.reward for s in tool] == [1.0, 0.0, 1.0, 0.0, 0.0]
+    assert [s.passed for s in tool] == [1.0, 0.0, 1.0, 0.0, 0.0]
+    # one group (problem, turn 0, tool agent): mean 0.4, std (ddof 1) sqrt(0.3)
+    np.testing.assert_allclose([s.advantage for s in tool], hand_advantages([1, 0, 1, 0, 0]), atol=1e-5)
+    np.testing.assert_allclose(tool[0].advantage, 0.6 / np.sqrt(0.3), atol=1e-4)
+
+
+def test_a_truncated_output_is_not_scored():
+    from marljax.envs.tool_calls import ToolCall
+    from marljax.envs.tools import ToolResult
+    from marljax.workflows.tool_tree import tool_output
+
+    call = ToolCall("python", {"code": "..."})
+    assert tool_output(ToolResult(call, "verdict: ok\noutput:\n7\n")) == "7\n"
+    cut = "verdict: ok\noutput:\n1 2 3\n[observation truncated: 42 more characters]"
+    assert tool_output(ToolResult(call, cut, None, True)) is None
+    assert tool_output(ToolResult(ToolCall("calculator", {}), "12")) == "12"
+
+
 def test_evaluate():
     m = AtGrpoToolsWorkflow().evaluate([GRID], AGENTS, ScriptedGenerator(grid_script), SandboxVerifier())
     assert m == {"eval/team/pass_at_1": 1.0, "eval/team/reward": 1.0}

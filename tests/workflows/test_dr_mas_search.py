@@ -120,6 +120,27 @@ def test_one_searching_episode_and_one_that_answers_at_once(multi_turn):
         assert text == "searchsearchanswer"
 
 
+def test_singleton_raw_gives_the_lone_search_turn_its_reward():
+    """`singleton: raw` (Dr. MAS's reference): the searcher, whose one merged sample is alone in its
+    problem group, trains on its raw reward R + 0.5 * process = 1.5 instead of 0; the groups of
+    two keep their normalised advantages."""
+    options = {"group_size": 2, "max_rounds": 4, "process_weight": 0.5}
+    zero = DrMasSearchWorkflow(**options).rollout(
+        PROBLEMS, AGENTS, ScriptedGenerator(make_script()), SandboxVerifier(), seed=0
+    )
+    raw = DrMasSearchWorkflow(**options, singleton="raw").rollout(
+        PROBLEMS, AGENTS, ScriptedGenerator(make_script()), SandboxVerifier(), seed=0
+    )
+    searcher = [s.agent == "searcher" for s in each_row(raw)]
+    assert sum(searcher) == 1
+    np.testing.assert_array_equal(raw.rewards, zero.rewards)
+    np.testing.assert_allclose(raw.advantages[searcher], [1.5])
+    np.testing.assert_allclose(zero.advantages[searcher], [0.0])
+    others = ~np.array(searcher)
+    np.testing.assert_array_equal(raw.advantages[others], zero.advantages[others])
+    assert DrMasSearchConfig().singleton == "zero"
+
+
 def test_the_last_round_always_answers():
     def searcher_forever(agent, prompt, k, seed):
         if agent.name == "router":

@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import itertools
+from pathlib import Path
+
 import numpy as np
 import pytest
 from pydantic import ValidationError
 
 from marljax.rewards import SandboxPool, SandboxVerifier
 from marljax.tasks import parse_row
-from marljax.workflows.base import Agent, ScriptedGenerator
+from marljax.train.config import load_config
+from marljax.workflows import build_workflow
+from marljax.workflows.base import Agent, OverlongConfig, ScriptedGenerator
 from marljax.workflows.grpo import GrpoWorkflow
 from marljax.workflows.magrpo import MagrpoWorkflow
 
@@ -81,3 +86,38 @@ def test_the_option_is_checked():
         GrpoWorkflow(group_size=4, overlong={"max_len": 10, "buffer_len": 20})
     with pytest.raises(ValidationError, match="factor"):
         GrpoWorkflow(group_size=4, overlong={"max_len": 10, "buffer_len": 5, "factor": -1})
+
+
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+TINY = sorted(CONFIGS.glob("*_tiny.yaml"))  # every registered kind (test_chat_every_workflow checks)
+
+
+def lengthy():
+    """A script of text of no use to any task, 1 to 40 bytes long: its length varies from one
+    generation to the next (identical requests in one batch too), so that a length penalty varies
+    inside every group."""
+    calls = itertools.count()
+
+    def script(agent, prompt, k, seed):
+        return "a" * (1 + (7 * next(calls)) % 40)
+
+    return script
+
+
+@pytest.mark.parametrize("path", TINY, ids=[p.stem for p in TINY])
+def test_every_workflow_credits_the_penalty(path, pool):
+    """Reward shaping happens once, before credit, for every workflow: the same play with DAPO's
+    penalty on (-length / 40 here) lowers the rewards and moves the advantages. (The tool
+    workflows of SHARP once added it after credit: the rewards fell, the advantages stayed.)"""
+    cfg = load_config(path, [f"run_dir={path.parent}"])
+    problems = cfg.data.source.split("train")[:1]
+    agents = {n: Agent(n, a.policy, a.role, a.template) for n, a in sorted(cfg.agents.items())}
+    penalty = OverlongConfig(max_len=40, buffer_len=40, factor=1.0)
+    out = {}
+    for name, overlong in (("plain", None), ("penalised", penalty)):
+        wf = build_workflow(cfg.workflow.model_copy(update={"overlong": overlong}))
+        out[name] = wf.rollout(problems, agents, ScriptedGenerator(lengthy()), pool, seed=0)
+    plain, penalised = out["plain"], out["penalised"]
+    assert [g.text for g in penalised.generations] == [g.text for g in plain.generations]
+    assert np.all(penalised.rewards < plain.rewards)  # every completion has at least one byte
+    assert not np.allclose(penalised.advantages, plain.advantages, atol=1e-3)

@@ -40,6 +40,7 @@ from marljax.sampler.schedule import SamplingParams
 from marljax.settings import StrictModel
 from marljax.tasks import SOURCES, Source
 from marljax.train.distributed import DistributedConfig
+from marljax.train.dynamic_sampling import KEEP_RULES, WHEN_NONE
 from marljax.workflows import REGISTRY, BaseWorkflowConfig
 from marljax.workflows.base import resolve_alias
 from marljax.workflows.grpo import GrpoConfig
@@ -48,6 +49,7 @@ __all__ = [
     "AgentConfig",
     "BufferConfig",
     "DataConfig",
+    "DynamicSamplingConfig",
     "FrozenModel",
     "GrpoConfig",
     "LoraConfig",
@@ -519,6 +521,20 @@ class SandboxPoolConfig(FrozenModel):
     memory_mb: int = Field(512, ge=1)
 
 
+class DynamicSamplingConfig(FrozenModel):
+    keep: Literal[KEEP_RULES] = Field(
+        "accuracy",
+        description="which problems teach: accuracy, those whose completions' pass flags vary (DAPO: "
+        "std of passed > 0); advantage, those with a completion of non-zero advantage",
+    )
+    max_rounds: int = Field(3, ge=1, description="rollouts per step at most")
+    when_none: Literal[WHEN_NONE] = Field(
+        "skip",
+        description="when no round has a problem that teaches: skip (train nothing this step) or "
+        "train (the first round whole)",
+    )
+
+
 class TrainConfig(FrozenModel):
     steps: int = Field(100, ge=1)
     save_every: int = Field(10, ge=1)
@@ -535,12 +551,18 @@ class TrainConfig(FrozenModel):
         description="every N steps write each sample's prompt, completion, reward and advantage "
         "to RUN_DIR/rollouts/step_<step>.jsonl (read with `marljax rollouts`); 0 disables",
     )
-    dynamic_sampling: bool = Field(
-        False,
-        description="DAPO: drop problems whose completions all have zero advantage and roll out more "
-        "problems until data.batch_size informative ones are collected (train/dynamic_sampling.py)",
+    dynamic_sampling: DynamicSamplingConfig | None = Field(
+        None,
+        description="DAPO: train only on problems that teach, rolling out more until data.batch_size "
+        "of them are collected (train/dynamic_sampling.py); true: the defaults; null: off",
     )
-    max_sampling_rounds: int = Field(3, ge=1, description="rollouts per step at most with dynamic_sampling")
+
+    @field_validator("dynamic_sampling", mode="before")
+    @classmethod
+    def _dynamic_sampling_switch(cls, v):
+        # `dynamic_sampling: true` switches it on with its defaults
+        return ({} if v else None) if isinstance(v, bool) else v
+
     agent_grad_norms: bool = Field(
         False,
         description="log agent/<name>/grad_norm: the norm of the gradient of each agent's samples' loss "
