@@ -19,6 +19,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
+import jax
 import ml_dtypes  # noqa: F401  (registers bfloat16 with numpy)
 import numpy as np
 
@@ -30,7 +31,17 @@ SUPPORTED_ARCHITECTURES: dict[str, str] = {f.architecture: f.model_type for f in
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
 DTYPES = ("float32", "bfloat16", "float16")
 REMAT_POLICIES = ("none", "full", "dots", "save_qkv_proj", "minimal")
-ATTENTION_IMPLS = (None, "xla", "cudnn", "splash")
+ATTENTION_IMPLS = (None, "xla", "cudnn", "splash")  # "auto" is resolved when a config is made
+
+
+def platform_attention(dtype: str, head_dim: int, platform: str) -> str | None:
+    """The attention "auto" stands for: cuDNN's fused flash attention on a GPU where it takes the
+    shape (bfloat16 or float16, a head dim that is a multiple of 8 up to 256), XLA's elsewhere.
+    cuDNN's kernel reads only each row's own keys, which XLA's dense mask cannot, and agrees with
+    it to rounding (benchmarks/RESULTS.md, "Second GPU lease")."""
+    if platform == "gpu" and dtype in ("bfloat16", "float16") and head_dim % 8 == 0 and head_dim <= 256:
+        return "cudnn"
+    return None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,7 +61,8 @@ class ModelConfig:
       attention output: only elementwise work is recomputed).
     - `attention_impl`: training and prefill attention (`marljax.models.attention`): None or
       "xla" (XLA's, from a dense mask), "cudnn" (GPU fused flash attention, causal with per-row
-      lengths: rows right-padded), "splash" (TPU Pallas splash attention).
+      lengths: rows right-padded), "splash" (TPU Pallas splash attention); "auto" becomes
+      `platform_attention`'s choice for the default backend when the config is made.
     - `scan_layers`: run the layers under one `lax.scan` (compile time independent
       of depth) or, when False, as one unrolled block per layer: XLA then keeps
       each layer's activations as they are instead of writing them into stacked
@@ -144,6 +156,10 @@ class ModelConfig:
                 raise ValueError(f"ModelConfig.{name} must be one of {DTYPES}, got {getattr(self, name)!r}")
         if self.remat not in REMAT_POLICIES:
             raise ValueError(f"ModelConfig.remat must be one of {REMAT_POLICIES}, got {self.remat!r}")
+        if self.attention_impl == "auto":
+            object.__setattr__(
+                self, "attention_impl", platform_attention(self.dtype, self.head_dim, jax.default_backend())
+            )
         if self.attention_impl not in ATTENTION_IMPLS:
             raise ValueError(
                 f"ModelConfig.attention_impl must be one of {ATTENTION_IMPLS}, got {self.attention_impl!r}"

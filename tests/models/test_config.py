@@ -124,3 +124,32 @@ def test_each_registered_family_is_supported_once_with_a_tiny_preset_and_parity_
         with pytest.raises(ValueError, match="registered already"):
             families.register(family)
     assert set(testing.CASES) == {n for f in families.FAMILIES.values() for n in f.parity_cases}
+
+
+def test_auto_attention_is_cudnn_on_a_gpu_where_its_kernel_takes_the_shape():
+    from marljax.models.config import platform_attention
+
+    assert platform_attention("bfloat16", 64, "gpu") == "cudnn"
+    assert platform_attention("float16", 128, "gpu") == "cudnn"
+    assert platform_attention("float32", 64, "gpu") is None  # cuDNN's flash kernel is half precision only
+    assert platform_attention("bfloat16", 12, "gpu") is None  # head dim not a multiple of 8
+    assert platform_attention("bfloat16", 512, "gpu") is None  # over its 256
+    assert platform_attention("bfloat16", 64, "cpu") is None
+    assert platform_attention("bfloat16", 64, "tpu") is None
+
+
+def test_auto_attention_is_resolved_for_the_default_backend_when_the_config_is_made(monkeypatch):
+    import jax
+
+    assert ModelConfig.preset("tiny-qwen2", dtype="bfloat16", attention_impl="auto").attention_impl is None
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    assert ModelConfig.preset("tiny-qwen2", dtype="bfloat16", attention_impl="auto").attention_impl == "cudnn"
+    assert ModelConfig.preset("tiny-qwen2", dtype="float32", attention_impl="auto").attention_impl is None
+    # a choice made in the config is kept
+    assert ModelConfig.preset("tiny-qwen2", dtype="bfloat16", attention_impl="xla").attention_impl == "xla"
+
+
+def test_a_run_config_asks_for_the_platforms_attention_by_default():
+    from marljax.train.config.schema import PolicyModelConfig
+
+    assert PolicyModelConfig(preset="tiny-qwen2").attention_impl == "auto"

@@ -128,10 +128,11 @@ class PolicyModelConfig(FrozenModel):
         "(its input only), save_qkv_proj, dots (weight matmul outputs), minimal (those and the "
         "attention output); true / false mean full / none",
     )
-    attention_impl: Literal["xla", "cudnn", "splash"] | None = Field(
-        None,
-        description="attention in training and prefill: xla (default), cudnn (GPU fused flash "
-        "attention; also the sampler's one-token steps), splash (TPU Pallas splash attention)",
+    attention_impl: Literal["auto", "xla", "cudnn", "splash"] | None = Field(
+        "auto",
+        description="attention in training and the sampler's one-token steps: auto (default: cudnn "
+        "on a GPU for bfloat16/float16, xla elsewhere), xla (XLA's, from a dense mask), cudnn (GPU "
+        "fused flash attention), splash (TPU Pallas splash attention)",
     )
     scan_layers: bool = Field(
         True,
