@@ -213,6 +213,7 @@ class Policy:
 
     def start_update(self, rows: Rows, agents: Sequence[str] | None = None) -> list:
         """Dispatch an RL update (`Learner.start_update`); `finish_update` reads its metrics."""
+        self.sampler.forget()  # the sampler's copies are of the parameters this update replaces
         self.state, pending = self.learner.start_update(self.state, rows, agents)
         return pending
 
@@ -220,6 +221,7 @@ class Policy:
 
     def sft_update(self, rows: Rows) -> dict[str, float]:
         """One supervised step on `rows` (`Learner.sft_update`)."""
+        self.sampler.forget()
         self.state, metrics = self.learner.sft_update(self.state, rows)
         return metrics
 

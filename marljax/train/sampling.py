@@ -6,6 +6,12 @@ needs no all-gathers per decoded token). Parameters then go to the sampler's lay
 process samples its own prompts on its own devices from a per-process copy of the parameters
 (all-gathered on device).
 
+The sampler reads the model's weights in the compute dtype (`ModelConfig.dtype`): with float32
+master weights and bfloat16 compute, a bfloat16 copy is made once per parameter change (before any
+move to another layout, so per-process copies are bfloat16 too), not cast in every decode step,
+which would read the float32 weights each step. The model maths casts every weight to the compute
+dtype where it uses it, so the copy changes no token and no log-prob.
+
 Adapter policies on one base keep one copy of the base in the sampler's layout (`BaseStore`) and
 sample together: their adapters are stacked once per change of the team or of an adapter
 (`marljax.models.lora.stack_adapters`), each prompt's rows decoding with their own adapter.
@@ -13,10 +19,12 @@ sample together: their adapters are stacked once per change of the team or of an
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from marljax.models.chat import TurnFormat
@@ -28,6 +36,18 @@ from marljax.sampler import generate
 from marljax.sampler.schedule import Buckets, SamplingParams, Schedule
 from marljax.train.config import SamplerConfig
 from marljax.train.learner import combine
+
+
+def needs_cast(params: dict, config: ModelConfig) -> bool:
+    """Whether some floating weight of `params` is stored in another dtype than the compute dtype."""
+    dtype = jnp.dtype(config.dtype)
+    return any(jnp.issubdtype(x.dtype, jnp.floating) and x.dtype != dtype for x in jax.tree.leaves(params))
+
+
+@functools.partial(jax.jit, static_argnums=1)
+def in_compute_dtype(params: dict, dtype: str) -> dict:
+    """`params` with every floating leaf in `dtype` (elementwise: each keeps its sharding)."""
+    return jax.tree.map(lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x, params)
 
 
 class SamplerView:
@@ -95,28 +115,32 @@ class SamplerView:
         return jax.tree.map(lambda s: s.spec, param_dict_shardings(self.config, self.mesh))
 
     def own(self) -> dict:
-        """The trainable parameters (the whole model, or the adapter, replicated) in the sampler's
-        layout, moved on device once per parameter change."""
+        """The trainable parameters in the sampler's layout, made once per parameter change: the
+        whole model in the compute dtype, or the adapter as it is (replicated; `stack_adapters`
+        scales it in its own dtype, so a cast here would round differently)."""
         params = self._trainable()
-        if self._to_sampler is None:
+        whole = self.frozen is None
+        if self._to_sampler is None and not (whole and needs_cast(params, self.config)):
             return params
         if self._cache is None or self._cache[0] is not params:
-            specs = (
-                self._model_specs()
-                if self.frozen is None
-                else jax.tree.map(lambda _: PartitionSpec(), params)
-            )
-            self._cache = (params, self._to_sampler(params, specs))
+            copy = in_compute_dtype(params, self.config.dtype) if whole else params
+            if self._to_sampler is not None:
+                specs = self._model_specs() if whole else jax.tree.map(lambda _: PartitionSpec(), params)
+                copy = self._to_sampler(copy, specs)
+            self._cache = (params, copy)
         return self._cache[1]
 
     def base(self) -> dict | None:
-        """An adapter policy's frozen base in the sampler's layout: one copy per base and sampler
-        mesh, shared by the adapters on it."""
-        if self._to_sampler is None or self.frozen is None:
+        """An adapter policy's frozen base in the sampler's layout and compute dtype: one copy per
+        base and sampler mesh, shared by the adapters on it."""
+        if self.frozen is None or (self._to_sampler is None and not needs_cast(self.frozen, self.config)):
             return self.frozen
-        return self._bases.sampler_copy(
-            self.frozen, self.mesh, lambda base: self._to_sampler(base, self._model_specs())
-        )
+
+        def make(base):
+            copy = in_compute_dtype(base, self.config.dtype)
+            return copy if self._to_sampler is None else self._to_sampler(copy, self._model_specs())
+
+        return self._bases.sampler_copy(self.frozen, self.mesh, make)
 
     def params(self) -> dict:
         """The model parameters in the sampler's layout (an adapter policy: its base with its adapter)."""
