@@ -415,6 +415,15 @@ def compile_policy(
     sampler_programs = [p for p in ("prefill", "decode") if p in programs]
     if sampler_programs:
         weights = abstract_params(config, sampler_mesh) if own_sampler else model
+        # the sampler reads its weights in the compute dtype (`marljax.train.sampling`)
+        weights = jax.tree.map(
+            lambda x: jax.ShapeDtypeStruct(
+                x.shape,
+                config.dtype if jnp.issubdtype(x.dtype, jnp.floating) else x.dtype,
+                sharding=x.sharding,
+            ),
+            weights,
+        )
         if lora is not None:
             from marljax.models.lora import init_adapter, stack_adapters
 
@@ -451,7 +460,7 @@ def compile_policy(
         tables = _replicated(_tables(buckets), sampler_mesh)
         truncate = s.top_k > 0 or s.top_p < 1
         elsewhere = est.optimizer + est.reference + (est.params if own_sampler and lora is None else 0)
-        what = "weight copies + gathered weights + logits (the KV cache is an argument)"
+        what = "weight copies + gathered weights + logits (the KV cache and the sampler's copy are arguments)"
         transient = est.sampling - est.kv_cache
         if "prefill" in sampler_programs:
             Bn, Tp = slots, engine.prompt_bucket(s.max_prompt_len)

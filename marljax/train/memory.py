@@ -11,7 +11,9 @@ running; the phases on one device run one at a time:
   exist only while this policy updates), the activations of one micro-batch, and the
   compute-dtype copies of the parameters and gradients where the compute dtype is wider.
 - sampling: the weights' copies in the sampler's compute dtype where it differs from the
-  parameter dtype (two: the prefill's and the decode loop's, each a program's temporaries), the
+  parameter dtype (narrower, e.g. float32 masters and bfloat16 compute: one, made by the sampler
+  once per parameter change and dropped when an update starts; wider, on CPU: two, the prefill's
+  and the decode loop's, each a program's temporaries; stacked adapters: those two), the
   KV cache of the sampler's slots, and the `[slots, vocab]` float32 logits of a step; where the
   sampler's mesh splits the weights over `fsdp`, every weight gathered whole in the compute dtype
   (XLA gathers them once per call, out of the decode loop) instead of those copies: an upper
@@ -50,9 +52,10 @@ before they are cast back: one copy of each. On CPU the compute dtype is float32
 bfloat16`: XLA:CPU converts bfloat16 matmul operands to float32 and hoists the conversion of the
 weights out of the decode loop and the backward pass, so float32 copies of the weights exist while
 sampling and updating (measured with `memory_analysis()`, benchmarks/RESULTS.md). On a GPU with
-float32 master weights and bfloat16 compute, sampling holds two bfloat16 copies (the same rule,
-measured by the device's peak with adapter teams); the update's bfloat16 casts are not counted
-(not measured apart; see issue 28's GPU table).
+float32 master weights and bfloat16 compute, sampling holds one bfloat16 copy of the weights, the
+sampler's (`marljax.train.sampling`); the update's bfloat16 casts are not counted (not measured
+apart; see issue 28's GPU table). An adapter policy's base keeps its bfloat16 copy through the
+update too (it is shared and frozen), counted here in the sampling phase only.
 
 Adapter policies (`lora:`): the trainable parameters, optimiser moments, gradients and reference
 are the adapter's (`L x rank x (in + out)` per targeted projection, replicated on every device);
@@ -139,7 +142,8 @@ class MemoryEstimate:
     base: int = 0  # adapter policies: the frozen base (shared by the adapter policies on it)
     base_key: Any = None  # adapter policies with equal keys share one base
     sampler_weights: int = 0  # the model's weights in the sampler's layout (an adapter policy's: the base's)
-    sampling_copies: float = 0.0  # compute-dtype copies a sampling call holds, per byte of its weights
+    weight_copies: float = 0.0  # compute-dtype copies of the weights while sampling, per byte of them
+    sampling_copies: float = 0.0  # compute-dtype copies of stacked adapters a sampling call holds, per byte
     logits_per_slot: int = 0  # a decode step's float32 logits of one slot
     prefill_activations: int = 0  # one layer's intermediates for a full slot batch's prompts (`prompt_len`)
     gathered: int = 0  # weights a sampling step gathers whole where the sampler's mesh splits them on fsdp
@@ -347,7 +351,10 @@ def estimate(
         base=base,
         base_key=base_key,
         sampler_weights=sampler_weights,
-        # the prefill's and the decode loop's copies, where the weights are cast
+        # narrower compute: one copy, the sampler's (`SamplerView`, made once per parameter change);
+        # wider (CPU): the prefill's and the decode loop's, hoisted out of each program, as for
+        # adapters, which every program casts
+        weight_copies=widen if widen < 1 else (2 * widen if widen > 1 else 0.0),
         sampling_copies=2 * widen if widen != 1 else 0.0,
         logits_per_slot=4 * config.vocab_size,
         gathered=_gathered(config, sampler_mesh_shape or shape, compute),
@@ -384,7 +391,10 @@ def sampling_bytes(estimates: Sequence[MemoryEstimate]) -> int:
     e = estimates[0]
     adapters = sum(x.params for x in estimates) if e.base else 0
     # weights gathered over fsdp are cast as they are gathered: no copy of their own
-    copies = int(e.sampling_copies * ((0 if e.gathered else e.sampler_weights) + adapters))
+    # narrower compute: the sampler's one copy of its (split) weights, gathered or not; wider (CPU):
+    # each program's casts, which gathering does in passing
+    own = e.sampler_weights if e.weight_copies < 1 or not e.gathered else 0
+    copies = int(e.weight_copies * own + e.sampling_copies * adapters)
     return adapters + copies + e.gathered + e.kv_cache + e.logits
 
 

@@ -157,8 +157,8 @@ def test_sampling_counts_weight_copies_kv_cache_and_logits():
     p = param_bytes(cfg)[1]
     kv = TINY_KV // 2  # a bfloat16 cache
     gpu = estimate(cfg, seq_len=48, sampler_slots=4, platform="gpu")
-    # two bfloat16 copies of the weights (the prefill's and the decode loop's): p bytes in all
-    assert gpu.sampling == p + 4 * kv + 4 * TINY_LOGITS
+    # one bfloat16 copy of the weights, the sampler's: p / 2 bytes
+    assert gpu.sampling == p // 2 + 4 * kv + 4 * TINY_LOGITS
     assert gpu.compute_copy == 0  # the update's narrower casts are not counted
     # on CPU bfloat16 storage computes in float32: two float32 copies, 4 x the bfloat16 bytes
     cpu_bf16 = ModelConfig.preset("tiny-qwen3", dtype="bfloat16", param_dtype="bfloat16")
@@ -168,7 +168,7 @@ def test_sampling_counts_weight_copies_kv_cache_and_logits():
     assert cpu.compute_copy == 4 * b  # the update's float32 parameters and gradients
     # many slots: the sampling call is the larger phase, and the peak counts it
     wide = estimate(cfg, seq_len=48, sampler_slots=4096, platform="gpu")
-    assert wide.sampling == p + 4096 * (kv + TINY_LOGITS) > wide.update
+    assert wide.sampling == p // 2 + 4096 * (kv + TINY_LOGITS) > wide.update
     assert (
         wide.peak == wide.state + wide.sampling and team_bytes([wide, wide]) == 2 * wide.state + wide.sampling
     )
@@ -197,13 +197,14 @@ def test_adapters_on_one_base_sample_with_the_base_s_copies_once():
 
     e = adapter("b")
     assert (e.state, e.base, e.update) == (3 * a + base, base, 2 * a + e.activations)
-    # one sampling call of three adapters: them stacked, the bfloat16 copies of base and stacked
-    # adapters (the prefill's and the decode's: half the float32 bytes each), the KV cache, the logits
-    call = 3 * a + (base + 3 * a) + 1024 * (kv + TINY_LOGITS)
+    # one sampling call of three adapters: them stacked, the base's one bfloat16 copy, the stacked
+    # adapters' bfloat16 copies (the prefill's and the decode's: half the float32 bytes each), the
+    # KV cache, the logits
+    call = 3 * a + (base // 2 + 3 * a) + 1024 * (kv + TINY_LOGITS)
     assert sampling_bytes([e] * 3) == call
     assert call > e.update
     assert team_bytes([e] * 3) == 3 * 3 * a + base + call
     # another base: its own state and its own call (the larger of the two calls)
     assert team_bytes([e, e, adapter("c")]) == 3 * 3 * a + 2 * base + (
-        2 * a + base + 2 * a + 1024 * (kv + TINY_LOGITS)
+        2 * a + base // 2 + 2 * a + 1024 * (kv + TINY_LOGITS)
     )
