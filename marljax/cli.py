@@ -254,12 +254,20 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger("absl").setLevel(logging.WARNING)  # orbax is chatty at INFO
     from marljax.jsonl import DataError
+    from marljax.models.hf_io import CheckpointError
     from marljax.train.config import ConfigError
 
     try:
         return args.fn(args)
-    except (ConfigError, DataError) as e:
+    except ConfigError as e:  # one problem is one line; several get a count above them
+        print(f"error: {e.problems[0] if len(e.problems) == 1 else e}", file=sys.stderr)
+        return 2
+    except DataError as e:
         print(f"error: {e}", file=sys.stderr)
+        return 2
+    except CheckpointError as e:  # a model or tokenizer directory a config names (policy.load_model)
+        config = getattr(args, "config", None) or Path(args.run_dir) / "config.yaml"
+        print(f"error: {config}: {e}", file=sys.stderr)
         return 2
 
 
