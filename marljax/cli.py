@@ -35,8 +35,56 @@ def _trainer(config: str, overrides: list[str], search: bool = False):
 
 
 def cmd_train(args) -> int:
-    _trainer(args.config, args.overrides).run()
+    trainer = _trainer(args.config, args.overrides)
+    try:
+        trainer.run()
+    except KeyboardInterrupt:
+        trainer.close()  # lets a checkpoint being written finish, so the rerun can resume from it
+        print("\n".join(train_summary(trainer, args.config, args.overrides, interrupted=True)), flush=True)
+        return 130
+    print("\n".join(train_summary(trainer, args.config, args.overrides)))
     return 0
+
+
+def train_summary(trainer, config: str, overrides: list[str], interrupted: bool = False) -> list[str]:
+    """Where a `train` run keeps its checkpoints, metrics and rollouts, and the commands that read
+    them: printed when it ends or is interrupted, since the layout is otherwise only in the README."""
+    import shlex
+
+    from marljax.train import rollout_log
+
+    run, t = trainer.run_dir, trainer.cfg.train
+    saved = trainer.checkpointer.latest_step()
+    logged = rollout_log.logged_steps(run)
+    same = [config, *overrides]
+    if interrupted:
+        resume = (
+            f"rerun `{shlex.join(['marljax', 'train', *same])}` to resume from step {saved}"
+            if saved is not None
+            else f"no checkpoint yet (one every {t.save_every} steps): a rerun starts afresh"
+        )
+        head = f"interrupted at step {trainer.step} of {t.steps}: {resume}"
+    else:
+        head = f"{trainer.cfg.name}: step {trainer.step} of {t.steps}"
+    lines = [
+        head,
+        f"  run directory  {run}/ (config.yaml: the settings it started with)",
+        f"  checkpoints    {run}/checkpoints/ " + ("(none)" if saved is None else f"(newest: step {saved})"),
+        f"  metrics        {run}/metrics.jsonl"
+        + (f", TensorBoard: {run}/tensorboard/" if t.tensorboard else ""),
+        f"  plots          {run}/plots/*.png, drawn by `marljax plot {run}`",
+        f"  rollouts       {run}/rollouts/ (steps {_ranges(logged)})"
+        if logged
+        else "  rollouts       none logged (train.log_rollouts=N logs every N-th step)",
+        "next:",
+        f"  {shlex.join(['marljax', 'eval', *same])}",
+        f"  marljax plot {run}",
+    ]
+    if logged:
+        lines.append(f"  marljax rollouts {run} --limit 8")
+    if saved is not None:
+        lines.append(f"  marljax export {run} --policy {sorted(trainer.policies)[0]} OUT_DIR")
+    return lines
 
 
 def cmd_eval(args) -> int:
@@ -254,12 +302,20 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger("absl").setLevel(logging.WARNING)  # orbax is chatty at INFO
     from marljax.jsonl import DataError
+    from marljax.models.hf_io import CheckpointError
     from marljax.train.config import ConfigError
 
     try:
         return args.fn(args)
-    except (ConfigError, DataError) as e:
+    except ConfigError as e:  # one problem is one line; several get a count above them
+        print(f"error: {e.problems[0] if len(e.problems) == 1 else e}", file=sys.stderr)
+        return 2
+    except DataError as e:
         print(f"error: {e}", file=sys.stderr)
+        return 2
+    except CheckpointError as e:  # a model or tokenizer directory a config names (policy.load_model)
+        config = getattr(args, "config", None) or Path(args.run_dir) / "config.yaml"
+        print(f"error: {config}: {e}", file=sys.stderr)
         return 2
 
 

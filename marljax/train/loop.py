@@ -307,7 +307,9 @@ class Trainer:
                 self.step,
                 t.steps,
             )
-        elif record is not None and distributed.is_primary():
+            self.close()  # nothing written: no metrics reopened, no empty progress bar
+            return
+        if record is not None and distributed.is_primary():
             dump_config(cfg, record)
             if record.name != "config.yaml":
                 log.info("settings changed since the last run: recorded in %s", record)

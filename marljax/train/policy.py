@@ -18,6 +18,7 @@ base with the adapter as it started (`b` = 0: exactly the base), so no second co
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from typing import Any
 
@@ -29,7 +30,13 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from marljax.models.chat import TurnFormat
 from marljax.models.config import ModelConfig
 from marljax.models.decoder import abstract_model, get_params, init_model, set_params
-from marljax.models.hf_io import from_pretrained, load_tokenizer, save_peft_adapter, save_pretrained
+from marljax.models.hf_io import (
+    CheckpointError,
+    from_pretrained,
+    load_tokenizer,
+    save_peft_adapter,
+    save_pretrained,
+)
 from marljax.models.lora import init_adapter, merge
 from marljax.models.sharding import make_mesh
 from marljax.train.config import MeshConfig, PolicyConfig, PolicyModelConfig, RunConfig
@@ -58,26 +65,40 @@ def policy_mesh(mesh_cfg: MeshConfig) -> Mesh | None:
     return make_mesh(mesh_cfg.data, mesh_cfg.fsdp, mesh_cfg.tensor, devices=devices, dcn=dcn)
 
 
+@contextlib.contextmanager
+def _naming(key: str):
+    """Prefix a CheckpointError with the config key that named the directory: the command line
+    prints it as one line, and the path alone does not say which setting to fix."""
+    try:
+        yield
+    except CheckpointError as e:
+        raise CheckpointError(f"{key}: {e}") from None
+
+
 def load_model(spec: PolicyModelConfig, mesh=None, where: str = "model") -> tuple[ModelConfig, dict, Any]:
     """(config, params, tokenizer) from a local HF directory or a named preset.
 
     A preset without a `tokenizer` directory gets marljax's tiny byte-level
-    BPE tokenizer (its vocabulary fits every tiny preset).
+    BPE tokenizer (its vocabulary fits every tiny preset). A directory that cannot be read is a
+    CheckpointError naming the config key (`where.path`, `where.tokenizer`) before the directory.
     """
     if spec.path is not None:
-        model, config = from_pretrained(
-            spec.path,
-            dtype=spec.dtype,
-            param_dtype=spec.param_dtype,
-            mesh=mesh,
-            remat=spec.remat,
-            attention_impl=spec.attention_impl,
-            scan_layers=spec.scan_layers,
-        )
-        tokenizer = load_tokenizer(spec.tokenizer or spec.path)
+        with _naming(f"{where}.path"):
+            model, config = from_pretrained(
+                spec.path,
+                dtype=spec.dtype,
+                param_dtype=spec.param_dtype,
+                mesh=mesh,
+                remat=spec.remat,
+                attention_impl=spec.attention_impl,
+                scan_layers=spec.scan_layers,
+            )
+        with _naming(f"{where}.tokenizer" if spec.tokenizer else f"{where}.path"):
+            tokenizer = load_tokenizer(spec.tokenizer or spec.path)
     else:
         if spec.tokenizer is not None:
-            tokenizer = load_tokenizer(spec.tokenizer)
+            with _naming(f"{where}.tokenizer"):
+                tokenizer = load_tokenizer(spec.tokenizer)
         else:
             from marljax.models.tokenizer import make_tokenizer
 
@@ -94,7 +115,7 @@ def load_model(spec: PolicyModelConfig, mesh=None, where: str = "model") -> tupl
         )
         model = init_model(config, seed=spec.seed, mesh=mesh)
     if len(tokenizer) > config.vocab_size:  # token ids past the embedding table would be clipped silently
-        raise ValueError(
+        raise CheckpointError(
             f"{where}: {spec.path or spec.preset!r} has {config.vocab_size} embeddings but its tokenizer "
             f"({spec.tokenizer or spec.path or 'built in'}) has {len(tokenizer)} tokens"
         )

@@ -178,6 +178,55 @@ def test_sigkill_mid_run_and_mid_checkpoint_then_resume_matches_uninterrupted(tm
 
 
 @pytest.mark.slow
+def test_ctrl_c_says_where_the_run_is_and_how_to_resume(tmp_path):
+    from marljax.train.checkpoint import RunCheckpointer
+
+    run = tmp_path / "run"
+    config = str(seven_task(tmp_path, run, steps=1000, save_every=3))
+    # a terminal's Ctrl-C reaches the whole process group: the trainer and its sandbox workers
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "marljax.cli", "train", config],
+        env=dict(os.environ, JAX_PLATFORMS="cpu"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    t0 = time.time()
+    while _steps_logged(run) < 4:
+        assert proc.poll() is None, proc.communicate()[1][-2000:]
+        assert time.time() - t0 < 300, "timed out waiting for step 4"
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err[-2000:]
+    saved = RunCheckpointer(run, ["main"]).latest_step()
+    assert saved is not None and saved % 3 == 0
+    lines = out.splitlines()
+    assert lines[0].startswith("interrupted at step "), out
+    assert lines[0].endswith(f": rerun `marljax train {config}` to resume from step {saved}"), out
+    assert f"  checkpoints    {run}/checkpoints/ (newest: step {saved})" in lines, out
+
+
+@pytest.mark.slow
+def test_a_finished_train_command_says_where_its_results_are(grpo_run):
+    from marljax.cli import train_summary
+
+    trainer, run_dir = grpo_run
+    config = str(run_dir.parent / "seven.yaml")
+    lines = train_summary(trainer, config, ["train.steps=30"])
+    assert lines[0] == "seven: step 30 of 30"
+    assert f"  checkpoints    {run_dir}/checkpoints/ (newest: step 30)" in lines
+    assert f"  metrics        {run_dir}/metrics.jsonl" in lines  # the fixture's run writes no TensorBoard
+    assert "  rollouts       none logged (train.log_rollouts=N logs every N-th step)" in lines
+    assert lines[lines.index("next:") + 1 :] == [
+        f"  marljax eval {config} train.steps=30",
+        f"  marljax plot {run_dir}",
+        f"  marljax export {run_dir} --policy main OUT_DIR",
+    ]
+
+
+@pytest.mark.slow
 def test_corrupt_latest_checkpoint_falls_back_and_says_so(grpo_run, tmp_path):
     import shutil
 

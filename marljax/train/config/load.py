@@ -51,12 +51,15 @@ def _split_override(item: str) -> tuple[tuple[str, ...], Any]:
 
 # top-level mappings of named entries, where a key of an override may add an entry
 NAMED_ENTRIES = {"policies": "policy", "agents": "agent"}
+# the keys that make an entry added by overrides a real one (either of them)
+DEFINING_KEYS = {"policies": ("model", "base"), "agents": ("policy",)}
 
 
 def apply_overrides(data: Mapping[str, Any], overrides: Sequence[str]) -> dict:
     """A copy of `data` with each `dotted.key=value` set in order (value parsed as YAML). A key
     that would add a policy or agent named almost like one the config has is an error naming
-    that one (a typo would otherwise make a half-defined entry and a misleading message)."""
+    that one, and so is a new entry the overrides leave without its model (policy) or policy
+    (agent): a typo would otherwise make a half-defined entry and a misleading message."""
     out = copy.deepcopy(dict(data))
     errors = []
     for item in overrides:
@@ -88,6 +91,21 @@ def apply_overrides(data: Mapping[str, Any], overrides: Sequence[str]) -> dict:
             node = child
         else:
             node[parts[-1]] = value
+    # An entry the overrides added without its defining key is a typo of a name (one too unlike
+    # the config's for "did you mean"), not a new policy or agent: say so rather than report the
+    # half-defined entry's missing keys.
+    for section, what in NAMED_ENTRIES.items():
+        before, after = data.get(section), out.get(section)
+        if not isinstance(after, dict) or not isinstance(before, dict):
+            continue
+        for name in sorted(after.keys() - before.keys()):
+            entry, keys = after[name], DEFINING_KEYS[section]
+            if isinstance(entry, dict) and not any(entry.get(k) is not None for k in keys):
+                errors.append(
+                    f"{OVERRIDES}: {section}.{name}: no {what} {name!r} in the config; "
+                    f"{section}: {', '.join(sorted(before))} (a new one needs "
+                    f"{' or '.join(f'{section}.{name}.{k}' for k in keys)})"
+                )
     if errors:
         raise ConfigError(errors)
     return out

@@ -1,0 +1,95 @@
+"""`marljax train`'s errors a new user meets first: one line each, naming the config file and key
+(or the data file), never a traceback."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from marljax.cli import main
+
+
+def _config(tmp_path, model: dict, data: dict | None = None) -> str:
+    cfg = {
+        "name": "t",
+        "run_dir": str(tmp_path / "run"),
+        "policies": {"main": {"model": model}},
+        "agents": {"solver": {"policy": "main"}},
+        "data": {"source": data or {"kind": "synthetic", "n_train": 4}, "batch_size": 2},
+        "workflow": {"kind": "grpo", "group_size": 2},
+        "train": {"steps": 1, "progress": False, "tensorboard": False},
+    }
+    path = tmp_path / "run.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return str(path)
+
+
+def _error(capsys, *argv: str) -> str:
+    """The command's one `error:` line (exit status 2, no traceback)."""
+    assert main(list(argv)) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err, err
+    lines = [line for line in err.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1 and err.strip().endswith(lines[0]), err
+    return lines[0]
+
+
+def test_a_missing_model_directory_names_the_config_key(tmp_path, capsys):
+    config = _config(tmp_path, {"path": str(tmp_path / "no-such-model")})
+    line = _error(capsys, "train", config)
+    assert line == f"error: {config}: policies.main.model.path: {tmp_path / 'no-such-model'}: not a directory"
+
+
+def test_a_model_directory_without_tokenizer_files_is_an_error(tmp_path, capsys):
+    from marljax.testing.tiny import write_random_checkpoint
+
+    model = write_random_checkpoint(tmp_path / "model", tokenizer=False)
+    config = _config(tmp_path, {"path": str(model)})
+    line = _error(capsys, "train", config)
+    assert line.startswith(f"error: {config}: policies.main.model.path: {model}: no tokenizer files"), line
+    # a tokenizer directory set on its own is named by its own key
+    line = _error(capsys, "train", config, f"policies.main.model.tokenizer={model}")
+    assert line.startswith(f"error: {config}: policies.main.model.tokenizer: {model}: no tokenizer"), line
+
+
+def test_an_empty_dataset_file_is_named(tmp_path, capsys):
+    empty = tmp_path / "train.jsonl"
+    empty.write_text("\n")
+    config = _config(tmp_path, {"preset": "tiny-qwen3"}, {"kind": "jsonl", "train": str(empty)})
+    assert (
+        _error(capsys, "train", config)
+        == f"error: {empty}: no problems (the file is empty or holds only blank lines)"
+    )
+
+
+@pytest.mark.parametrize(
+    "override, expected",
+    [
+        # unlike any name of the config: no "did you mean", but not a half-defined new policy either
+        (
+            "policies.actor.optimizer.lr=1e-4",
+            "policies.actor: no policy 'actor' in the config; policies: main "
+            "(a new one needs policies.actor.model or policies.actor.base)",
+        ),
+        ("agents.coder.role=Write code.", "agents.coder: no agent 'coder' in the config; agents: solver"),
+        (
+            "policies.mian.optimizer.lr=1e-4",
+            "policies.mian: no policy 'mian' in the config; did you mean 'main'?",
+        ),
+    ],
+)
+def test_a_mistyped_name_in_an_override_is_one_line(tmp_path, capsys, override, expected):
+    config = _config(tmp_path, {"preset": "tiny-qwen3"})
+    assert _error(capsys, "train", config, override).startswith(f"error: <overrides>: {expected}")
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_new_policy_and_agent_from_overrides_still_load(tmp_path):
+    from marljax.train.config import load_config
+
+    config = _config(tmp_path, {"preset": "tiny-qwen3"})
+    cfg = load_config(
+        config,
+        ["policies.second.model.preset=tiny-llama", "agents.helper.policy=second", "workflow.agent=solver"],
+    )
+    assert sorted(cfg.policies) == ["main", "second"] and cfg.agents["helper"].policy == "second"
