@@ -179,7 +179,8 @@ class Trainer:
         got = self.checkpointer.restore(targets)
         if got is None:
             if released:  # no step verified after all: start afresh from the initial weights
-                self.policies = build_policies(self.cfg, self.bases)
+                # in place: the generators hold this dict and would sample with the released policies
+                self.policies.update(build_policies(self.cfg, self.bases))
             return False
         step, states, loop = got
         for name, state in states.items():

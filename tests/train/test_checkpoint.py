@@ -387,6 +387,9 @@ def test_trainer_restore_frees_the_initial_state_first_and_rebuilds_it_when_no_s
         with pytest.warns(RuntimeWarning, match="step 0"):
             assert not second.restore()
         assert second.policies["main"].version == 0 and second.policies["main"].state.opt_state is not None
+    # the generators sample with the policies the trainer now holds, not the released ones
+    assert second.generator.policies["main"] is second.policies["main"]
+    assert second.eval_generator.policies["main"] is second.policies["main"]
     assert jax.tree.structure(second.policies["main"].params) == jax.tree.structure(initial)
     for got, want in zip(jax.tree.leaves(second.policies["main"].params), jax.tree.leaves(initial)):
         np.testing.assert_array_equal(np.asarray(got), want)
