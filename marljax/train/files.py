@@ -8,8 +8,9 @@ import time
 import warnings
 from pathlib import Path
 
-# What a rerun cannot use (a checkpoint that does not restore, a damaged or superseded metrics
-# file) is moved here instead of being deleted, for a person to inspect; marljax never reads it.
+# What a rerun cannot use (a checkpoint that does not restore, an unreadable config record, a
+# damaged metrics file, the metrics of a run that starts afresh) is moved here instead of being
+# deleted, for a person to inspect; marljax never reads it.
 SET_ASIDE = "set_aside"
 
 
