@@ -28,7 +28,13 @@ writer's first save). Ours, on top:
 * Restore. Steps are tried newest first; one that is incomplete, corrupted or
   that orbax fails to read is reported (logging + warnings, with step, path
   and reason) and the next older one is tried; None when none works. Arrays
-  are placed with the shardings of the abstract target.
+  are placed with the shardings of the abstract target. A complete step (its
+  manifest verifies) newer than the one restored that orbax cannot read is
+  damage the manifest could not see (storage that lied when it was hashed):
+  process 0 moves it to ``RUN_DIR/set_aside/checkpoint-<step>.<time>`` and
+  says so, since it would fail every later restore and block the save of its
+  step number. When no step restores, complete steps that do not are left in
+  place and are an error (most likely another configuration's).
 * Retention. Orbax's `max_to_keep` stays off because orbax deletes old steps
   as soon as the new one is committed, before its manifest exists (with
   keep=1 a crash then leaves no complete step), and it counts steps that the
@@ -38,8 +44,8 @@ writer's first save). Ours, on top:
 * Leftovers. A step at or after the first step a process saves is a leftover
   of a crashed or abandoned timeline: if incomplete or corrupted it is
   deleted (with the tmp directories) before that save; if it is a complete,
-  valid checkpoint, `save` raises instead of overwriting it (e.g. restore
-  fell back because the abstract target no longer matches).
+  valid checkpoint, `save` raises instead of overwriting it (e.g. a writer
+  that did not restore first; a step that failed to restore is set aside).
 * Multi-host: orbax coordinates the array writes; the manifest, pruning and
   leftover deletion run on `jax.process_index() == 0`, every process makes
   the same read-only decisions, and a barrier precedes the manager's reload.
@@ -57,11 +63,14 @@ import shutil
 import threading
 import warnings
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
+
+from marljax.train.files import report, set_aside_path
 
 logger = logging.getLogger(__name__)
 
@@ -352,7 +361,7 @@ class RunCheckpointer:
             for n in self.policy_names
         }
         items[LOOP] = ocp.args.JsonRestore()
-        unreadable = []  # complete, verified steps that still do not restore into this run's states
+        unreadable = []  # (step, error) of complete, verified steps that still do not restore
         for step in self._steps():
             where, complete = self.step_dir(step), False
             try:
@@ -362,7 +371,6 @@ class RunCheckpointer:
                     raise RuntimeError(reason)
                 complete = True
                 got = self._manager.restore(step, args=ocp.args.Composite(**items))
-                return step, {n: got[n] for n in self.policy_names}, got[LOOP]
             except Exception as e:  # any failure of this step: report it and fall back
                 msg = (
                     f"cannot restore checkpoint step {step} from {where}: {type(e).__name__}: {e}; "
@@ -371,12 +379,32 @@ class RunCheckpointer:
                 logger.warning(msg)
                 warnings.warn(msg, RuntimeWarning, stacklevel=2)
                 if complete:
-                    unreadable.append(f"step {step}: {type(e).__name__}: {e}")
+                    unreadable.append((step, f"{type(e).__name__}: {e}"))
+                continue
+            self._set_aside(unreadable)
+            return step, {n: got[n] for n in self.policy_names}, got[LOOP]
         if unreadable:
             # Starting afresh would only fail at the first save (a complete step is never overwritten).
+            step, error = unreadable[0]
             raise RuntimeError(
                 f"{self.directory} holds complete checkpoints that do not fit this run's policies "
                 f"(another configuration, or another marljax version's optimiser state); use a new run "
-                f"directory or the configuration that wrote them. Newest: {unreadable[0][:2000]}"
+                f"directory or the configuration that wrote them. Newest: step {step}: {error[:2000]}"
             )
         return None
+
+    def _set_aside(self, unreadable: list[tuple[int, str]]) -> None:
+        """Move complete steps that failed to restore (newer than the one that did) out of the way."""
+        if not unreadable:
+            return
+        if _primary():
+            for step, error in unreadable:
+                kept = set_aside_path(Path(self.directory).parent, f"checkpoint-{step}")
+                shutil.move(self.step_dir(step), kept)  # a rename unless checkpoints/ is another disk
+                report(
+                    logger,
+                    f"checkpoint step {step} passes its manifest but does not restore ({error[:2000]}): "
+                    f"moved to {kept}, so that the run goes on from an older step and can save step {step} again",
+                )
+        _barrier("marljax_checkpoint_set_aside")
+        self._manager.reload()  # forget the moved steps

@@ -5,8 +5,10 @@ the current policies, scores in the sandbox and assigns credit), routes the
 samples to their policy's buffer, and updates each policy whose buffer is
 full -- independently of the others. Every `save_every` steps all policies
 and the loop state (data iterator, buffers, workflow state, counters) are
-checkpointed together; a restarted run resumes from the newest complete
-checkpoint and, with fixed seeds on CPU, reproduces the uninterrupted run.
+checkpointed together; a restarted run resumes from the newest restorable
+checkpoint and, with fixed seeds on CPU, reproduces the uninterrupted run;
+`metrics.jsonl` then holds the steps up to that checkpoint, each once (a run
+that starts afresh sets the old file aside in RUN_DIR/set_aside/).
 Per-step randomness is derived from `(seed, step)`, so it needs no state.
 `train.log_rollouts` also writes every N-th step's samples as text
 (`marljax.train.rollout_log`, read with `marljax rollouts`).
@@ -179,7 +181,8 @@ class Trainer:
         got = self.checkpointer.restore(targets)
         if got is None:
             if released:  # no step verified after all: start afresh from the initial weights
-                self.policies = build_policies(self.cfg, self.bases)
+                # in place: the generators hold this dict and would sample with the released policies
+                self.policies.update(build_policies(self.cfg, self.bases))
             return False
         step, states, loop = got
         for name, state in states.items():
@@ -318,8 +321,10 @@ class Trainer:
         with MetricsWriter(self.run_dir, tensorboard=t.tensorboard) as writer:
             if resumed:
                 writer.resume(self.step)
-            elif t.sft_steps:
-                run_sft(self, t.sft_steps, writer)
+            else:
+                writer.start_afresh()
+                if t.sft_steps:
+                    run_sft(self, t.sft_steps, writer)
             with Progress(
                 t.steps, initial=self.step, desc=cfg.name, enabled=None if t.progress else False
             ) as bar:
@@ -338,6 +343,7 @@ class Trainer:
                         },
                     )
                     if self.step % t.save_every == 0 or self.step == t.steps:
+                        writer.sync()  # else a power cut can leave the checkpoint ahead of its metrics
                         self.save()
         self.close()
 

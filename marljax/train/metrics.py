@@ -16,7 +16,16 @@ are Python ints or floats; NaN and +-Inf, which strict JSON cannot hold, are
 written as the strings ``"nan"``, ``"inf"`` and ``"-inf"`` and read back as
 floats. Each line is flushed to the OS as it is written, so a killed process
 loses at most the line in progress; that torn last line is skipped on read and
-repaired when a writer reopens the file.
+repaired when a writer reopens the file. The trainer fsyncs the file
+(`MetricsWriter.sync`) before each checkpoint, so no checkpoint is ever ahead
+of the metrics it follows.
+
+Restarts. A run resumed from the checkpoint at step S keeps the records of
+steps <= S, each once (`MetricsWriter.resume`); a run that starts from its
+initial weights moves the old file and TensorBoard folder to
+``RUN_DIR/set_aside/`` (`MetricsWriter.start_afresh`). A corrupt line is
+skipped with a warning naming ``file:line``; a writer that meets one keeps a
+copy of the damaged file in ``RUN_DIR/set_aside/`` and rewrites it without.
 
 Only process 0 writes on multi-host runs: on other processes the writer and
 the progress bar are no-ops.
@@ -26,8 +35,10 @@ from __future__ import annotations
 
 import itertools
 import json
+import logging
 import math
 import os
+import shutil
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -35,7 +46,9 @@ from typing import Any
 
 import numpy as np
 
-from marljax.train.files import write_atomically
+from marljax.train.files import report, set_aside_path, write_atomically
+
+logger = logging.getLogger(__name__)
 
 METRICS_FILE = "metrics.jsonl"
 _NONFINITE = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
@@ -77,40 +90,51 @@ def _dumps(record: Mapping[str, Any]) -> str:
     return json.dumps({k: _encode(v) for k, v in record.items()}, allow_nan=False) + "\n"
 
 
-def _parse(path: Path) -> tuple[list[dict], bool]:
-    """(records, torn) of a metrics file; torn when it does not end with a newline.
+def _parse(path: Path) -> tuple[list[dict], bool, list[str]]:
+    """(records, torn, corrupt) of a metrics file: torn when it does not end with a newline,
+    corrupt the ``"file:line (reason)"`` of each other line that is not a record.
 
     Each line is written with its newline last, so only an unterminated final
-    line can have been cut by a kill: it is dropped if it does not parse.
+    line can have been cut by a kill: it is dropped silently if it does not parse.
     """
-    lines = path.read_text(encoding="utf-8").split("\n")
+    # bytes that are not UTF-8 are damage like any other: they fail the line's parse
+    lines = path.read_text(encoding="utf-8", errors="replace").split("\n")
     torn = lines[-1] != ""
-    records = []
+    records, corrupt = [], []
     for i, line in enumerate(lines):
         if not line.strip():
             continue
         try:
             record = json.loads(line)
-            if not isinstance(record, dict) or "step" not in record:
-                raise ValueError("not an object with a step")
+            if not isinstance(record, dict) or not isinstance(record.get("step"), int):
+                raise ValueError("not an object with an integer step")
         except ValueError as e:
-            if torn and i == len(lines) - 1:
-                break
-            raise ValueError(f"{path}:{i + 1}: corrupt metrics line ({e})") from None
+            if not (torn and i == len(lines) - 1):
+                corrupt.append(f"{path}:{i + 1} ({e})")
+            continue
         records.append(_decode(record))
-    return records, torn
+    return records, torn, corrupt
+
+
+def _corrupt_message(corrupt: list[str]) -> str:
+    shown = "; ".join(corrupt[:5]) + (f"; and {len(corrupt) - 5} more" if len(corrupt) > 5 else "")
+    return f"skipped {len(corrupt)} corrupt metrics line(s): {shown}"
 
 
 def read_metrics(run_dir: str | os.PathLike) -> list[dict]:
-    """Records of ``RUN_DIR/metrics.jsonl`` in file order (torn last line skipped).
+    """Records of ``RUN_DIR/metrics.jsonl`` in file order.
 
-    Raises FileNotFoundError when the file is missing and ValueError naming
-    ``file:line`` for a corrupt line before the last one.
+    A torn last line is skipped; a corrupt line elsewhere is skipped with a
+    RuntimeWarning naming ``file:line``. Raises FileNotFoundError when the file
+    is missing.
     """
     path = Path(run_dir) / METRICS_FILE
     if not path.is_file():
         raise FileNotFoundError(f"no metrics file at {path}")
-    return _parse(path)[0]
+    records, _, corrupt = _parse(path)
+    if corrupt:
+        report(logger, _corrupt_message(corrupt))
+    return records
 
 
 class MetricsWriter:
@@ -132,8 +156,12 @@ class MetricsWriter:
             return
         self.run_dir.mkdir(parents=True, exist_ok=True)
         if self.path.is_file():
-            records, torn = _parse(self.path)
-            if torn:  # appending after a torn line would glue two records into one corrupt line
+            records, torn, corrupt = _parse(self.path)
+            if corrupt:  # a copy of the damage for a person to look at; the run goes on without it
+                kept = set_aside_path(self.run_dir, METRICS_FILE)
+                shutil.copyfile(self.path, kept)
+                report(logger, f"{_corrupt_message(corrupt)}; the file as it was is kept at {kept}")
+            if torn or corrupt:  # appending after a torn line would glue two records into one corrupt line
                 self._rewrite(records)
         self._file = open(self.path, "a", encoding="utf-8")
 
@@ -170,7 +198,7 @@ class MetricsWriter:
             values[key] = _to_number(key, value)
         step = int(step)
         self._file.write(_dumps({"step": step, "time": time.time(), **values}))
-        self._file.flush()
+        self._file.flush()  # a killed process loses no record; a power cut needs sync()
         if self.tensorboard:
             from tensorboardX import summary
             from tensorboardX.proto.summary_pb2 import Summary
@@ -183,17 +211,51 @@ class MetricsWriter:
             tb._get_file_writer().add_summary(merged, step)
             tb.flush()
 
-    def resume(self, step: int) -> None:
-        """Drop records after ``step`` (a run resumed from the checkpoint at ``step``).
+    def sync(self) -> None:
+        """Make every record written so far durable (before a checkpoint that follows them)."""
+        if self._file is not None:
+            self._file.flush()
+            os.fsync(self._file.fileno())
 
-        TensorBoard events after ``step`` are hidden through tensorboardX's
-        ``purge_step`` on the next event file.
+    def resume(self, step: int) -> None:
+        """Keep the records of steps <= ``step``, one per step (a run resumed from the checkpoint
+        at ``step``: the later steps are redone).
+
+        Of several records of one step (a file older versions appended a rerun to) the last is
+        kept. TensorBoard events after ``step`` are hidden through tensorboardX's ``purge_step``
+        on the next event file.
         """
         if not self.enabled:
             return
         step = int(step)
-        self._rewrite([r for r in read_metrics(self.run_dir) if r["step"] <= step])
+        kept = {r["step"]: r for r in read_metrics(self.run_dir) if r["step"] <= step}
+        self._rewrite(sorted(kept.values(), key=lambda r: r["step"]))
         self._purge_step = step + 1
+        self._close_tensorboard()
+
+    def start_afresh(self) -> None:
+        """A run that starts from its initial weights: move an old metrics file and TensorBoard
+        folder to ``RUN_DIR/set_aside/`` (they describe a run that is not continued) and go on
+        with empty ones."""
+        if not self.enabled:
+            return
+        self._close_tensorboard()
+        moved = []
+        for path in (self.path, self.run_dir / "tensorboard"):
+            if path.exists() and (path.is_dir() or path.stat().st_size > 0):
+                moved.append(set_aside_path(self.run_dir, path.name))
+                os.replace(path, moved[-1])
+        if moved:
+            if self._file is not None:  # it now writes to the moved file
+                self._file.close()
+                self._file = open(self.path, "a", encoding="utf-8")
+            where = " and ".join(map(str, moved))
+            report(
+                logger,
+                f"no checkpoint to resume from: the run starts afresh; its earlier metrics are kept at {where}",
+            )
+
+    def _close_tensorboard(self) -> None:
         if self._tb is not None:
             self._tb.close()
             self._tb = None
@@ -202,9 +264,7 @@ class MetricsWriter:
         if self._file is not None:
             self._file.close()
             self._file = None
-        if self._tb is not None:
-            self._tb.close()
-            self._tb = None
+        self._close_tensorboard()
 
     def __enter__(self) -> MetricsWriter:
         return self

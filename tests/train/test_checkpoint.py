@@ -178,6 +178,9 @@ def test_complete_steps_that_do_not_fit_this_run_are_an_error_not_a_fresh_start(
     ):
         ckpt.restore(wider)
     assert str(tmp_path) in str(err.value) and "step 2" in str(err.value)
+    # another configuration's steps are not this run's to move
+    assert sorted(os.listdir(tmp_path / "checkpoints")) == ["1", "2"]
+    assert not (tmp_path / "set_aside").exists()
 
 
 def test_orbax_read_error_with_matching_manifest_falls_back(tmp_path):
@@ -189,6 +192,31 @@ def test_orbax_read_error_with_matching_manifest_falls_back(tmp_path):
     write_manifest(str(tmp_path / "checkpoints" / "2"), 2)
     with pytest.warns(RuntimeWarning, match="step 2"):
         assert restore(tmp_path)[0] == 1
+
+
+def test_complete_steps_that_do_not_restore_are_set_aside_and_saved_again(tmp_path):
+    """Old code fell back to step 1 and then refused to save step 2 (FileExistsError), on every
+    rerun, until someone deleted the step by hand."""
+    from marljax.train.checkpoint import write_manifest
+
+    save_steps(tmp_path, [1, 2, 3])
+    for s in (2, 3):  # the manifests vouch for the damage: only orbax's read can tell
+        _corrupt_truncate(biggest_data_file(tmp_path, "proposer", s))
+        write_manifest(str(tmp_path / "checkpoints" / str(s)), s)
+    with RunCheckpointer(tmp_path, POLICIES) as ckpt:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            step, _, loop = ckpt.restore({p: abstract(policy_state(0)) for p in POLICIES})
+        assert step == 1 and loop == loop_state(1)
+        assert sorted(os.listdir(tmp_path / "checkpoints")) == ["1"]
+        kept = sorted((tmp_path / "set_aside").iterdir())
+        assert [p.name.split(".")[0] for p in kept] == ["checkpoint-2", "checkpoint-3"]
+        for s, path in zip((2, 3), kept):
+            assert (path / MANIFEST).is_file()  # moved whole
+            said = [str(w.message) for w in caught if str(path) in str(w.message)]
+            assert len(said) == 1 and f"step {s} passes its manifest but does not restore (" in said[0]
+        ckpt.save(2, {p: policy_state(i) for i, p in enumerate(POLICIES)}, loop_state(22))
+    assert restore(tmp_path)[2] == loop_state(22)
 
 
 @pytest.mark.parametrize("damage", ["policy_dir", "loop_dir", "manifest"])
@@ -387,6 +415,9 @@ def test_trainer_restore_frees_the_initial_state_first_and_rebuilds_it_when_no_s
         with pytest.warns(RuntimeWarning, match="step 0"):
             assert not second.restore()
         assert second.policies["main"].version == 0 and second.policies["main"].state.opt_state is not None
+    # the generators sample with the policies the trainer now holds, not the released ones
+    assert second.generator.policies["main"] is second.policies["main"]
+    assert second.eval_generator.policies["main"] is second.policies["main"]
     assert jax.tree.structure(second.policies["main"].params) == jax.tree.structure(initial)
     for got, want in zip(jax.tree.leaves(second.policies["main"].params), jax.tree.leaves(initial)):
         np.testing.assert_array_equal(np.asarray(got), want)

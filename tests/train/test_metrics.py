@@ -5,7 +5,9 @@ from __future__ import annotations
 import io
 import json
 import math
+import os
 import struct
+import warnings
 from pathlib import Path
 
 import jax.numpy as jnp
@@ -176,17 +178,80 @@ def test_complete_last_record_without_newline_is_kept(tmp_path):
     assert [r["x"] for r in read_metrics(tmp_path)] == [1, 2, 3]
 
 
-def test_corrupt_middle_line_names_file_and_line(tmp_path):
+def test_corrupt_lines_are_skipped_with_file_and_line(tmp_path):
+    """Old code raised on a corrupt line before the last, so a run could not resume until the file
+    was edited by hand."""
     path = tmp_path / "metrics.jsonl"
     path.write_text('{"step": 0}\n{"step": 1, oops\n{"step": 2}\n')
-    with pytest.raises(ValueError, match=f"{path}:2"):
-        read_metrics(tmp_path)
+    with pytest.warns(RuntimeWarning, match=f"{path}:2"):
+        assert [r["step"] for r in read_metrics(tmp_path)] == [0, 2]
     # A newline-terminated last line was written whole: if it is corrupt, that is corruption, not a kill.
     path.write_text('{"step": 0}\ngarbage\n')
-    with pytest.raises(ValueError, match=f"{path}:2"):
-        read_metrics(tmp_path)
+    with pytest.warns(RuntimeWarning, match=f"{path}:2"):
+        assert [r["step"] for r in read_metrics(tmp_path)] == [0]
     with pytest.raises(FileNotFoundError, match="metrics.jsonl"):
         read_metrics(tmp_path / "missing")
+
+
+def test_writer_keeps_a_corrupt_file_aside_and_goes_on(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    damaged = '{"step": 1}\n{"step": 2, oops\n{"step": 3}\n'
+    path.write_text(damaged)
+    with pytest.warns(RuntimeWarning, match=f"{path}:2") as caught:
+        w = MetricsWriter(tmp_path, tensorboard=False, enabled=True)
+    (kept,) = (tmp_path / "set_aside").iterdir()
+    assert kept.read_text() == damaged and str(kept) in str(caught[0].message)
+    with w, warnings.catch_warnings():
+        warnings.simplefilter("error")  # the file is clean now: no second warning
+        w.resume(3)
+        w.write(4, {"x": 1.0})
+    assert [r["step"] for r in read_metrics(tmp_path)] == [1, 3, 4]
+
+
+def test_start_afresh_sets_the_old_metrics_aside(tmp_path):
+    """Old code had no fresh start: a rerun without a checkpoint appended its steps to the old ones."""
+    with MetricsWriter(tmp_path, enabled=True) as w:
+        for step in (1, 2):
+            w.write(step, {"x": float(step)})
+    old = (tmp_path / "metrics.jsonl").read_text()
+    with MetricsWriter(tmp_path, enabled=True) as w:
+        with pytest.warns(RuntimeWarning, match="set_aside") as caught:
+            w.start_afresh()
+        assert read_metrics(tmp_path) == []
+        w.write(1, {"x": 10.0})
+    assert [(r["step"], r["x"]) for r in read_metrics(tmp_path)] == [(1, 10.0)]
+    kept = sorted((tmp_path / "set_aside").iterdir())
+    assert [p.name.split(".2")[0] for p in kept] == ["metrics.jsonl", "tensorboard"]
+    assert kept[0].read_text() == old and all(str(p) in str(caught[0].message) for p in kept)
+    # the new TensorBoard directory holds the new run only
+    assert scalars(read_events(tmp_path / "tensorboard")) == {"x": [(1, 10.0)]}
+    # nothing to set aside: no warning, no folder
+    fresh = tmp_path / "fresh"
+    with MetricsWriter(fresh, enabled=True) as w, warnings.catch_warnings():
+        warnings.simplefilter("error")
+        w.start_afresh()
+    assert sorted(p.name for p in fresh.iterdir()) == ["metrics.jsonl"]
+
+
+def test_resume_keeps_each_step_once(tmp_path):
+    # a file that older versions appended a rerun to: the later record of a step is the live one
+    path = tmp_path / "metrics.jsonl"
+    path.write_text(
+        "".join(f'{{"step": {s}, "x": {x}}}\n' for s, x in [(1, 1), (2, 2), (3, 3), (1, 10), (2, 20)])
+    )
+    with MetricsWriter(tmp_path, tensorboard=False, enabled=True) as w:
+        w.resume(2)
+    assert [(r["step"], r["x"]) for r in read_metrics(tmp_path)] == [(1, 10), (2, 20)]
+
+
+def test_sync_makes_the_records_durable(tmp_path, monkeypatch):
+    synced = []
+    real = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: (synced.append(os.fstat(fd).st_size), real(fd)))
+    with MetricsWriter(tmp_path, tensorboard=False, enabled=True) as w:
+        w.write(1, {"x": 1.0})
+        w.sync()
+        assert synced == [(tmp_path / "metrics.jsonl").stat().st_size]
 
 
 def test_disabled_writer_writes_nothing(tmp_path):

@@ -506,6 +506,39 @@ def test_loss_config_gives_the_policy_loss_options():
     assert LossConfig(norm_constant=64.0).policy_loss_options()["norm_constant"] is None
 
 
+@pytest.mark.parametrize("damage", [b"\xff\xfe not utf-8", b"train: [unclosed", b"- a list", b""])
+def test_an_unreadable_config_record_is_set_aside_not_a_dead_end(tmp_path, damage):
+    """Old code raised (UnicodeDecodeError, a YAML error, or a ConfigError listing every key as
+    changed) on every rerun until the file was mended by hand."""
+    from marljax.train.config import config_to_record
+
+    run = tmp_path / "run"
+    run.mkdir()
+    first = config_from_dict(with_(**{"train.steps": 5}))
+    dump_config(first, run / "config.yaml")
+    longer = config_from_dict(with_(**{"train.steps": 9}))
+    dump_config(longer, run / "config-T3.yaml")
+    (run / "config-T3.yaml").write_bytes(damage)
+    with pytest.warns(RuntimeWarning, match="config-T3.yaml") as caught:
+        # compared with the newest readable record, config.yaml: more steps resume the run
+        assert config_to_record(longer, run, "T4") == run / "config-T4.yaml"
+    (kept,) = (run / "set_aside").iterdir()
+    assert kept.read_bytes() == damage and str(kept) in str(caught[0].message)
+    (run / "config.yaml").write_bytes(damage)
+    with pytest.warns(RuntimeWarning, match="config.yaml"):
+        assert config_to_record(first, run, "T5") == run / "config.yaml"  # nothing left to compare with
+
+
+def test_dump_config_replaces_the_record_whole(tmp_path, monkeypatch):
+    """A kill while config.yaml is written must leave the old record or the new one: old code
+    wrote in place, and a torn record refused every rerun."""
+    replaced = []
+    real = os.replace
+    monkeypatch.setattr(os, "replace", lambda a, b: (replaced.append(Path(b)), real(a, b)))
+    dump_config(config_from_dict(with_()), tmp_path / "config.yaml")
+    assert replaced == [tmp_path / "config.yaml"]
+
+
 def test_a_run_directory_keeps_its_configs_and_refuses_another_runs(tmp_path):
     from marljax.train.config import config_to_record
 

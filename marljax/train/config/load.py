@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import difflib
+import logging
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -20,6 +21,9 @@ from pydantic import BaseModel, ValidationError
 
 from marljax.settings import resolve_annotation
 from marljax.train.config.schema import RunConfig, workflow_kinds
+from marljax.train.files import report, set_aside_path, write_atomically
+
+logger = logging.getLogger(__name__)
 
 __all__ = ["ConfigError", "apply_overrides", "config_from_dict", "dump_config", "load_config"]
 
@@ -230,9 +234,10 @@ def load_config(path: str | Path, overrides: Sequence[str] = ()) -> RunConfig:
 
 def dump_config(cfg: RunConfig, path: str | Path) -> None:
     """Write `cfg` as YAML that `load_config` reads back into an equal config."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False, default_flow_style=False))
+    # whole or not at all: a torn record would refuse every rerun of the run it describes
+    write_atomically(
+        Path(path), yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False, default_flow_style=False)
+    )
 
 
 # settings a run can change and still resume as the same run: how long it goes and what it logs
@@ -281,13 +286,25 @@ def config_to_record(cfg: RunConfig, run_dir: str | Path, now: str) -> Path | No
     (`RESUMABLE_CHANGES`) adds `config-<now>.yaml`; None when `cfg` is the newest recorded config
     (the one a rerun is compared with). Any other change is a ConfigError listing the
     differences: the caller checks before it touches the directory and writes (`dump_config`)
-    once the run really starts."""
+    once the run really starts. A record that is not a YAML mapping (damaged storage) is moved
+    to ``RUN_DIR/set_aside/`` with a warning, and the next older one is compared instead."""
     run_dir = Path(run_dir)
-    recorded = sorted(run_dir.glob("config-*.yaml"))
-    latest = recorded[-1] if recorded else run_dir / "config.yaml"
-    if not latest.exists():
-        return latest
-    changes = config_changes(yaml.safe_load(latest.read_text()) or {}, cfg.model_dump(mode="json"))
+    recorded = [p for p in (run_dir / "config.yaml", *sorted(run_dir.glob("config-*.yaml"))) if p.exists()]
+    while recorded:
+        latest = recorded.pop()
+        try:
+            old = yaml.safe_load(latest.read_text(encoding="utf-8"))
+            why = "" if isinstance(old, dict) else f"it holds {type(old).__name__}, not a mapping"
+        except (ValueError, yaml.YAMLError) as e:  # ValueError: bytes that are not UTF-8
+            why = f"{type(e).__name__}: {e}"
+        if not why:
+            break
+        kept = set_aside_path(run_dir, latest.name)
+        os.replace(latest, kept)
+        report(logger, f"{latest} is not a readable config record ({why[:500]}): moved to {kept}")
+    else:
+        return run_dir / "config.yaml"
+    changes = config_changes(old, cfg.model_dump(mode="json"))
     if not changes:
         return None
     refused = [c for c in changes if c[0] not in RESUMABLE_CHANGES]
