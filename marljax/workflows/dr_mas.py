@@ -338,6 +338,12 @@ class DrMasWorkflow(Workflow[DrMasConfig]):
     def credit(self, episodes: Episodes):
         """Dr. MAS: each agent's rewards normalised per problem (or all agents together: `global`)."""
         if self.cfg.tools is not None:  # router, searcher, answerer
+            if self.cfg.normalization == "global":
+                groups = episodes.array("group")
+                advantages = kernels.group_advantages(
+                    episodes.array("reward"), groups, episodes.num_problems, singleton=self.cfg.singleton
+                )
+                return np.asarray(advantages)
             return agentwise_advantages(episodes, 3, singleton=self.cfg.singleton)
         N, P = len(episodes), episodes.num_problems
         # padded to a power of two (masked out) so the jitted kernels compile for few sizes

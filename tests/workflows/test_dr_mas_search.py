@@ -141,6 +141,24 @@ def test_singleton_raw_gives_the_lone_search_turn_its_reward():
     assert DrMasSearchConfig().singleton == "zero"
 
 
+def test_global_normalization_puts_every_agent_of_a_problem_in_one_group():
+    """`normalization: global` with tools: each problem's rows, whatever their agent, are one GRPO
+    group (it was silently the per-agent normalisation)."""
+    options = {"group_size": 2, "max_rounds": 4, "process_weight": 0.5}
+    out = DrMasSearchWorkflow(**options, normalization="global").rollout(
+        PROBLEMS, AGENTS, ScriptedGenerator(make_script()), SandboxVerifier(), seed=0
+    )
+    problem = np.array([i["problem"] for i in out.ids])
+    for p in np.unique(problem):
+        r = out.rewards[problem == p]
+        expected = (r - r.mean()) / (r.std(ddof=1) + 1e-6) if len(r) > 1 else np.zeros(1)
+        np.testing.assert_allclose(out.advantages[problem == p], expected, rtol=1e-5, atol=1e-6)
+    per_agent = DrMasSearchWorkflow(**options).rollout(
+        PROBLEMS, AGENTS, ScriptedGenerator(make_script()), SandboxVerifier(), seed=0
+    )
+    assert np.abs(per_agent.advantages - out.advantages).max() > 1e-3
+
+
 def test_the_last_round_always_answers():
     def searcher_forever(agent, prompt, k, seed):
         if agent.name == "router":
