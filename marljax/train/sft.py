@@ -10,6 +10,7 @@ reference becomes the fine-tuned model.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -18,6 +19,8 @@ import numpy as np
 from marljax.train.metrics import Progress
 from marljax.workflows.base import Agent
 from marljax.workflows.types import Rows
+
+log = logging.getLogger(__name__)
 
 
 def reference_completion(problem: Any) -> str | None:
@@ -55,6 +58,32 @@ def pair_samples(pairs: Sequence[tuple[str, str]], agent: Agent, policy: Any) ->
     )
 
 
+def warn_cut_targets(trainer: Any, problems: Sequence[Any], target: Callable[[Any], str | None]) -> int:
+    """Warn, per agent, when SFT targets are longer than the agent's sampling budget: RL then cuts
+    every such completion (and the overlong penalty, where set, punishes the style SFT taught).
+    Returns how many (agent, target) pairs are too long."""
+    too_long = 0
+    for agent in trainer.agents.values():
+        policy = trainer.policies[agent.policy]
+        budget = trainer.cfg.agent_sampling(agent.name).max_new_tokens
+        lengths = [len(policy.turns.encode_completion(target(p))) for p in problems]
+        over = sum(n > budget for n in lengths)
+        if over:
+            log.warning(
+                "SFT: %d of %d reference targets of agent %s are longer than its max_new_tokens=%d "
+                "(the longest %d tokens): RL will cut every such completion; raise sampler.max_new_tokens "
+                "or agents.%s.sampling.max_new_tokens",
+                over,
+                len(lengths),
+                agent.name,
+                budget,
+                max(lengths),
+                agent.name,
+            )
+        too_long += over
+    return too_long
+
+
 def run_sft(
     trainer: Any,
     steps: int,
@@ -76,6 +105,7 @@ def run_sft(
     problems = [p for p in trainer.train_problems if target(p) is not None]
     if not problems:
         raise ValueError("train.sft_steps > 0 but no training problem has a reference solution")
+    warn_cut_targets(trainer, problems, target)
     batch = trainer.cfg.data.batch_size
     bar = Progress(steps, desc=desc, enabled=None if trainer.cfg.train.progress else False)
     for k in range(steps):
