@@ -91,6 +91,7 @@ CASES = [
 ]
 SMOKE_CASES = [
     ("model", "smoke", 4, "base"),
+    ("model", "smoke", 4, "cudnn+f32" if jax.default_backend() == "gpu" else "f32"),
     ("model", "smoke", 4, "fuse"),
     ("model", "smoke", 4, "adapters4"),
     ("engine", "smoke", 4, "base"),
@@ -99,17 +100,19 @@ EXPECTED_S = {"qwen2.5-0.5b": 30.0, "qwen2.5-1.5b": 40.0, "qwen3-8b": 80.0, "smo
 
 
 def model_config(shape: str, variant: str) -> ModelConfig:
-    hf = dict(SHAPES[shape])
+    """Variants are `+`-joined: fuse, cudnn, adapters4, f32 (float32 weights, cast in every step,
+    as the sampler read a run's float32 master weights before it kept a bfloat16 copy)."""
+    parts = variant.split("+")
     return ModelConfig.from_hf(
-        hf,
+        dict(SHAPES[shape]),
         dtype="bfloat16",
-        param_dtype="bfloat16",
-        attention_impl="cudnn" if variant == "cudnn" else None,
+        param_dtype="float32" if "f32" in parts else "bfloat16",
+        attention_impl="cudnn" if "cudnn" in parts else None,
     )
 
 
 def step_bytes(config: ModelConfig, rows: int, mean_length: float, adapters: int) -> float:
-    weights = config.num_params() * 2
+    weights = config.num_params() * 2  # the bfloat16 weights a step needs to read
     if adapters:  # rank-16 A and B of the seven projections, per adapter
         d, f = config.hidden_size, config.intermediate_size
         q, kv = config.num_heads * config.head_dim, config.num_kv_heads * config.head_dim
@@ -120,14 +123,14 @@ def step_bytes(config: ModelConfig, rows: int, mean_length: float, adapters: int
 
 
 def model_case(config: ModelConfig, rows: int, variant: str, prompt: int, new: int, steps: int) -> dict:
-    adapters = 4 if variant == "adapters4" else 0
+    adapters = 4 if "adapters4" in variant.split("+") else 0
     params = get_params(init_model(config))
     if adapters:
         spec = LoraSpec(rank=16, alpha=32)
         params["lora"] = stack_adapters(
             [(spec, init_adapter(config, spec, jax.random.key(i))) for i in range(adapters)]
         )
-    fuse = variant == "fuse"
+    fuse = "fuse" in variant.split("+")
     layout = default_layout()
     weights = jax.jit(functools.partial(decode_weights, config=config, fuse=fuse))(params)
     del params
