@@ -128,6 +128,49 @@ def cmd_plot(args) -> int:
     return 0
 
 
+def cmd_check_data(args) -> int:
+    """Run every row's reference answer against its own tests: a row whose reference fails would
+    teach SFT a wrong answer and make RL's reward unreachable."""
+    from marljax.rewards import SandboxPool
+    from marljax.rewards.verifier import score_texts
+    from marljax.tasks.files import load_problems
+    from marljax.train.sft import reference_completion
+
+    problems = load_problems(args.file, args.schema)
+    references = [(p, reference_completion(p)) for p in problems]
+    checked = [(p, ref) for p, ref in references if ref is not None]
+    with SandboxPool() as pool:
+        scores = score_texts([p for p, _ in checked], [ref for _, ref in checked], pool)
+    failing = 0
+    for (problem, _), score in zip(checked, scores):
+        if score.passed:
+            continue
+        failing += 1
+        print(
+            f"{problem.source}: {problem.id}: the reference passes {score.reward:.0%} of the tests{_why(score)}"
+        )
+    missing = len(problems) - len(checked)
+    print(
+        f"{args.file}: {len(checked) - failing} of {len(checked)} reference answers pass all their tests"
+        + (f"; {missing} rows have no reference answer" if missing else "")
+    )
+    return 1 if failing else 0
+
+
+def _why(score) -> str:
+    """The first failing test of a sandbox result, in a few words."""
+    result = score.result
+    if result is None:  # a math answer
+        return ""
+    failed = next((t for t in result.tests if t.status != "passed"), None)
+    if failed is None:  # the program itself failed (a syntax error, a timeout) before any test
+        return f" ({result.status}: {result.error_type or ''} {result.error_message or ''}".rstrip() + ")"
+    detail = failed.message or (
+        f"expected {failed.expected!r}, got {failed.actual!r}" if failed.expected else ""
+    )
+    return f" (test {failed.index}: {failed.status}{': ' + detail[:160] if detail else ''})"
+
+
 def cmd_rollouts(args) -> int:
     from marljax.train import rollout_log
 
@@ -267,6 +310,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--agent", help="only this agent's samples")
     p.add_argument("--limit", type=int, help="show at most this many samples")
     p.set_defaults(fn=cmd_rollouts)
+    p = commands.add_parser(
+        "check-data", help="run each row's reference answer against its tests (in the sandbox)"
+    )
+    p.add_argument("file", help="a JSONL file of problems")
+    p.add_argument("--schema", default="auto", help="humaneval, mbpp, stdio, math or auto (default)")
+    p.set_defaults(fn=cmd_check_data)
     p = commands.add_parser(
         "compile", help="compile a run's programs ahead of time for a topology", description=COMPILE_HELP
     )
