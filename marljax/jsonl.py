@@ -1,10 +1,14 @@
-"""JSON Lines files: the one reader every data file goes through (problems, QA rows, corpora).
+"""Data files: the one reader every data file goes through (problems, QA rows, corpora).
 
-    for where, row in read_jsonl("data/train.jsonl.gz"):   # where = "data/train.jsonl.gz:7"
+    for where, row in read_rows("data/train.jsonl.gz"):   # where = "data/train.jsonl.gz:7"
         ...
 
-A ``.gz`` path is decompressed; blank lines are skipped. Every failure is a :class:`DataError`
-whose message starts with the file (and line), so a bad row is reported where it is.
+JSON Lines (a ``.gz`` path is decompressed; blank lines are skipped), and tables as most datasets
+are held: a ``.parquet`` file, or a Hugging Face ``datasets`` split saved with ``save_to_disk``
+(a directory of Arrow files with its ``state.json``); a table's ``where`` counts rows from 1.
+Tables need ``pyarrow`` (``pip install 'marljax[data]'``). Every failure is a
+:class:`DataError` whose message starts with the file (and line), so a bad row is reported where
+it is.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-__all__ = ["DataError", "line_number", "read_jsonl", "write_jsonl"]
+__all__ = ["DataError", "line_number", "read_jsonl", "read_rows", "write_jsonl"]
 
 
 class DataError(ValueError):
@@ -47,6 +51,57 @@ def read_jsonl(path: str | os.PathLike) -> Iterator[tuple[str, Any]]:
         raise DataError(f"{path}: no such file") from None
     except (OSError, EOFError, UnicodeDecodeError) as e:  # a truncated or non-gzip .gz, bad bytes
         raise DataError(f"{path}: cannot read: {e}") from None
+
+
+def read_rows(path: str | os.PathLike) -> Iterator[tuple[str, Any]]:
+    """``(where, row)`` for each row of a JSONL file, a parquet file or a saved ``datasets`` split."""
+    path = os.fspath(path)
+    if path.endswith(".parquet"):
+        return _table_rows(path, _parquet)
+    if os.path.isdir(path):
+        return _table_rows(path, _saved_dataset)
+    return read_jsonl(path)
+
+
+def _table_rows(path: str, read) -> Iterator[tuple[str, Any]]:
+    try:
+        import pyarrow as pa
+    except ImportError:
+        raise DataError(f"{path}: reading tables needs pyarrow: pip install 'marljax[data]'") from None
+    if not os.path.exists(path):
+        raise DataError(f"{path}: no such file")
+    try:
+        rows = read(pa, path).to_pylist()
+    except (OSError, KeyError, ValueError, pa.ArrowException) as e:
+        raise DataError(f"{path}: cannot read: {e!r}") from None
+    return ((f"{path}:{i}", row) for i, row in enumerate(rows, 1))
+
+
+def _parquet(pa, path: str):
+    import pyarrow.parquet as pq
+
+    return pq.read_table(path)
+
+
+def _saved_dataset(pa, path: str):
+    """The table of one split written by ``datasets.Dataset.save_to_disk``: its Arrow files (IPC
+    streams), in the order its ``state.json`` lists them."""
+    if os.path.exists(os.path.join(path, "dataset_dict.json")):
+        splits = sorted(d for d in os.listdir(path) if os.path.isdir(os.path.join(path, d)))
+        example = f"{path}/{splits[0]}" if splits else f"{path}/train"
+        raise DataError(f"{path}: a DatasetDict; name one of its splits, e.g. {example}")
+    state = os.path.join(path, "state.json")
+    if not os.path.exists(state):
+        raise DataError(
+            f"{path}: a directory without state.json (not a split saved by datasets' save_to_disk)"
+        )
+    with open(state, encoding="utf-8") as f:
+        files = [entry["filename"] for entry in json.load(f)["_data_files"]]
+    tables = []
+    for name in files:
+        with pa.memory_map(os.path.join(path, name)) as source:
+            tables.append(pa.ipc.open_stream(source).read_all())
+    return pa.concat_tables(tables)
 
 
 def write_jsonl(rows: Iterable[dict], path: str | os.PathLike) -> Path:

@@ -14,7 +14,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from marljax.jsonl import DataError, read_jsonl
+from marljax.jsonl import DataError, read_rows
 from marljax.rewards import Problem
 
 from .rows import parse_row
@@ -24,14 +24,14 @@ __all__ = ["JsonlSource", "load_problems"]
 
 
 def load_problems(path, schema: str = "auto") -> list[Problem]:
-    """Problems of a JSONL file; blank lines are skipped.
+    """Problems of a data file (`marljax.jsonl.read_rows`: JSONL, parquet, a saved datasets split).
 
     Raises :class:`DataError` naming ``path:line`` for invalid JSON, a row that
     does not fit its schema, or an id seen before (naming both lines), and naming the file when
     it holds no rows.
     """
     problems, first_seen = [], {}
-    for where, row in read_jsonl(path):
+    for where, row in read_rows(path):
         problem = parse_row(row, schema, where)
         if problem.id in first_seen:
             raise DataError(f"{where}: duplicate id {problem.id!r} (first at {first_seen[problem.id]})")
@@ -45,8 +45,8 @@ def load_problems(path, schema: str = "auto") -> list[Problem]:
 class FileSource(Source):
     """A source reading each split from a file (no eval file: no eval problems)."""
 
-    train: str = Field(description="training problems (JSONL)")
-    eval: str | None = Field(None, description="evaluation problems (JSONL)")
+    train: str = Field(description="training problems: JSONL, parquet, or a saved datasets split")
+    eval: str | None = Field(None, description="evaluation problems (as train)")
 
     def split(self, split: Literal["train", "eval"]) -> list[Problem]:
         if split not in SPLITS:

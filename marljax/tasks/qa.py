@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from typing import Any, Literal
 
 from marljax.envs.search import Passage
-from marljax.jsonl import DataError, line_number, read_jsonl
+from marljax.jsonl import DataError, line_number, read_rows
 from marljax.rewards import Problem
 
 from .files import FileSource
@@ -28,7 +28,7 @@ def load_qa_jsonl(path: str | os.PathLike) -> tuple[list[Problem], list[Passage]
     Each problem keeps its own passages (``fields["passages"]``, the distractor setting); the
     corpus returned holds them all, deduplicated by (title, text)."""
     problems, passages, seen = [], [], set()
-    for where, row in read_jsonl(path):
+    for where, row in read_rows(path):
         if not isinstance(row, dict) or not isinstance(row.get("question"), str):
             raise DataError(f"{where}: a row needs a 'question' string")
         answers = _row_answers(row, where)
