@@ -274,6 +274,9 @@ def main(argv: list[str] | None = None) -> int:
         restart_with_kept_memory(["-m", "marljax.cli", *sys.argv[1:]])
         argv = sys.argv[1:]
     parser = argparse.ArgumentParser(prog="marljax", description="JAX-native multi-agent RL for LLM teams")
+    parser.add_argument(
+        "-v", "--verbose", action="store_true", help="debug-level logs (e.g. the memory estimate's breakdown)"
+    )
     commands = parser.add_subparsers(dest="command", required=True)
     for name, fn, what in (
         ("train", cmd_train, "train from a YAML config"),
@@ -348,8 +351,12 @@ def main(argv: list[str] | None = None) -> int:
         rest = [r for r in rest if r not in args.overrides]
     if rest:
         parser.error(f"unrecognised arguments: {' '.join(rest)}")
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    logging.getLogger("absl").setLevel(logging.WARNING)  # orbax is chatty at INFO
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO, format="%(levelname)s %(name)s: %(message)s"
+    )
+    # orbax is chatty at INFO, jax names every backend it could not start (no TPU here, ...)
+    for chatty in ("absl", "jax"):
+        logging.getLogger(chatty).setLevel(logging.WARNING)
     from marljax.jsonl import DataError
     from marljax.models.hf_io import CheckpointError
     from marljax.train.config import ConfigError

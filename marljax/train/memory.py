@@ -73,6 +73,7 @@ weights, so it saves the resident state only).
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 from collections.abc import Mapping, Sequence
 from types import SimpleNamespace
@@ -209,7 +210,7 @@ class MemoryEstimate:
             + f" = ~{_bytes(self.update)}",
             f"  sampling: KV cache {_bytes(self.kv_cache)} ({self.slots} slots x {_bytes(self.kv_per_sequence)})"
             f" + logits {_bytes(self.logits)}"
-            + (f" + compute-dtype weight copies (prefill, decode) {_bytes(copies)}" if copies else "")
+            + (f" + compute-dtype weight copies {_bytes(copies)}" if copies else "")
             + (f" + weights gathered over fsdp {_bytes(self.gathered)}" if self.gathered else "")
             + (f" + stacked adapter {_bytes(self.params)}" if self.base else "")
             + f" = ~{_bytes(self.sampling)}",
@@ -224,6 +225,17 @@ class MemoryEstimate:
             f"tensor, policies.{n}.model.param_dtype / dtype, sampler.slots"
         )
         return "\n".join(lines)
+
+    def summary(self, device_limit: int | None = None) -> str:
+        """The estimate in one line (`report` has the breakdown)."""
+        phase = "update" if self.update >= self.sampling else "sampling"
+        fit = ""
+        if device_limit:
+            fit = f"; {'fits in' if self.peak <= device_limit else 'DOES NOT FIT in'} {_bytes(device_limit)}"
+        return (
+            f"memory estimate, policy {self.policy!r}: peak ~{_bytes(self.peak)} per device (resident "
+            f"{_bytes(self.state)} + {phase}){fit}"
+        )
 
 
 def _other_remat(remat: str) -> str:
@@ -460,8 +472,12 @@ def log_estimates(policies: Mapping[str, Any], seq_len: int, log: Any, sampler_s
     limit = device_limit()
     estimates = []
     for policy in policies.values():
-        estimates.append(policy_estimate(policy, seq_len, sampler_slots))
-        log.info(estimates[-1].report(policy.cfg.optimizer.name, limit))
+        e = policy_estimate(policy, seq_len, sampler_slots)
+        estimates.append(e)
+        # one line; the breakdown (and the knobs to turn) where it does not fit, else at debug level
+        fits = not limit or e.peak <= limit
+        log.log(logging.INFO if fits else logging.WARNING, e.summary(limit))
+        log.log(logging.DEBUG if fits else logging.WARNING, e.report(policy.cfg.optimizer.name, limit))
     if len(estimates) > 1:
         log.info(
             "memory estimate, all %d policies on one device: ~%s (every policy's resident state, each "
