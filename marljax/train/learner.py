@@ -173,6 +173,7 @@ class Learner:
             pad_id,
             seed,
         )
+        self.optimizer_cfg = optimizer
         self.optimizer, self._rl_update, self._sft_update, self._logprobs = step_functions(
             config, optimizer, loss, mini_batches > 1, lora, mesh
         )
@@ -271,11 +272,20 @@ class Learner:
         state, pending = self.start_update(state, rows)
         return state, finish_update(pending)
 
-    def sft_update(self, state: PolicyState, rows: Rows) -> tuple[PolicyState, dict[str, float]]:
-        """One supervised step: maximise the likelihood of the completions."""
+    def sft_update(
+        self, state: PolicyState, rows: Rows, lr: float | None = None
+    ) -> tuple[PolicyState, dict[str, float]]:
+        """One supervised step: maximise the likelihood of the completions. `lr`: this step's peak
+        learning rate instead of the policy's (the optimiser's state has the same structure)."""
         batch = self.collate(rows)
         self._add_dropout_seeds(state, batch, 0)
-        params, opt_state, metrics = self._sft_update(state.params, state.opt_state, batch, self.frozen)
+        step = self._sft_update
+        if lr is not None and lr != self.optimizer_cfg.lr:
+            other = self.optimizer_cfg.model_copy(update={"lr": lr})
+            step = step_functions(self.config, other, self.loss, self.mini_batches > 1, self.lora, self.mesh)[
+                2
+            ]
+        params, opt_state, metrics = step(state.params, state.opt_state, batch, self.frozen)
         return state.replace(params=params, opt_state=opt_state), _to_float(metrics)
 
     # --------------------------------------------------------- diagnostics

@@ -240,10 +240,10 @@ class Policy:
 
     finish_update = staticmethod(finish_update)
 
-    def sft_update(self, rows: Rows) -> dict[str, float]:
-        """One supervised step on `rows` (`Learner.sft_update`)."""
+    def sft_update(self, rows: Rows, lr: float | None = None) -> dict[str, float]:
+        """One supervised step on `rows` (`Learner.sft_update`; `lr`: another peak learning rate)."""
         self.sampler.forget()
-        self.state, metrics = self.learner.sft_update(self.state, rows)
+        self.state, metrics = self.learner.sft_update(self.state, rows, lr)
         return metrics
 
     def reset_optimizer(self) -> None:

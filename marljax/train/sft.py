@@ -126,7 +126,7 @@ def run_sft(
                     )
             rows = Rows.concatenate(parts)
             if len(rows):
-                m = policy.sft_update(rows)
+                m = policy.sft_update(rows, trainer.cfg.train.sft_lr)
                 metrics.update({f"sft/{name}/{key}": v for key, v in m.items()})
         writer.write(k - steps, metrics)  # negative steps: SFT comes before RL step 0
         bar.update(1, **{key.split("/")[1]: v for key, v in metrics.items() if key.endswith("/loss")})

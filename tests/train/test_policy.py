@@ -101,3 +101,16 @@ def test_a_non_finite_update_is_skipped_reported_and_not_counted():
     assert int(policy.state.checkpoint()["step"]) == 1
     policy.reset_optimizer()  # e.g. after SFT: RL starts its schedule afresh
     assert policy.state.step == 0
+
+
+def test_sft_takes_its_own_learning_rate():
+    """`train.sft_lr`: an SFT step at another peak learning rate. Without clipping or weight decay
+    Adam's first step moves each weight by about the learning rate (its largest move equals it up
+    to eps), so the largest move tells the rate the step ran at."""
+    for lr in (None, 1e-5):
+        policy = Policy("p", config(seed=1, lr=1e-3))
+        before = jax.tree.map(np.array, policy.params)
+        policy.sft_update(samples(), lr=lr)
+        expected = 1e-3 if lr is None else lr
+        assert moved(policy, before) == pytest.approx(expected, rel=1e-2), lr
+        assert policy.learner.optimizer_cfg.lr == 1e-3  # the policy's own rate is unchanged

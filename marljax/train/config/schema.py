@@ -546,6 +546,12 @@ class TrainConfig(FrozenModel):
     tensorboard: bool = True
     progress: bool = True
     sft_steps: int = Field(0, ge=0, description="supervised warm-up steps before RL")
+    sft_lr: float | None = Field(
+        None,
+        gt=0,
+        description="SFT's peak learning rate (a warm start usually wants a larger one than RL); "
+        "None: each policy's optimizer.lr",
+    )
     log_rollouts: int = Field(
         0,
         ge=0,
