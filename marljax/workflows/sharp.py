@@ -38,6 +38,8 @@ planner's plan reads "(no plan)", a masked worker does not act and is left out o
 workers' notes, and the answer is that of the last worker in S (none: 0). Later workers whose
 input changes act again (sampled, not trained); a worker whose input is unchanged keeps its
 answer. ``shapley: counterfactual`` masks one agent at a time, ``exact`` runs every coalition.
+A masked team's re-acting workers sample, so one run is one draw of their noise:
+``counterfactual_samples: m`` runs each masked team m times and values it by the mean score.
 A worker's process reward is its tool-process reward (`turns.process_reward`), and its turns
 train as one sequence with the tool results masked, or one sample per turn (`tools.multi_turn`);
 all rows of an agent's turn share its advantage.
@@ -136,6 +138,12 @@ class SharpConfig(BaseWorkflowConfig):
     num_permutations: int = Field(8, ge=1, description="sampled: random orders (each with its reverse)")
     tools: ToolsConfig | None = Field(
         None, description="tool-using workers (task qa or math); None: the workers write code"
+    )
+    counterfactual_samples: int = Field(
+        1,
+        ge=1,
+        description="with tools: runs of each masked team, their scores averaged (the workers whose "
+        "input the masking changed act again, sampled: one run is one draw of that noise)",
     )
 
     @model_validator(mode="after")
@@ -303,11 +311,22 @@ class SharpWorkflow(Workflow[SharpConfig]):
         reuse = {(run.episode, i, w.text): w for run in actual for i, w in enumerate(run.work)}
         jobs = [(n, m) for n in range(N) for m in self._coalitions()]
         workers = [agents[w] for w in c.workers]
-        masked = run_teams(trajs, jobs, workers, self.task, generator, derive_seed(seed, 2), reuse)
+        first = derive_seed(seed, 2)  # the further runs' seeds derive from the first run's
+        masked = [
+            run
+            for r in range(c.counterfactual_samples)
+            for run in run_teams(
+                trajs, jobs, workers, self.task, generator, derive_seed(first, r) if r else first, reuse
+            )
+        ]
+        scores: dict[tuple[int, int], list[float]] = {}
+        for run in [*actual, *masked]:
+            score = self.task.score(trajs[run.episode].problem, run.answer)
+            scores.setdefault((run.episode, run.members), []).append(score)
         table = np.full((N, 1 << K), np.nan, np.float32)
         table[:, [m for m in range(1 << K) if not m >> 1]] = 0.0
-        for run in [*actual, *masked]:
-            table[run.episode, run.members] = self.task.score(trajs[run.episode].problem, run.answer)
+        for (n, m), values in scores.items():
+            table[n, m] = np.mean(values)
         outcome = table[:, (1 << K) - 1]
         credit = shapley_credit(table, c.shapley)
         process = np.array(

@@ -168,3 +168,45 @@ def test_rollout_log_shows_the_calls_and_their_results():
         assert r["trained_len"] < r["completion_len"]
     planner = next(r for r in records if r["agent"] == "planner")
     assert "trained_len" not in planner  # a one-turn completion is trained whole
+
+
+def test_counterfactual_samples_average_the_masked_teams_runs(monkeypatch):
+    """`counterfactual_samples: 2`: each masked team runs twice and is valued by its mean score.
+    The second run of every planner-less team is made to answer wrong, so v(team without the
+    planner) is (1 + 0) / 2 in both episodes where one run gave 1: the planner's counterfactual
+    credit rises by 0.5 (ep 0: 1 - 0.5 instead of 1 - 1; ep 1: 0 - 0.5 instead of 0 - 1)."""
+    import types
+
+    from marljax.workflows import sharp
+
+    real, calls = sharp.run_teams, []
+
+    def second_run_wrong(trajs, jobs, workers, task, generator, seed, reuse=None):
+        runs = real(trajs, jobs, workers, task, generator, seed, reuse)
+        calls.append(seed)
+        if len(calls) == 3:  # the actual teams, the first masked runs, then the second masked runs
+            wrong = types.SimpleNamespace(answer="Nowhere")
+            runs = [r if r.members & 1 else sharp.TeamRun(r.episode, r.members, [None, wrong]) for r in runs]
+        return runs
+
+    monkeypatch.setattr(sharp, "run_teams", second_run_wrong)
+    one = SharpToolsWorkflow(workers=["w1", "w2"], group_size=2).rollout(
+        PROBLEMS, AGENTS, ScriptedGenerator(script), SandboxVerifier(), seed=0
+    )
+    calls.clear()
+    two = SharpToolsWorkflow(workers=["w1", "w2"], group_size=2, counterfactual_samples=2).rollout(
+        PROBLEMS, AGENTS, ScriptedGenerator(script), SandboxVerifier(), seed=0
+    )
+    assert len(calls) == 3 and len(set(calls)) == 3  # each masked run has its own seed
+
+    def planner_rewards(out):
+        rows = [s for s in each_row(out) if s.agent == "planner"]
+        return [next(s.reward for s in rows if s.ids["episode"] == e) for e in (0, 1)]
+
+    np.testing.assert_allclose(planner_rewards(one), [1 + 0 + 0.2, 0 - 1 + 0.2], atol=1e-6)
+    np.testing.assert_allclose(planner_rewards(two), [1 + 0.5 + 0.2, 0 - 0.5 + 0.2], atol=1e-6)
+    # the workers' masked teams answered the same in both runs: their rewards do not move
+    for name in ("w1", "w2"):
+        a = sorted(s.reward for s in each_row(one) if s.agent == name)
+        b = sorted(s.reward for s in each_row(two) if s.agent == name)
+        np.testing.assert_allclose(a, b, atol=1e-6)
