@@ -588,8 +588,7 @@ class Engine:
     def _compact(self, state: SlotState, keep):
         """The slots `keep` `[B2]` as a state of `B2` slots."""
         self.stats.compact_compiles += 1  # runs at trace time only
-        if self.paged:  # the pool stays; the host permutes the page tables
-            return SlotState(state.kv, *(x[keep] for x in state[1:]))
+        # (paged layout: the host passes the state without its pool, which stays as it is)
         return self._constrain(jax.tree.map(lambda x: x[keep], state))
 
     # -------------------------------------------------------------- host loop

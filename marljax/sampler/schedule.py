@@ -5,8 +5,10 @@ say how requests share the decode slots and which shapes compile; `HostLoop` is 
 `Engine.run` call on the host: it queues requests, fills free slots through the engine's
 compiled `insert`, runs `decode` calls, streams each request's completion as soon as it ends,
 halves the slot batch in the tail (`compact`) and tracks what each slot's cache holds, so a new
-prompt can copy a prefix another slot computed. The compiled programs are in
-`marljax.sampler.engine`.
+prompt can copy a prefix another slot computed. With the paged cache it also keeps the page
+tables (`marljax.sampler.pages.PagePool`): pages for each row's next chunk before a decode call,
+prefix pages referenced instead of copied, requests admitted only while the pool can promise
+them their pages. The compiled programs are in `marljax.sampler.engine`.
 """
 
 from __future__ import annotations
@@ -491,9 +493,12 @@ class HostLoop:
         busy = [s for s in range(self.slots) if self.slot_request[s] >= 0]
         B2 = self._smaller(len(busy))
         keep = busy + [s for s in range(self.slots) if self.slot_request[s] < 0][: B2 - len(busy)]
-        self.state = e._compact_jit(self.state, e._put(np.asarray(keep, np.int32)))
-        if self.paged:
+        keep_arr = e._put(np.asarray(keep, np.int32))
+        if self.paged:  # the pool stays as it is (no copy): the page tables move with the rows
+            self.state = e._compact_jit(self.state._replace(kv=()), keep_arr)._replace(kv=self.state.kv)
             self.pool.permute(keep)
+        else:
+            self.state = e._compact_jit(self.state, keep_arr)
         self.slot_request = [self.slot_request[s] for s in keep]
         self.slot_pos = [self.slot_pos[s] for s in keep]
         self.contents = [self.contents[s] for s in keep]
