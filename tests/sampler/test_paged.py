@@ -113,6 +113,10 @@ def test_a_pool_too_small_for_every_row_makes_rows_wait(qwen3):
     assert engine.stats.page_waits > before
     assert engine.stats.pool_pages == 12 and engine.stats.peak_pages <= 12
     assert engine.cache_bytes(4, 48) == 12 * engine.page_bytes()
+    by_budget = get_engine(
+        config, cache_layout="paged", page_size=4, cache_budget=12 * engine.page_bytes() + 5
+    )
+    assert by_budget.num_pages == 12  # a memory budget in bytes: the whole pages it holds
     with pytest.raises(ValueError, match="cannot hold one request"):
         generate(
             model, prompts[:1], SamplingParams(60), **kw, cache_layout="paged", page_size=4, num_pages=12
