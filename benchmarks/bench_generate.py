@@ -380,6 +380,11 @@ def run(
 
 
 # ----------------------------------------------------------------------------- long-tailed
+def next_pow2(n: int, minimum: int) -> int:
+    """The engine's default bucket of `n` (a power of two >= `minimum`)."""
+    return 1 << max(0, (max(n, minimum) - 1).bit_length())
+
+
 LONGTAIL_MODES = {  # requests, largest budget, prompt length, slots, repeats, transformers batch
     "smoke": (16, 32, 8, 4, 1, 8),
     "quick": (64, 256, 32, 16, 1, 16),
@@ -440,6 +445,10 @@ def run_longtail(
     checkpoint: str = DEFAULT_CKPT,
     with_transformers: bool = True,
     tunix_python: str = TUNIX_PYTHON,
+    paged: tuple[int, ...] = (),
+    paged_pool: float | None = None,
+    static: bool = True,
+    repeats: int | None = None,
 ) -> dict:
     """Static vs continuous batching on one long-tailed request set, interleaved in one process.
 
@@ -451,6 +460,12 @@ def run_longtail(
     schedule with that slot count. transformers `generate` runs the requests in batches of its
     size, each to the longest budget of its batch (its static batching); tunix is not measured
     here. Sampling at temperature 1, top-p 0.9.
+
+    paged: page sizes of extra "continuous, paged" rows (the continuous schedule with the paged
+    KV cache, its pool as large as the dense cache); paged_pool: also a row with a pool of this
+    fraction of the dense cache's pages (first page size), where requests wait for pages.
+    "peak KV in use" is the dense cache (all of it is held) or the most pages in use at once.
+    static: include the two static rows. repeats: timed rounds (default the mode's).
     """
     import numpy as np
     from bench_common import interleaved
@@ -458,7 +473,8 @@ def run_longtail(
     from marljax.models import from_pretrained
     from marljax.sampler import SamplingParams, Schedule, generate, get_engine
 
-    N, largest, plen, slots, repeats, hf_batch = LONGTAIL_MODES[mode]
+    N, largest, plen, slots, mode_repeats, hf_batch = LONGTAIL_MODES[mode]
+    repeats = repeats or mode_repeats
     spec = SMOKE_CKPT if mode == "smoke" else CKPT
     path = make_checkpoint(
         Path(tempfile.gettempdir()) / "marljax_bench_qwen3_smoke" if mode == "smoke" else Path(checkpoint),
@@ -469,12 +485,13 @@ def run_longtail(
     budgets = longtail_budgets(N, largest)
     useful = sum(budgets)
     sampling = [SamplingParams(b, temperature=1.0, top_p=0.9) for b in budgets]
-    engine = get_engine(config)
 
-    def marljax_call(schedule, calls=1):
+    def marljax_call(schedule, calls=1, **layout):
+        engine = get_engine(config, **layout)
+
         def call():
             before = (engine.stats.slot_steps, engine.stats.useful_tokens)
-            peak = 0
+            peak = in_use = 0
             per = -(-N // calls)
             outs = []
             for i in range(0, N, per):
@@ -486,9 +503,16 @@ def run_longtail(
                         eos_ids=(),
                         seed=0,
                         schedule=schedule,
+                        **layout,
                     )
                 )
                 peak = max(peak, engine.stats.cache_bytes)
+                in_use = max(
+                    in_use,
+                    engine.stats.peak_pages * engine.page_bytes()
+                    if engine.paged
+                    else engine.stats.cache_bytes,
+                )
             lengths = np.concatenate([o.lengths for o in outs])
             assert lengths.tolist() == budgets
             steps = engine.stats.slot_steps - before[0]
@@ -496,17 +520,29 @@ def run_longtail(
                 "slot_steps": steps,
                 "useful": engine.stats.useful_tokens - before[1],
                 "cache_bytes": peak,
+                "in_use_bytes": in_use,
             }
 
         return call
 
-    calls = {
-        "static": marljax_call(Schedule(slots=N, shrink=False, share_prefixes=False)),
-        "static, slot-sized calls": marljax_call(
+    calls = {}
+    if static:
+        calls["static"] = marljax_call(Schedule(slots=N, shrink=False, share_prefixes=False))
+        calls["static, slot-sized calls"] = marljax_call(
             Schedule(slots=slots, shrink=False, share_prefixes=False), calls=-(-N // slots)
-        ),
-        "continuous": marljax_call(Schedule(slots=slots)),
-    }
+        )
+    calls["continuous"] = marljax_call(Schedule(slots=slots))
+    capacity = next_pow2(plen, 16) + next_pow2(largest, 16)
+    for ps in paged:
+        calls[f"continuous, paged (pages of {ps})"] = marljax_call(
+            Schedule(slots=slots), cache_layout="paged", page_size=ps
+        )
+    if paged and paged_pool:
+        ps = paged[0]
+        pages = int(paged_pool * slots * -(-capacity // ps))
+        calls[f"continuous, paged (pages of {ps}, pool {paged_pool:g}x: {pages} pages)"] = marljax_call(
+            Schedule(slots=slots), cache_layout="paged", page_size=ps, num_pages=pages
+        )
     hf_version = None
     if with_transformers:
         import importlib.metadata
@@ -542,15 +578,16 @@ def run_longtail(
         calls["transformers generate"] = hf_call
     timed = interleaved(calls, repeats, warmup=1)
     rows = []
-    base = useful / timed["static"]["best_seconds"]
-    cpu_base = useful / timed["static"]["best_cpu_seconds"]
+    ref_name = "static" if static else "continuous"
+    base = useful / timed[ref_name]["best_seconds"]
+    cpu_base = useful / timed[ref_name]["best_cpu_seconds"]
     lines = [
         f"Long-tailed generation: {N} requests, prompt {plen}, budgets log-normal (median {largest // 8}, "
         f"clipped to {largest}; {useful:,} tokens, longest {max(budgets)}), {slots} slots, best of {repeats} "
         f"interleaved calls after a warm-up\n",
-        "| engine | useful tokens/s | vs static | by CPU time: tokens/s, vs static | slot-steps per useful "
-        "token | KV cache |",
-        "|---|---|---|---|---|---|",
+        f"| engine | useful tokens/s | vs {ref_name} | by CPU time: tokens/s, vs {ref_name} | slot-steps per "
+        "useful token | KV cache | peak KV in use |",
+        "|---|---|---|---|---|---|---|",
     ]
     for name, r in timed.items():
         last = r["last"]
@@ -564,13 +601,15 @@ def run_longtail(
             "vs_static": tps / base,
             "slot_steps_per_token": last["slot_steps"] / useful,
             "cache_bytes": last["cache_bytes"],
+            "in_use_bytes": last.get("in_use_bytes"),
             "seconds": r["all_seconds"],
         }
         rows.append(row)
         cache = "-" if row["cache_bytes"] is None else f"{row['cache_bytes'] / 2**20:.1f} MiB"
+        in_use = "-" if row["in_use_bytes"] is None else f"{row['in_use_bytes'] / 2**20:.1f} MiB"
         lines.append(
             f"| {name} | {tps:,.0f} | {row['vs_static']:.2f}x | {cpu_tps:,.0f}, {row['cpu_vs_static']:.2f}x "
-            f"| {row['slot_steps_per_token']:.2f} | {cache} |"
+            f"| {row['slot_steps_per_token']:.2f} | {cache} | {in_use} |"
         )
     tunix_version = None
     if mode != "smoke" and tunix_python and Path(tunix_python).exists():
@@ -585,7 +624,7 @@ def run_longtail(
         rows.append({"engine": "tunix sampler", "tokens_per_s": tps, "continuous_same_process": paired})
         lines.append(
             f"| tunix sampler (own process; marljax continuous beside it: {paired:,.0f}, "
-            f"{paired / tps:.2f}x tunix) | {tps:,.0f} | - | - | - | - |"
+            f"{paired / tps:.2f}x tunix) | {tps:,.0f} | - | - | - | - | - |"
         )
     else:
         lines.append(f"\n(tunix not measured: {tunix_python!r} not found, or smoke mode)")
@@ -618,6 +657,13 @@ def main() -> None:
     ap.add_argument("--only", choices=["marljax", "transformers", "tunix"], help=argparse.SUPPRESS)
     ap.add_argument("--longtail", action="store_true", help="only the long-tailed workload")
     ap.add_argument(
+        "--paged", type=int, nargs="*", default=[], help="long-tailed: page sizes of paged-cache rows"
+    )
+    ap.add_argument(
+        "--paged-pool", type=float, help="long-tailed: also a paged row with this fraction of the dense pages"
+    )
+    ap.add_argument("--no-static", action="store_true", help="long-tailed: leave out the static rows")
+    ap.add_argument(
         "--no-transformers",
         action="store_true",
         help="long-tailed workload without transformers (at the full size a call of its lockstep batches "
@@ -633,8 +679,16 @@ def main() -> None:
             args.checkpoint,
             with_transformers=not args.no_transformers,
             tunix_python=args.tunix_python,
+            paged=tuple(args.paged),
+            paged_pool=args.paged_pool,
+            static=not args.no_static,
+            repeats=args.repeats,
         )
         print(out["markdown"])
+        print(
+            f"\n{platform.platform()}, {os.cpu_count()} CPUs, {time.strftime('%Y-%m-%d %H:%M')} UTC, "
+            f"load average {tuple(round(x, 2) for x in os.getloadavg())}"
+        )
         return
     if args.only:  # child process: JSON on stdout
         path = make_checkpoint(Path(args.checkpoint))

@@ -15,7 +15,9 @@
   and is never read (pad keys are masked for every real query).
 - a cache in one of `CACHE_LAYOUTS` (the decoder's `KVCache`, the sampler's decode caches):
   queries over cached keys and values where a `[B, 1, T, S]` mask is set, or, for a one-token
-  step, over each row's first `kv_lengths` slots (the fused kernels' padding mask).
+  step, over each row's first `kv_lengths` slots (the fused kernels' padding mask). The "paged"
+  layout's keys and values are page pools shared by all rows, read through each row's page
+  table (`page_table`): a row reads only its own pages.
 
 A change to the attention maths itself (a sliding window, a logit soft cap) goes here, once.
 """
@@ -36,8 +38,11 @@ from marljax.models import sharding as _sharding
 IMPLEMENTATIONS = (None, "xla", "cudnn", "splash")
 # Cache layouts: "bskh" keys and values `[B, S, K, H]` (what `jax.nn.dot_product_attention` takes);
 # "split" keys `[B, K, H, S]` and values `[B, K, S, H]`, so that both products are plain batched
-# matmuls (the CPU sampler's layout, see `marljax.models.decode`).
-CACHE_LAYOUTS = ("split", "bskh")
+# matmuls (the CPU sampler's layout, see `marljax.models.decode`); "paged" one pool of fixed-size
+# pages per layer, keys and values `[K, P, page_size, H]` (P pages shared by all rows, the layout
+# of the Pallas TPU paged-attention kernel), each row's positions on the pages of its page table
+# `[B, M]` (position s of row b at offset s % page_size of page `page_table[b, s // page_size]`).
+CACHE_LAYOUTS = ("split", "bskh", "paged")
 
 
 def attend(
@@ -51,6 +56,7 @@ def attend(
     kv_lengths: jax.Array | None = None,
     layout: str | None = None,
     implementation: str | None = None,
+    page_table: jax.Array | None = None,
 ) -> jax.Array:
     """Grouped-query attention `[B, T, N, H]` of queries `[B, T, N, H]` (query head n reads kv head
     n // (N / K)), scaled by `1 / sqrt(H)`; scores and softmax in float32; keys and values in the
@@ -64,11 +70,15 @@ def attend(
     where a query reads a slot (XLA's attention: a cache's offset masks are not causal from slot
     0), or, for a one-token step in the "bskh" layout, `kv_lengths` `[B]`: each row reads its
     first `kv_lengths[b]` slots, through the fused kernel `implementation` (None: XLA's; "cudnn").
+    In the "paged" layout `k`, `v` are page pools `[K, P, page_size, H]` and `page_table` `[B, M]`
+    int32 each row's pages, so S = M * page_size; `mask` as above.
     """
     if layout is None:
         return causal_attention(q, k, v, valid=valid, segment_ids=segment_ids, implementation=implementation)
     if layout == "split":
         return _attend_split(q, k, v, mask)
+    if layout == "paged":
+        return _attend_paged(q, k, v, page_table, mask)
     if layout != "bskh":
         raise ValueError(f"cache layout must be one of {CACHE_LAYOUTS}, got {layout!r}")
     if kv_lengths is not None:
@@ -91,6 +101,39 @@ def _attend_split(q: jax.Array, keys: jax.Array, values: jax.Array, mask: jax.Ar
     a = jax.nn.softmax(s, axis=-1).astype(q.dtype)
     out = jnp.einsum("bkgts,bksh->bkgth", a, values)  # [B, K, G, T, H]
     return jnp.moveaxis(out, 3, 1).reshape(B, T, N, H)
+
+
+def gather_pages(
+    k_pages: jax.Array, v_pages: jax.Array, page_table: jax.Array
+) -> tuple[jax.Array, jax.Array]:
+    """Each row's own pages of the pools `[K, P, page_size, H]`, in the "split" layout: keys
+    `[B, K, H, S]` and values `[B, K, S, H]`, S = M * page_size for a page table `[B, M]`.
+    Table entries outside the pool (unallocated pages) read the last page: the caller masks
+    positions a row has not written."""
+    K, _, ps, H = k_pages.shape
+    B, M = page_table.shape
+    k = jnp.take(k_pages, page_table, axis=1, mode="clip")  # [K, B, M, ps, H]
+    v = jnp.take(v_pages, page_table, axis=1, mode="clip")
+    keys = jnp.transpose(k, (1, 0, 4, 2, 3)).reshape(B, K, H, M * ps)
+    values = jnp.transpose(v, (1, 0, 2, 3, 4)).reshape(B, K, M * ps, H)
+    return keys, values
+
+
+def _attend_paged(
+    q: jax.Array, k_pages: jax.Array, v_pages: jax.Array, page_table: jax.Array, mask: jax.Array
+) -> jax.Array:
+    """`attend` over page pools: a gather of each row's pages, then the "split" layout's two
+    batched matmuls (XLA on every backend; the gather is a copy of the rows' windows).
+
+    Where a fused kernel plugs in: on TPU, `jax.experimental.pallas.ops.tpu.paged_attention`
+    takes this pool layout (`[K, P, page_size, H]`) and page table as they are, for one-token
+    steps (queries `[B, N, H]`, per-row lengths `pos + 1` instead of `mask`), and reads pages
+    in place with no gathered copy. It is not wired in: the kernel is TPU-only (no interpret
+    mode on CPU), so nothing here could test it."""
+    if page_table is None or mask is None:
+        raise ValueError("the paged layout needs page_table and mask")
+    keys, values = gather_pages(k_pages, v_pages, page_table)
+    return _attend_split(q, keys.astype(q.dtype), values.astype(q.dtype), mask)
 
 
 def dense_mask(valid: jax.Array, segment_ids: jax.Array | None) -> jax.Array:

@@ -12,6 +12,12 @@ speed when generating a token per row:
   `[B, S, K, H]`, the layout `jax.nn.dot_product_attention` takes, so that a
   one-token step runs its fused kernel (cuDNN on GPU with
   `ModelConfig.attention_impl="cudnn"`) over each row's own cache length;
+  "paged", one pool of fixed-size pages per layer, keys and values
+  `[K, P, page_size, H]` (`init_page_pool`), shared by all rows: row b's
+  position s lives at offset `s % page_size` of page `pages[b, s // page_size]`
+  of its page table (`extend_step`'s `pages`), so a row holds pages for its own
+  length only and rows can share a prefix's pages by reference (the sampler
+  engine manages the tables, `marljax.sampler.pages`);
 - every row has its own positions: its tokens fill its cache from position 0, so
   a token's cache position is its rotary position, and rows of different lengths
   (continuous batching) need no padding inside the cache;
@@ -51,6 +57,7 @@ from marljax.models.rope import inverse_frequencies
 # Flat arrays (not a cache object) so the loop updates each one in place.
 DecodeCache = tuple[jax.Array, ...]
 LAYOUTS = CACHE_LAYOUTS
+DENSE_LAYOUTS = ("split", "bskh")  # a `[B, ..., S, ...]` cache per layer (`init_decode_cache`)
 
 
 def default_layout() -> str:
@@ -60,6 +67,8 @@ def default_layout() -> str:
 
 def position_axis(layout: str, i: int) -> int:
     """The axis of cache positions of cache array `i` (keys at even `i`, values at odd)."""
+    if layout == "paged":
+        raise ValueError("a paged cache has no position axis: positions are on each row's pages")
     if layout == "bskh":
         return 1
     return 3 if i % 2 == 0 else 2
@@ -67,15 +76,16 @@ def position_axis(layout: str, i: int) -> int:
 
 def heads_axis(layout: str) -> int:
     """The kv-head axis of every cache array."""
-    return 2 if layout == "bskh" else 1
+    return {"bskh": 2, "paged": 0}.get(layout, 1)
 
 
 def init_decode_cache(
     config: ModelConfig, rows: int, slots: int, dtype=None, layout: str = "split"
 ) -> DecodeCache:
-    """Zero caches of `rows` rows and `slots` slots per row, in `layout` (see LAYOUTS)."""
-    if layout not in LAYOUTS:
-        raise ValueError(f"cache layout must be one of {LAYOUTS}, got {layout!r}")
+    """Zero caches of `rows` rows and `slots` slots per row, in `layout` (one of DENSE_LAYOUTS;
+    the paged layout's pool is `init_page_pool`)."""
+    if layout not in DENSE_LAYOUTS:
+        raise ValueError(f"dense cache layout must be one of {DENSE_LAYOUTS}, got {layout!r}")
     dtype = jnp.dtype(config.dtype) if dtype is None else dtype
     K, H = config.num_kv_heads, config.head_dim
     if layout == "bskh":
@@ -84,6 +94,14 @@ def init_decode_cache(
         jnp.zeros((rows, K, H, slots) if i % 2 == 0 else (rows, K, slots, H), dtype)
         for i in range(2 * config.num_layers)
     )
+
+
+def init_page_pool(config: ModelConfig, num_pages: int, page_size: int, dtype=None) -> DecodeCache:
+    """Zero page pools of the "paged" layout: keys and values `[K, num_pages, page_size, H]` per
+    layer (the layout `jax.experimental.pallas.ops.tpu.paged_attention` takes)."""
+    dtype = jnp.dtype(config.dtype) if dtype is None else dtype
+    shape = (config.num_kv_heads, num_pages, page_size, config.head_dim)
+    return tuple(jnp.zeros(shape, dtype) for _ in range(2 * config.num_layers))
 
 
 def decode_weights(params: Params, config: ModelConfig, fuse: bool) -> Params:
@@ -115,6 +133,7 @@ def extend_step(
     config: ModelConfig,
     adapter: jax.Array | None = None,
     layout: str = "split",
+    pages: jax.Array | None = None,
 ):
     """Run `tokens` `[B, T]` through the decoder against each row's own cache: row b's token t
     sits in slot `starts[b] + t` (also its rotary position) and attends to the row's slots up to
@@ -127,15 +146,26 @@ def extend_step(
     `init_decode_cache` (each row's slots hold its tokens from slot 0 on, so a row's rotary
     position equals its slot). adapter: `[B]` int, each row's LoRA adapter where `weights` has
     adapters (default: adapter 0 for every row). layout: the caches' (see LAYOUTS).
+    pages: the "paged" layout's page tables `[B, M]` int32 (rows read and write only these
+    pages; S = M * page_size positions): every position a row writes must be on an allocated
+    page (entries outside the pool drop the write), positions it reads but has not written are
+    masked.
     """
     c = config
     B, T = tokens.shape
-    S = kv[1].shape[position_axis(layout, 1)]
+    if layout == "paged":
+        K, P, page_size, H = kv[0].shape
+        S = pages.shape[1] * page_size
+    else:
+        S = kv[1].shape[position_axis(layout, 1)]
     x = jnp.take(weights["embed"], tokens, axis=0).astype(jnp.dtype(c.dtype))
     t = jnp.arange(T, dtype=jnp.int32)
     positions = starts[:, None] + t[None, :]  # [B, T]
     slots = jnp.where(t[None, :] < lengths[:, None], positions, S)  # S: out of range, dropped
     rows = jnp.arange(B)[:, None]
+    if layout == "paged":  # each written position's index in a pool flattened to [K, P * page_size, H]
+        page = jnp.take_along_axis(pages, jnp.minimum(slots // page_size, pages.shape[1] - 1), axis=1)
+        flat = jnp.where(slots < S, page * page_size + slots % page_size, P * page_size)  # [B, T]
     mask = (jnp.arange(S)[None, None, :] <= positions[:, :, None])[:, None]  # [B, 1, T, S]
     inv_freq = inverse_frequencies(c)
     step_kw = {}
@@ -149,13 +179,26 @@ def extend_step(
         lora = LayerLora(weights["lora"][i], adapter) if "lora" in weights else None
         q, k, v = project_qkv(p, x, positions, config=c, inv_freq=inv_freq, lora=lora)  # k, v [B, T, K, H]
         k, v = k.astype(kv[2 * i].dtype), v.astype(kv[2 * i + 1].dtype)
-        if layout == "bskh":
+        if layout == "paged":
+            keys, values = (
+                pool.reshape(K, P * page_size, H)
+                .at[:, flat]
+                .set(jnp.moveaxis(written, 2, 0), mode="drop")
+                .reshape(K, P, page_size, H)
+                for pool, written in ((kv[2 * i], k), (kv[2 * i + 1], v))
+            )
+            # (the pages are cast to the queries' dtype after the gather, inside `attend`)
+            attn = attend(q, keys, values, mask=mask, layout=layout, page_table=pages)
+        elif layout == "bskh":
             keys = kv[2 * i].at[rows, slots].set(k, mode="drop")
             values = kv[2 * i + 1].at[rows, slots].set(v, mode="drop")
-        else:
+        else:  # split
             keys = kv[2 * i].at[rows, :, :, slots].set(k, mode="drop")
             values = kv[2 * i + 1].at[rows, :, slots, :].set(v, mode="drop")
-        attn = attend(q, keys.astype(q.dtype), values.astype(q.dtype), mask=mask, layout=layout, **step_kw)
+        if layout != "paged":
+            attn = attend(
+                q, keys.astype(q.dtype), values.astype(q.dtype), mask=mask, layout=layout, **step_kw
+            )
         x = out_and_mlp(p, x, attn, config=c, lora=lora)
         new += [keys, values]
     last = x[jnp.arange(B), jnp.maximum(lengths - 1, 0)] if T > 1 else x[:, 0]

@@ -154,6 +154,10 @@ def generate_stream(
     schedule: Schedule | None = None,
     topk_bound: int = DEFAULT_BOUND,
     fuse_projections: bool | None = None,
+    cache_layout: str | None = None,
+    page_size: int = 16,
+    num_pages: int | None = None,
+    cache_budget: int | None = None,
 ) -> Iterator[Completion]:
     """`generate`'s completions one by one, in the order they finish (`Completion.index` is
     the row of `generate`'s output: sample `j` of prompt `i` is `i * n + j`); the arguments are
@@ -169,7 +173,17 @@ def generate_stream(
         raise ValueError("stop sequences must be non-empty")
     if mesh is None:
         mesh = mesh_of(params)
-    engine: Engine = get_engine(config, mesh, buckets, topk_bound, fuse_projections)
+    engine: Engine = get_engine(
+        config,
+        mesh,
+        buckets,
+        topk_bound,
+        fuse_projections,
+        cache_layout=cache_layout,
+        page_size=page_size,
+        num_pages=num_pages,
+        cache_budget=cache_budget,
+    )
     return engine.run(
         params,
         requests,
@@ -216,6 +230,9 @@ def generate(
       buckets, schedule: shape buckets and how requests share the slots (`Schedule`).
       topk_bound, fuse_projections: the top-k fast-path size and whether decode uses fused
         q/k/v and gate/up weights (None: automatic); see `Engine`.
+      cache_layout, page_size, num_pages, cache_budget: the KV cache (None: the backend's dense
+        layout; "paged": a pool of `num_pages` pages, or `cache_budget` bytes of them, of
+        `page_size` positions); see `Engine`.
 
     Returns:
       a `SamplerOutput` with host (numpy) arrays.

@@ -19,6 +19,16 @@ rotary position, and every slot has its own. Three jitted functions over a `Slot
 - `compact`: keeps the busy rows in a smaller slot batch (the tail of a call, when the rows
   left would otherwise share the step with idle slots).
 
+Paged cache (`cache_layout="paged"`): instead of `B x C` positions, one pool of fixed-size pages
+per layer and a page table per slot, kept on the host (`marljax.sampler.pages.PagePool`) and
+passed to each call. A row holds the pages of its own length (allocated before each decode call
+for its next `chunk` positions), a finished row's pages go back to the pool (kept as a prefix
+cache until needed), and a new row shares another row's prefix by referencing its full pages
+(`insert` copies only the page the prefix ends inside: copy on write). The pool is
+`Engine.num_pages` pages (None: enough for every slot at full capacity); a request the pool
+cannot promise its worst case (prompt + budget) waits until rows finish. Tokens and log-probs are
+those of the dense layouts.
+
 The host loop (`marljax.sampler.schedule.HostLoop`, behind `Engine.run`) queues requests, refills
 free slots, streams each request's completion as soon as it ends and tracks what every slot's
 cache holds (for prefix sharing).
@@ -58,6 +68,7 @@ from marljax.models.decode import (
     extend_step,
     heads_axis,
     init_decode_cache,
+    init_page_pool,
     position_axis,
 )
 from marljax.models.sharding import activation_sharding, batch_sharding, logical_to_spec
@@ -104,6 +115,13 @@ class EngineStats:
     useful_tokens: int = 0  # tokens generated for requests
     peak_slots: int = 0
     cache_bytes: int = 0  # KV cache of the latest call
+    # paged layout: the latest call's pool and the most pages it held at once; cumulative
+    # prefix pages referenced instead of copied and pages copied on write
+    pool_pages: int = 0
+    peak_pages: int = 0
+    shared_pages: int = 0
+    cow_pages: int = 0
+    page_waits: int = 0  # fills that left requests waiting for pages (free slots unused)
 
     @property
     def compiles(self) -> int:
@@ -155,7 +173,9 @@ class Engine:
     mesh and the parameters take <= 256 MiB). cache_layout: of the KV cache, see
     `marljax.models.decode.LAYOUTS` (None: "split" on CPU, "bskh" on accelerators,
     whose one-token steps run `jax.nn.dot_product_attention` with the config's
-    `attention_impl`).
+    `attention_impl`; "paged": a pool of pages, see the module). page_size: positions per
+    page (paged layout). num_pages: the pool's pages (paged layout; None: slots x capacity
+    worth, i.e. the dense cache's memory; or give `cache_budget` in bytes instead).
     """
 
     def __init__(
@@ -167,12 +187,29 @@ class Engine:
         topk_bound: int = DEFAULT_BOUND,
         fuse_projections: bool | None = None,
         cache_layout: str | None = None,
+        page_size: int = 16,
+        num_pages: int | None = None,
+        cache_budget: int | None = None,
     ):
         self.config = config
         self.layout = cache_layout or default_layout()
         if self.layout not in LAYOUTS:
             raise ValueError(f"cache_layout must be one of {LAYOUTS} or None, got {cache_layout!r}")
         self.mesh = mesh
+        self.paged = self.layout == "paged"
+        self.page_size = int(page_size)
+        if self.paged:
+            if mesh is not None:
+                raise ValueError("the paged cache layout runs on one device for now (no mesh)")
+            if self.page_size < 1:
+                raise ValueError(f"page_size must be >= 1, got {page_size}")
+            if num_pages is not None and cache_budget is not None:
+                raise ValueError("give num_pages or cache_budget, not both")
+            if cache_budget is not None:
+                num_pages = int(cache_budget) // self.page_bytes()
+            if num_pages is not None and num_pages < 1:
+                raise ValueError(f"the page pool needs at least one page, got {num_pages}")
+        self.num_pages = None if num_pages is None else int(num_pages)
         if fuse_projections is None:  # fused q/k/v and gate/up copies of the weights, built per
             # call: worth it when steps are short; off on meshes (tensor-split weights) and
             # for models over 256 MiB of parameters (transient memory)
@@ -224,9 +261,23 @@ class Engine:
         return min(w, capacity)
 
     def cache_bytes(self, slots: int, capacity: int) -> int:
+        """Bytes of the KV cache of a call with `slots` slots of `capacity` positions (paged: its pool)."""
+        if self.paged:
+            return self.pool_pages(slots, capacity) * self.page_bytes()
         c = self.config
         itemsize = np.dtype(c.dtype).itemsize
         return 2 * c.num_layers * slots * c.num_kv_heads * c.head_dim * capacity * itemsize
+
+    def page_bytes(self) -> int:
+        """Bytes of one page of every layer's keys and values."""
+        c = self.config
+        return 2 * c.num_layers * c.num_kv_heads * c.head_dim * self.page_size * np.dtype(c.dtype).itemsize
+
+    def pool_pages(self, slots: int, capacity: int) -> int:
+        """The paged pool of a call: `num_pages`, or slots x capacity worth of pages."""
+        if self.num_pages is not None:
+            return self.num_pages
+        return slots * (-(-capacity // self.page_size))
 
     def _put(self, x):
         """A host array with a leading slot axis, on the device (split over the mesh's data axes)."""
@@ -250,9 +301,13 @@ class Engine:
 
     def _empty(self, *, slots: int, capacity: int, stop_len: int) -> SlotState:
         zeros = jnp.zeros((slots,), jnp.int32)
+        if self.paged:
+            kv = init_page_pool(self.config, self.pool_pages(slots, capacity), self.page_size)
+        else:
+            kv = init_decode_cache(self.config, slots, capacity, layout=self.layout)
         return self._constrain(
             SlotState(
-                kv=init_decode_cache(self.config, slots, capacity, layout=self.layout),
+                kv=kv,
                 pos=zeros,
                 last_token=zeros,
                 step=zeros,
@@ -346,6 +401,7 @@ class Engine:
         top_k,
         top_p,
         adapter,
+        paging=None,
         *,
         window: int,
         greedy: bool,
@@ -354,13 +410,44 @@ class Engine:
         """Put `Bn` requests into `slots`: row j copies positions `< starts[j]` of slot
         `source[j]`'s cache (all as they were before this call), then runs its `lengths[j]`
         prompt tokens `tokens[j]` from position `starts[j]` on, and chooses its first token.
-        Rows whose slot is out of range (padding) change nothing."""
+        Rows whose slot is out of range (padding) change nothing.
+
+        Paged layout: `paging` = (page tables `[Bn, M]`, copy-on-write sources `[Bn]`, their
+        destinations `[Bn]`) and `source` is unused: the tables already reference the shared
+        prefix's full pages; page `cow_src[j]` is first copied to `cow_dst[j]` (out of range:
+        nothing), all copies reading the pool as it was before this call."""
         self.stats.insert_compiles += 1  # runs at trace time only
-        rows_kv = _window(tuple(x[source] for x in state.kv), window, self.layout)
         weights = self._layer_weights(weights)
-        logits, rows_kv = extend_step(
-            weights, tokens, starts, lengths, rows_kv, config=self.config, adapter=adapter, layout=self.layout
-        )
+        if self.paged:
+            pages, cow_src, cow_dst = paging
+            pool = tuple(
+                x.at[:, cow_dst].set(jnp.take(x, cow_src, axis=1, mode="clip"), mode="drop") for x in state.kv
+            )
+            n_pages = min(-(-window // self.page_size), pages.shape[1])
+            logits, pool = extend_step(
+                weights,
+                tokens,
+                starts,
+                lengths,
+                pool,
+                config=self.config,
+                adapter=adapter,
+                layout=self.layout,
+                pages=pages[:, :n_pages],
+            )
+            rows_kv = ()
+        else:
+            rows_kv = _window(tuple(x[source] for x in state.kv), window, self.layout)
+            logits, rows_kv = extend_step(
+                weights,
+                tokens,
+                starts,
+                lengths,
+                rows_kv,
+                config=self.config,
+                adapter=adapter,
+                layout=self.layout,
+            )
         Bn = slots.shape[0]
         new = SlotState(
             kv=rows_kv,
@@ -383,10 +470,13 @@ class Engine:
             logits, new, tables, busy, greedy=greedy, truncate=truncate
         )
         new = new._replace(last_token=tok, step=jnp.ones((Bn,), jnp.int32), done=ends, recent=recent)
-        kv = tuple(
-            x.at[_positions(self.layout, i, x.ndim, slots, slice(window))].set(r, mode="drop")
-            for i, (x, r) in enumerate(zip(state.kv, new.kv))
-        )
+        if self.paged:
+            kv = pool
+        else:
+            kv = tuple(
+                x.at[_positions(self.layout, i, x.ndim, slots, slice(window))].set(r, mode="drop")
+                for i, (x, r) in enumerate(zip(state.kv, new.kv))
+            )
         rest = [x.at[slots].set(r, mode="drop") for x, r in zip(state[1:], new[1:])]
         state = self._constrain(SlotState(kv, *rest))
         return state, (tok, lp, slp, jnp.where(ends, why, UNFINISHED))
@@ -399,6 +489,7 @@ class Engine:
         tables: Tables,
         refill_free,
         shrink_busy,
+        pages=None,
         *,
         windows: tuple[int, ...],
         chunk: int,
@@ -414,7 +505,10 @@ class Engine:
         Stops early once `refill_free` slots are free, once at most `shrink_busy` are busy, or
         once a busy row's next position is outside the last window. Returns the state, the steps
         run and, per slot, the chosen tokens `[B, chunk]` with their log-probs (0 and `pad_id`
-        where the slot was not busy), the number it emitted and its finish reason."""
+        where the slot was not busy), the number it emitted and its finish reason.
+
+        Paged layout: `pages` `[B, M]` are the slots' page tables (every busy row has pages for
+        its next `chunk` positions); a window is the tables' first columns."""
         self.stats.decode_compiles += 1  # runs at trace time only
         weights = self._layer_weights(weights)
         B = state.pos.shape[0]
@@ -427,7 +521,7 @@ class Engine:
             inside = jnp.max(jnp.where(busy, state.pos, 0)) < window
             return (i < chunk) & (n_busy > jnp.maximum(shrink_busy, 0)) & (B - n_busy < refill_free) & inside
 
-        def body(carry):
+        def body(carry, window_pages=None):
             state, i, toks, lps, slps, emitted, reason = carry
             busy = ~state.done
             logits, kv = extend_step(
@@ -439,6 +533,7 @@ class Engine:
                 config=self.config,
                 adapter=state.adapter,
                 layout=self.layout,
+                pages=window_pages,
             )
             state = state._replace(kv=kv)
             tok, lp, slp, recent, ends, why = self._choose(
@@ -470,6 +565,16 @@ class Engine:
             jnp.zeros((B,), jnp.int32),
             jnp.full((B,), UNFINISHED, jnp.int32),
         )
+        if self.paged:  # one loop per window of the page tables, over the whole pool
+            for window in windows:
+                n_pages = min(-(-window // self.page_size), pages.shape[1])
+                carry = lax.while_loop(
+                    functools.partial(cond, window=n_pages * self.page_size),
+                    functools.partial(body, window_pages=pages[:, :n_pages]),
+                    carry,
+                )
+            state, steps, toks, lps, slps, emitted, reason = carry
+            return self._constrain(state), steps, (toks, lps, slps, emitted, reason)
         for j, window in enumerate(windows):
             state = carry[0]
             if j:  # the previous window's positions back into the cache
@@ -483,6 +588,7 @@ class Engine:
     def _compact(self, state: SlotState, keep):
         """The slots `keep` `[B2]` as a state of `B2` slots."""
         self.stats.compact_compiles += 1  # runs at trace time only
+        # (paged layout: the host passes the state without its pool, which stays as it is)
         return self._constrain(jax.tree.map(lambda x: x[keep], state))
 
     # -------------------------------------------------------------- host loop
@@ -516,9 +622,14 @@ def get_engine(
     topk_bound: int = DEFAULT_BOUND,
     fuse_projections: bool | None = None,
     cache_layout: str | None = None,
+    page_size: int = 16,
+    num_pages: int | None = None,
+    cache_budget: int | None = None,
 ) -> Engine:
     """The shared `Engine` for these settings (built on first use; see `Engine`)."""
     key = (config, mesh, buckets or Buckets(), int(topk_bound), fuse_projections, cache_layout)
+    if cache_layout == "paged":
+        key += (int(page_size), num_pages, cache_budget)
     with _LOCK:
         if key not in _ENGINES:
             _ENGINES[key] = Engine(
@@ -528,6 +639,9 @@ def get_engine(
                 topk_bound=topk_bound,
                 fuse_projections=fuse_projections,
                 cache_layout=cache_layout,
+                page_size=page_size,
+                num_pages=num_pages,
+                cache_budget=cache_budget,
             )
         return _ENGINES[key]
 

@@ -5,8 +5,10 @@ say how requests share the decode slots and which shapes compile; `HostLoop` is 
 `Engine.run` call on the host: it queues requests, fills free slots through the engine's
 compiled `insert`, runs `decode` calls, streams each request's completion as soon as it ends,
 halves the slot batch in the tail (`compact`) and tracks what each slot's cache holds, so a new
-prompt can copy a prefix another slot computed. The compiled programs are in
-`marljax.sampler.engine`.
+prompt can copy a prefix another slot computed. With the paged cache it also keeps the page
+tables (`marljax.sampler.pages.PagePool`): pages for each row's next chunk before a decode call,
+prefix pages referenced instead of copied, requests admitted only while the pool can promise
+them their pages. The compiled programs are in `marljax.sampler.engine`.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from marljax.sampler.pages import PagePool, pages_for
 
 # finish reasons
 UNFINISHED, EOS, STOP, LENGTH = 0, 1, 2, 3
@@ -178,6 +182,20 @@ class HostLoop:
             max(s.max_new_tokens for s in settings)
         )
         self.slots = e.batch_bucket(min(N, schedule.slots))
+        self.paged = e.paged
+        if self.paged:  # whole pages of positions; the pool and its tables (marljax.sampler.pages)
+            ps = e.page_size
+            self.capacity = pages_for(self.capacity, ps) * ps
+            P = e.pool_pages(self.slots, self.capacity)
+            worst = max(self._worst(r) for r in range(N))
+            if worst > P:
+                raise ValueError(
+                    f"the page pool ({P} pages of {ps}) cannot hold one request of {worst} pages "
+                    "(prompt + max_new_tokens): give the engine more pages"
+                )
+            self.pool = PagePool(P, ps, self.slots, self.capacity // ps)
+            e.stats.pool_pages, e.stats.peak_pages = P, 0
+            self.page_short = False  # the latest fill left requests waiting for pages
         b = e.buckets
         E = next_bucket(max(len(eos), 1), b.min_eos)
         eos_arr = np.full((E,), -1, np.int32)
@@ -209,6 +227,19 @@ class HostLoop:
         self.out: dict[int, list] = {}  # request -> [tokens, logprobs, sampling logprobs] chunks
         self.finished: list[tuple[int, int]] = []  # (slot, finish reason) ended since the last yield
 
+    # ------------------------------------------------------------- paging
+    def _worst(self, r: int) -> int:
+        """Pages request `r`'s row holds at most: its prompt and every token fed back."""
+        req = self.requests[r]
+        return pages_for(len(req.prompt) + req.sampling.max_new_tokens - 1, self.engine.page_size)
+
+    def _sync_pages(self) -> None:
+        """Forget the contents of idle slots whose cached pages the pool reclaimed."""
+        for s in self.pool.evicted:
+            self.contents[s] = np.zeros((0,), np.int32)
+        self.pool.evicted = []
+        self.engine.stats.peak_pages = max(self.engine.stats.peak_pages, self.pool.peak)
+
     # ------------------------------------------------------------- insertion
     def _longest_prefix(self, prompt: np.ndarray, candidates) -> tuple[int, int]:
         """(length, source) of the longest common prefix of `prompt` with a candidate's tokens."""
@@ -228,13 +259,18 @@ class HostLoop:
         shared prefix is in a cache already (or none), then one for those that share more
         with a request of the first call."""
         free = [s for s in range(self.slots) if self.slot_request[s] < 0]
-        take = [self.queue.popleft() for _ in range(min(len(free), len(self.queue)))]
-        if not take:
+        if not free or not self.queue:
             return
         share = self.schedule.share_prefixes
         cached = [(s, self.contents[s]) for s in range(self.slots) if len(self.contents[s])] if share else []
         first, second = [], []  # (request, slot, copy source, copied length)
-        for r in take:
+        pool = self.pool if self.paged else None
+        if pool is not None:
+            protected = np.zeros(pool.P, bool)  # cached pages the admitted rows will reference
+            promised = 0  # pages promised to the admitted rows
+            self.page_short = False
+        while free and self.queue:
+            r = self.queue[0]
             prompt, adapter = self.requests[r].prompt, self.requests[r].adapter
             limit = len(prompt) - 1  # at least one token runs, for the first token's logits
             n, src = self._longest_prefix(
@@ -246,12 +282,28 @@ class HostLoop:
                 if share and self.requests[q].adapter == adapter
             ]
             m, lead = self._longest_prefix(prompt, leaders)
-            slot = free.pop(0)
+            slot = free[0]
             from_leader = min(m, limit)
             if from_leader > min(n, limit) and from_leader >= self.schedule.min_shared_prefix:
-                second.append((r, slot, first[lead][1], from_leader))
+                group, entry = second, (r, slot, first[lead][1], from_leader)
             else:
-                first.append((r, slot, src if n else slot, min(n, limit)))
+                group, entry = first, (r, slot, src if n else slot, min(n, limit))
+            if pool is not None:  # admitted only if the pool can promise the row its worst case
+                k = entry[3]
+                mine = protected.copy()
+                if group is first and k:  # pages of a cache it references (or copies on write)
+                    mine[pool.table[entry[2], : pages_for(k, pool.page_size)]] = True
+                need = self._worst(r) - k // pool.page_size
+                if need > pool.available(mine) - promised:
+                    if not (first or second or any(q >= 0 for q in self.slot_request)):
+                        raise RuntimeError(f"request {r} does not fit an idle page pool (a bug)")
+                    self.page_short = True
+                    self.engine.stats.page_waits += 1
+                    break
+                protected, promised = mine, promised + need
+            self.queue.popleft()
+            free.pop(0)
+            group.append(entry)
         for group in (first, second):
             if group:
                 self._insert(group)
@@ -274,6 +326,9 @@ class HostLoop:
         top_k = np.zeros((Bn,), np.int32)
         top_p = np.ones((Bn,), np.float32)
         adapter = np.zeros((Bn,), np.int32)
+        paging, cow = None, []
+        if self.paged:
+            paging, cow = self._page_rows(group, Bn)
         for j, (r, slot, src, n) in enumerate(group):
             req = self.requests[r]
             rest = req.prompt[n:]
@@ -306,10 +361,13 @@ class HostLoop:
                     adapter,
                 )
             ),
+            paging,
             window=window,
             greedy=self.greedy,
             truncate=self.truncate,
         )
+        for page in cow:  # the copies are made: the sources need not stay
+            self.pool.unref(page)
         tok, lp, slp, reason = jax.device_get(first)
         for j, (r, slot, _, _) in enumerate(group):
             prompt = self.requests[r].prompt
@@ -321,6 +379,37 @@ class HostLoop:
             if reason[j] != UNFINISHED:
                 self.finished.append((slot, int(reason[j])))
 
+    def _page_rows(self, group, Bn: int):
+        """The page tables of `group`'s rows (their slots' old pages released), as the insert
+        call takes them, and the copy-on-write source pages (referenced until the call ran)."""
+        pool, e = self.pool, self.engine
+        ps = pool.page_size
+        shared = []
+        for _, _, src, n in group:  # references first: the sources may be slots of this group
+            full = pool.table[src, : n // ps].copy()
+            pool.ref[full] += 1
+            cow = int(pool.table[src, n // ps]) if n % ps else -1
+            if cow >= 0:
+                pool.ref[cow] += 1
+            shared.append((full, cow))
+        for _, slot, _, _ in group:
+            pool.release(slot)
+        rows = np.full((Bn, pool.M), pool.P, np.int32)
+        cow_src, cow_dst = np.full((Bn,), pool.P, np.int32), np.full((Bn,), pool.P, np.int32)
+        for j, ((r, slot, _, _), (full, cow)) in enumerate(zip(group, shared)):
+            fresh = pool.alloc(pages_for(len(self.requests[r].prompt), ps) - len(full))
+            c = len(full) + len(fresh)
+            pool.table[slot, :c] = np.concatenate([full, fresh])
+            pool.count[slot], pool.worst[slot] = c, self._worst(r)
+            rows[j] = pool.table[slot]
+            if cow >= 0:
+                cow_src[j], cow_dst[j] = cow, fresh[0]
+            e.stats.shared_pages += len(full)
+            e.stats.cow_pages += int(cow >= 0)
+        self._sync_pages()
+        paging = tuple(e._put(x) for x in (rows, cow_src, cow_dst))
+        return paging, [cow for _, cow in shared if cow >= 0]
+
     # ----------------------------------------------------------------- decode
     def _decode(self) -> None:
         e, sched = self.engine, self.schedule
@@ -328,6 +417,8 @@ class HostLoop:
         busy = [s for s in range(B) if self.slot_request[s] >= 0]
         waiting = bool(self.queue)
         refill_free = max(1, int(B * sched.refill_fraction)) if waiting else B + 1
+        if waiting and self.paged and self.page_short:  # free slots wait for pages: until a row ends
+            refill_free = max(refill_free, B - len(busy) + 1)
         can_shrink = sched.shrink and not waiting and self._smaller() < B
         shrink_busy = B // 2 if can_shrink else -1
         reach = max(self.slot_pos[s] for s in busy)
@@ -337,6 +428,15 @@ class HostLoop:
         windows = [e.window(reach + sched.chunk, self.capacity)]
         while windows[-1] < min(reach + chunk, self.capacity):
             windows.append(e.window(windows[-1] + 1, self.capacity))
+        pages = None
+        if self.paged:  # every busy row gets the pages of its next `chunk` positions
+            for s in busy:
+                req = self.requests[self.slot_request[s]]
+                self.pool.grow(
+                    s, min(self.slot_pos[s] + chunk, len(req.prompt) + req.sampling.max_new_tokens - 1)
+                )
+            self._sync_pages()
+            pages = e._put(self.pool.table)
         e.stats.decode_calls += 1
         self.state, steps, outs = e._decode_jit(
             self.weights,
@@ -344,6 +444,7 @@ class HostLoop:
             self.tables,
             jnp.asarray(refill_free, jnp.int32),
             jnp.asarray(shrink_busy, jnp.int32),
+            pages,
             windows=tuple(windows),
             chunk=chunk,
             greedy=self.greedy,
@@ -372,6 +473,11 @@ class HostLoop:
             # the cache holds the prompt and every generated token but the last
             self.contents[slot] = np.concatenate([self.requests[r].prompt, toks[:-1]]).astype(np.int32)
             self.slot_request[slot] = -1
+            if self.paged:  # the row's pages stay as a prefix cache, or go free at once
+                self.pool.finish(slot)
+                if not self.schedule.share_prefixes:
+                    self.pool.release(slot)
+                    self.contents[slot] = np.zeros((0,), np.int32)
             self.engine.stats.useful_tokens += len(toks)
             yield Completion(r, toks, lps, slps if self.want_slp else None, REASONS[why])
         self.finished = []
@@ -387,7 +493,12 @@ class HostLoop:
         busy = [s for s in range(self.slots) if self.slot_request[s] >= 0]
         B2 = self._smaller(len(busy))
         keep = busy + [s for s in range(self.slots) if self.slot_request[s] < 0][: B2 - len(busy)]
-        self.state = e._compact_jit(self.state, e._put(np.asarray(keep, np.int32)))
+        keep_arr = e._put(np.asarray(keep, np.int32))
+        if self.paged:  # the pool stays as it is (no copy): the page tables move with the rows
+            self.state = e._compact_jit(self.state._replace(kv=()), keep_arr)._replace(kv=self.state.kv)
+            self.pool.permute(keep)
+        else:
+            self.state = e._compact_jit(self.state, keep_arr)
         self.slot_request = [self.slot_request[s] for s in keep]
         self.slot_pos = [self.slot_pos[s] for s in keep]
         self.contents = [self.contents[s] for s in keep]
