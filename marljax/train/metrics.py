@@ -22,10 +22,13 @@ of the metrics it follows.
 
 Restarts. A run resumed from the checkpoint at step S keeps the records of
 steps <= S, each once (`MetricsWriter.resume`); a run that starts from its
-initial weights moves the old file and TensorBoard folder to
-``RUN_DIR/set_aside/`` (`MetricsWriter.start_afresh`). A corrupt line is
-skipped with a warning naming ``file:line``; a writer that meets one keeps a
-copy of the damaged file in ``RUN_DIR/set_aside/`` and rewrites it without.
+initial weights moves the old files and TensorBoard folder to
+``RUN_DIR/set_aside/`` (`MetricsWriter.start_afresh`). The writer keeps every
+record twice, in ``metrics.jsonl`` and in ``metrics.mirror.jsonl``, so that
+damage to one file loses nothing: a corrupt line is skipped with a warning
+naming ``file:line``, its record is taken from the other file, and a writer
+that meets one keeps a copy of the damaged file in ``RUN_DIR/set_aside/`` and
+rewrites both.
 
 Only process 0 writes on multi-host runs: on other processes the writer and
 the progress bar are no-ops.
@@ -51,6 +54,7 @@ from marljax.train.files import report, set_aside_path, write_atomically
 logger = logging.getLogger(__name__)
 
 METRICS_FILE = "metrics.jsonl"
+MIRROR_FILE = "metrics.mirror.jsonl"  # the same records: what survives damage to one of the two
 _NONFINITE = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
 # TensorBoard event file names carry only whole seconds and the host: a per-process counter keeps
 # a writer opened in the same second (a resume, a second MetricsWriter) from overwriting the last file.
@@ -121,8 +125,27 @@ def _corrupt_message(corrupt: list[str]) -> str:
     return f"skipped {len(corrupt)} corrupt metrics line(s): {shown}"
 
 
+def _read_both(run_dir: Path) -> tuple[list[dict], bool, dict[Path, list[str]]]:
+    """(records, damaged, corrupt lines by file) of a run's metrics file and its mirror.
+    Undamaged: the main file's records in file order. Damaged (a torn or corrupt line, or the two
+    files differ): one record per step, by step, each from the main file where it is whole there,
+    else from the mirror."""
+    parsed = []
+    for name in (METRICS_FILE, MIRROR_FILE):
+        path = run_dir / name
+        parsed.append((path, *_parse(path)) if path.is_file() else (path, [], False, []))
+    corrupt = {path: bad for path, _, _, bad in parsed if bad}
+    (_, main, main_torn, _), (mirror_path, mirror, mirror_torn, _) = parsed
+    damaged = bool(corrupt) or main_torn or mirror_torn or main != mirror
+    if not damaged or not mirror_path.is_file():  # no mirror (a run older than it): the main file's
+        return main, damaged, corrupt
+    by_step = {r["step"]: r for r in mirror} | {r["step"]: r for r in main}
+    return sorted(by_step.values(), key=lambda r: r["step"]), damaged, corrupt
+
+
 def read_metrics(run_dir: str | os.PathLike) -> list[dict]:
-    """Records of ``RUN_DIR/metrics.jsonl`` in file order.
+    """Records of ``RUN_DIR/metrics.jsonl`` in file order, completed from its mirror where a line
+    is damaged (then one per step, by step).
 
     A torn last line is skipped; a corrupt line elsewhere is skipped with a
     RuntimeWarning naming ``file:line``. Raises FileNotFoundError when the file
@@ -131,9 +154,9 @@ def read_metrics(run_dir: str | os.PathLike) -> list[dict]:
     path = Path(run_dir) / METRICS_FILE
     if not path.is_file():
         raise FileNotFoundError(f"no metrics file at {path}")
-    records, _, corrupt = _parse(path)
+    records, _, corrupt = _read_both(Path(run_dir))
     if corrupt:
-        report(logger, _corrupt_message(corrupt))
+        report(logger, _corrupt_message([line for lines in corrupt.values() for line in lines]))
     return records
 
 
@@ -147,31 +170,42 @@ class MetricsWriter:
     def __init__(self, run_dir: str | os.PathLike, *, tensorboard: bool = True, enabled: bool | None = None):
         self.run_dir = Path(run_dir)
         self.path = self.run_dir / METRICS_FILE
+        self.paths = (self.path, self.run_dir / MIRROR_FILE)
         self.enabled = _is_main_process() if enabled is None else bool(enabled)
         self.tensorboard = tensorboard
-        self._file = None
+        self._files: list = []
         self._tb = None
         self._purge_step: int | None = None
         if not self.enabled:
             return
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        if self.path.is_file():
-            records, torn, corrupt = _parse(self.path)
-            if corrupt:  # a copy of the damage for a person to look at; the run goes on without it
-                kept = set_aside_path(self.run_dir, METRICS_FILE)
-                shutil.copyfile(self.path, kept)
-                report(logger, f"{_corrupt_message(corrupt)}; the file as it was is kept at {kept}")
-            if torn or corrupt:  # appending after a torn line would glue two records into one corrupt line
+        if any(p.is_file() for p in self.paths):
+            records, damaged, corrupt = _read_both(self.run_dir)
+            for path, lines in corrupt.items():  # a copy of the damage for a person to look at
+                kept = set_aside_path(self.run_dir, path.name)
+                shutil.copyfile(path, kept)
+                report(logger, f"{_corrupt_message(lines)}; the file as it was is kept at {kept}")
+            if damaged:  # appending after a torn line would glue two records into one corrupt line
                 self._rewrite(records)
-        self._file = open(self.path, "a", encoding="utf-8")
+        self._open()
+
+    def _open(self) -> None:
+        self._files = [open(path, "a", encoding="utf-8") for path in self.paths]
+
+    def _close_files(self) -> None:
+        for f in self._files:
+            f.close()
+        self._files = []
 
     def _rewrite(self, records: list[dict]) -> None:
-        """Replace metrics.jsonl with `records`, atomically (a crash leaves the old or the new file)."""
-        if self._file is not None:
-            self._file.close()
-        write_atomically(self.path, "".join(_dumps(r) for r in records))
-        if self._file is not None:
-            self._file = open(self.path, "a", encoding="utf-8")
+        """Replace both files with `records`, each atomically (a crash leaves the old or the new
+        file, and the other one whole)."""
+        reopen = bool(self._files)
+        self._close_files()
+        for path in self.paths:
+            write_atomically(path, "".join(_dumps(r) for r in records))
+        if reopen:
+            self._open()
 
     def _summary_writer(self):
         # Opened on first use so that a resume() right after construction costs no extra event file.
@@ -189,7 +223,7 @@ class MetricsWriter:
         """Append one record ``{"step", "time", **metrics}`` and flush it."""
         if not self.enabled:
             return
-        if self._file is None:
+        if not self._files:
             raise ValueError(f"MetricsWriter for {self.path} is closed")
         values = {}
         for key, value in metrics.items():
@@ -197,8 +231,10 @@ class MetricsWriter:
                 raise ValueError(f"metric key {key!r} is reserved")
             values[key] = _to_number(key, value)
         step = int(step)
-        self._file.write(_dumps({"step": step, "time": time.time(), **values}))
-        self._file.flush()  # a killed process loses no record; a power cut needs sync()
+        line = _dumps({"step": step, "time": time.time(), **values})
+        for f in self._files:
+            f.write(line)
+            f.flush()  # a killed process loses no record; a power cut needs sync()
         if self.tensorboard:
             from tensorboardX import summary
             from tensorboardX.proto.summary_pb2 import Summary
@@ -213,9 +249,9 @@ class MetricsWriter:
 
     def sync(self) -> None:
         """Make every record written so far durable (before a checkpoint that follows them)."""
-        if self._file is not None:
-            self._file.flush()
-            os.fsync(self._file.fileno())
+        for f in self._files:
+            f.flush()
+            os.fsync(f.fileno())
 
     def resume(self, step: int) -> None:
         """Keep the records of steps <= ``step``, one per step (a run resumed from the checkpoint
@@ -241,14 +277,14 @@ class MetricsWriter:
             return
         self._close_tensorboard()
         moved = []
-        for path in (self.path, self.run_dir / "tensorboard"):
+        for path in (*self.paths, self.run_dir / "tensorboard"):
             if path.exists() and (path.is_dir() or path.stat().st_size > 0):
                 moved.append(set_aside_path(self.run_dir, path.name))
                 os.replace(path, moved[-1])
         if moved:
-            if self._file is not None:  # it now writes to the moved file
-                self._file.close()
-                self._file = open(self.path, "a", encoding="utf-8")
+            if self._files:  # they now write to the moved files
+                self._close_files()
+                self._open()
             where = " and ".join(map(str, moved))
             report(
                 logger,
@@ -261,9 +297,7 @@ class MetricsWriter:
             self._tb = None
 
     def close(self) -> None:
-        if self._file is not None:
-            self._file.close()
-            self._file = None
+        self._close_files()
         self._close_tensorboard()
 
     def __enter__(self) -> MetricsWriter:

@@ -131,7 +131,12 @@ def test_resume_truncates_exactly(tmp_path):
         w.write(4, {"agent/a/reward": 40.0})
     records = read_metrics(tmp_path)
     assert [(r["step"], r["agent/a/reward"]) for r in records] == [(1, 1.0), (2, 2.0), (3, 3.0), (4, 40.0)]
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["metrics.jsonl", "tensorboard"]  # no temp file left
+    # no temp file left
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "metrics.jsonl",
+        "metrics.mirror.jsonl",
+        "tensorboard",
+    ]
     # TensorBoard hides the replayed steps through a purge event (SessionLog START at step 4).
     events = read_events(tmp_path / "tensorboard")
     starts = [ev.step for ev in events if ev.HasField("session_log") and ev.session_log.status == 1]
@@ -221,7 +226,7 @@ def test_start_afresh_sets_the_old_metrics_aside(tmp_path):
         w.write(1, {"x": 10.0})
     assert [(r["step"], r["x"]) for r in read_metrics(tmp_path)] == [(1, 10.0)]
     kept = sorted((tmp_path / "set_aside").iterdir())
-    assert [p.name.split(".2")[0] for p in kept] == ["metrics.jsonl", "tensorboard"]
+    assert [p.name.split(".2")[0] for p in kept] == ["metrics.jsonl", "metrics.mirror.jsonl", "tensorboard"]
     assert kept[0].read_text() == old and all(str(p) in str(caught[0].message) for p in kept)
     # the new TensorBoard directory holds the new run only
     assert scalars(read_events(tmp_path / "tensorboard")) == {"x": [(1, 10.0)]}
@@ -230,7 +235,7 @@ def test_start_afresh_sets_the_old_metrics_aside(tmp_path):
     with MetricsWriter(fresh, enabled=True) as w, warnings.catch_warnings():
         warnings.simplefilter("error")
         w.start_afresh()
-    assert sorted(p.name for p in fresh.iterdir()) == ["metrics.jsonl"]
+    assert sorted(p.name for p in fresh.iterdir()) == ["metrics.jsonl", "metrics.mirror.jsonl"]
 
 
 def test_resume_keeps_each_step_once(tmp_path):
@@ -251,7 +256,35 @@ def test_sync_makes_the_records_durable(tmp_path, monkeypatch):
     with MetricsWriter(tmp_path, tensorboard=False, enabled=True) as w:
         w.write(1, {"x": 1.0})
         w.sync()
-        assert synced == [(tmp_path / "metrics.jsonl").stat().st_size]
+        size = (tmp_path / "metrics.jsonl").stat().st_size
+        assert synced == [size, size] == [(tmp_path / "metrics.mirror.jsonl").stat().st_size] * 2
+
+
+def test_damage_to_one_of_the_two_files_loses_no_record(tmp_path):
+    """Every record is written to metrics.jsonl and metrics.mirror.jsonl: a corrupt line, a cut
+    file or a deleted file on either side is repaired from the other, with each step once."""
+    with MetricsWriter(tmp_path, tensorboard=False, enabled=True) as w:
+        for step in (1, 2, 3):
+            w.write(step, {"x": float(step)})
+    whole = [(r["step"], r["x"]) for r in read_metrics(tmp_path)]
+    assert whole == [(1, 1.0), (2, 2.0), (3, 3.0)]
+    main, mirror = tmp_path / "metrics.jsonl", tmp_path / "metrics.mirror.jsonl"
+    good = main.read_text()
+    lines = good.splitlines(keepends=True)
+    for damage in (
+        lambda: main.write_text(lines[0] + "{oops\n" + lines[2]),  # a corrupt middle line
+        lambda: mirror.write_text(lines[0][:5] + "\x00" + lines[0][6:] + lines[1] + lines[2]),
+        lambda: main.write_text(lines[0]),  # cut short
+        lambda: main.unlink(),
+        lambda: mirror.unlink(),
+    ):
+        main.write_text(good)
+        mirror.write_text(good)
+        damage()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            MetricsWriter(tmp_path, tensorboard=False, enabled=True).close()
+        assert main.read_text() == mirror.read_text() == good
 
 
 def test_disabled_writer_writes_nothing(tmp_path):
