@@ -578,3 +578,26 @@ def test_a_run_directory_keeps_its_configs_and_refuses_another_runs(tmp_path):
     )
     assert f"{run}: seed: 0 in the run's config-T3.yaml, 2 now" in problems
     assert sorted(p.name for p in run.iterdir()) == ["config-T3.yaml", "config.yaml"]
+
+
+def test_a_record_from_before_a_new_setting_resumes_and_a_cut_record_is_set_aside(tmp_path):
+    """Settings added to marljax after a run began take their defaults in the comparison (the old
+    code compared a missing key as None and refused the resume of every earlier run directory);
+    a record cut short, even into valid YAML, is damage: set aside, not a dead end."""
+    from marljax.train.config import config_to_record
+
+    run = tmp_path / "run"
+    run.mkdir()
+    cfg = config_from_dict(with_(**{"train.steps": 5}))
+    dump_config(cfg, run / "config.yaml")
+    record = yaml.safe_load((run / "config.yaml").read_text())
+    (name,) = record["policies"]
+    del record["policies"][name]["mini_batches"]  # as if written before mini_batches existed
+    del record["train"]["sft_lr"]
+    (run / "config.yaml").write_text(yaml.safe_dump(record))
+    assert config_to_record(cfg, run, "T1") is None  # nothing changed: the run resumes as it was
+    text = (run / "config.yaml").read_text()
+    (run / "config.yaml").write_text(text[: text.index("policies:")])  # cut short, still a mapping
+    with pytest.warns(RuntimeWarning, match="config.yaml"):
+        assert config_to_record(cfg, run, "T2") == run / "config.yaml"
+    assert len(list((run / "set_aside").iterdir())) == 1

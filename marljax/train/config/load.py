@@ -286,8 +286,10 @@ def config_to_record(cfg: RunConfig, run_dir: str | Path, now: str) -> Path | No
     (`RESUMABLE_CHANGES`) adds `config-<now>.yaml`; None when `cfg` is the newest recorded config
     (the one a rerun is compared with). Any other change is a ConfigError listing the
     differences: the caller checks before it touches the directory and writes (`dump_config`)
-    once the run really starts. A record that is not a YAML mapping (damaged storage) is moved
-    to ``RUN_DIR/set_aside/`` with a warning, and the next older one is compared instead."""
+    once the run really starts. The record is compared as a config (validated, so settings added
+    to marljax since it was written take their defaults and are no change). A record that is not
+    a config (damaged storage: not YAML, not a mapping, cut short) is moved to
+    ``RUN_DIR/set_aside/`` with a warning, and the next older one is compared instead."""
     run_dir = Path(run_dir)
     recorded = [p for p in (run_dir / "config.yaml", *sorted(run_dir.glob("config-*.yaml"))) if p.exists()]
     while recorded:
@@ -295,7 +297,9 @@ def config_to_record(cfg: RunConfig, run_dir: str | Path, now: str) -> Path | No
         try:
             old = yaml.safe_load(latest.read_text(encoding="utf-8"))
             why = "" if isinstance(old, dict) else f"it holds {type(old).__name__}, not a mapping"
-        except (ValueError, yaml.YAMLError) as e:  # ValueError: bytes that are not UTF-8
+            if not why:
+                old = RunConfig.model_validate(old).model_dump(mode="json")
+        except (ValueError, yaml.YAMLError) as e:  # ValueError: bytes that are not UTF-8, or not a config
             why = f"{type(e).__name__}: {e}"
         if not why:
             break
