@@ -305,7 +305,11 @@ def config_to_record(cfg: RunConfig, run_dir: str | Path, now: str) -> Path | No
             break
         kept = set_aside_path(run_dir, latest.name)
         os.replace(latest, kept)
-        report(logger, f"{latest} is not a readable config record ({why[:500]}): moved to {kept}")
+        report(
+            logger,
+            f"{latest} is not a config record this version reads (damaged, or written by another "
+            f"marljax version: {why[:500]}): moved to {kept}",
+        )
     else:
         return run_dir / "config.yaml"
     changes = config_changes(old, cfg.model_dump(mode="json"))
