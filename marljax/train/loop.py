@@ -57,6 +57,37 @@ def diversity_of(rollout: Rollout) -> dict[str, float]:
     return per_agent_diversity({a: list(by_problem.values()) for a, by_problem in groups.items()})
 
 
+# the workflow settings that decide credit (which rows are compared, with what reward), when a kind has them
+CREDIT_KEYS = (
+    "group_size",
+    "normalization",
+    "reward",
+    "shapley",
+    "counterfactual_samples",
+    "singleton",
+    "stop_on_solve",
+    "overlong",
+)
+
+
+def recipe(cfg: RunConfig) -> list[str]:
+    """One line per policy (its loss, KL and optimiser steps per update) and one for the workflow's
+    credit: what a run trains with, said at its start (a recipe is easily not the method it is named
+    after, e.g. one optimiser step per update leaves every PPO/GSPO ratio at 1)."""
+    lines = []
+    for name, p in sorted(cfg.policies.items()):
+        loss = p.loss
+        kl = f"KL {loss.kl_estimator} {loss.kl_coef:g} to the reference" if loss.kl_coef else "no KL"
+        lines.append(
+            f"policy {name}: loss {loss.type} ({loss.agg_mode}), clip [{loss.clip_low:g}, {loss.clip_high:g}], "
+            f"{kl}, {p.mini_batches} optimiser step(s) per update, lr {p.optimizer.lr:g}"
+        )
+    w = cfg.workflow.model_dump()
+    credit = ", ".join(f"{k}={w[k]}" for k in CREDIT_KEYS if k in w)
+    lines.append(f"workflow {w['kind']}: {credit or 'its own credit'}")
+    return lines
+
+
 class Trainer:
     """Builds everything a run needs from a `RunConfig`; `run()` trains to `train.steps`."""
 
@@ -71,6 +102,8 @@ class Trainer:
         self.policies = build_policies(cfg, self.bases)
         seq_len = cfg.sampler.max_prompt_len + cfg.sampler.max_new_tokens
         memory.log_estimates(self.policies, seq_len, log, cfg.sampler.slots)
+        for line in recipe(cfg):
+            log.info(line)
         self.agents = {
             name: Agent(name, a.policy, a.role, a.template) for name, a in sorted(cfg.agents.items())
         }

@@ -49,3 +49,20 @@ def test_its_sequence_clip_acts_where_one_step_per_update_leaves_every_ratio_at_
     # two: the second mini-batch's ratios moved by the first step, past GSPO's 3e-4 / 4e-4 clip
     assert recipe["ratio_max"] != 1.0 and recipe["clip_frac"] > 0.0, recipe
     assert np.isfinite(recipe["kl_ref"])
+
+
+def test_a_run_says_which_loss_and_credit_it_trains_with():
+    from marljax.train.loop import recipe
+
+    lines = recipe(load_config(CONFIG))
+    assert lines[0] == (
+        "policy coder_llama: loss gspo (seq-mean-token-mean), clip [0.0003, 0.0004], KL k3 0.001 to the "
+        "reference, 2 optimiser step(s) per update, lr 0.001"
+    )
+    assert lines[-1] == (
+        "workflow mars2: normalization=tree, reward=fraction, stop_on_solve=False, "
+        "overlong={'max_len': 48, 'buffer_len': 16, 'factor': 1.0}"
+    )
+    # the plain MARS2 config: one step per update, no KL, early stop, stated as such
+    plain = recipe(load_config(CONFIG.parent / "mars2_tiny.yaml"))
+    assert "no KL, 1 optimiser step(s) per update" in plain[0] and "stop_on_solve=True" in plain[-1]
