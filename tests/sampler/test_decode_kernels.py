@@ -16,15 +16,14 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
-import platform
 import re
-import sys
 
 import jax
 import jax.numpy as jnp
 import pytest
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
+from tpu_target import needs_libtpu
 
 from marljax.models.config import ModelConfig
 from marljax.models.decoder import get_params, init_model
@@ -47,22 +46,7 @@ NOT_KERNELS = {
 }
 
 
-def _libtpu_required() -> bool:
-    return sys.platform == "linux" and platform.machine() == "x86_64"
-
-
-def _has_libtpu() -> bool:
-    try:
-        import libtpu  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
-pytestmark = pytest.mark.skipif(
-    not _has_libtpu() and not _libtpu_required(),
-    reason="libtpu (TPU ahead-of-time compilation) is a test dependency on Linux x86_64 only",
-)
+pytestmark = needs_libtpu
 
 
 def computations(hlo: str) -> dict[str, list[str]]:

@@ -9,36 +9,18 @@ all-reduce of a whole micro-batch's activations (activations replicated over the
 from __future__ import annotations
 
 import os
-import platform
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from tpu_target import has_libtpu, needs_libtpu
 
 from marljax.train import aot
 from marljax.train.config import load_config
 from marljax.train.memory import estimate
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def _has_libtpu() -> bool:
-    try:
-        import libtpu  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
-def _libtpu_required() -> bool:
-    return sys.platform == "linux" and platform.machine() == "x86_64"
-
-
-needs_libtpu = pytest.mark.skipif(
-    not _has_libtpu() and not _libtpu_required(),
-    reason="libtpu (TPU ahead-of-time compilation) is a test dependency on Linux x86_64 only",
-)
 
 
 def _cli(*args: str, timeout: int = 600) -> subprocess.CompletedProcess:
@@ -76,7 +58,7 @@ def test_cli_names_a_bad_target_in_one_line():
     assert out.returncode == 2 and "mesh: data=1 x fsdp=4 x tensor=1 = 4 devices, the target has 2" in (
         out.stderr
     ), out.stderr
-    if _has_libtpu():
+    if has_libtpu():
         out = _cli("configs/grpo_tiny.yaml", "--topology", "v5p-16")
         assert out.returncode == 2 and "--topology 'v5p-16': expected" in out.stderr, out.stderr
 
