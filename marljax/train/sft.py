@@ -62,11 +62,13 @@ def warn_cut_targets(trainer: Any, problems: Sequence[Any], target: Callable[[An
     """Warn, per agent, when SFT targets are longer than the agent's sampling budget: RL then cuts
     every such completion (and the overlong penalty, where set, punishes the style SFT taught).
     Returns how many (agent, target) pairs are too long."""
-    too_long = 0
+    too_long, lengths_of = 0, {}  # agents on one policy share its tokenizer: encode once per policy
     for agent in trainer.agents.values():
-        policy = trainer.policies[agent.policy]
+        if agent.policy not in lengths_of:
+            turns = trainer.policies[agent.policy].turns
+            lengths_of[agent.policy] = [len(turns.encode_completion(target(p))) for p in problems]
+        lengths = lengths_of[agent.policy]
         budget = trainer.cfg.agent_sampling(agent.name).max_new_tokens
-        lengths = [len(policy.turns.encode_completion(target(p))) for p in problems]
         over = sum(n > budget for n in lengths)
         if over:
             log.warning(
