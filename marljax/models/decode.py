@@ -169,7 +169,9 @@ def extend_step(
     mask = (jnp.arange(S)[None, None, :] <= positions[:, :, None])[:, None]  # [B, 1, T, S]
     inv_freq = inverse_frequencies(c)
     step_kw = {}
-    if layout == "bskh" and T == 1:
+    if layout == "paged":
+        step_kw = dict(page_table=pages)
+    elif layout == "bskh" and T == 1:
         # a one-token step reads each row's first `starts + 1` slots, as lengths the fused kernels
         # take: cuDNN's where asked (the training-only kernels, splash, have no decode form)
         impl = "cudnn" if c.attention_impl == "cudnn" else None
@@ -187,18 +189,13 @@ def extend_step(
                 .reshape(K, P, page_size, H)
                 for pool, written in ((kv[2 * i], k), (kv[2 * i + 1], v))
             )
-            # (the pages are cast to the queries' dtype after the gather, inside `attend`)
-            attn = attend(q, keys, values, mask=mask, layout=layout, page_table=pages)
         elif layout == "bskh":
             keys = kv[2 * i].at[rows, slots].set(k, mode="drop")
             values = kv[2 * i + 1].at[rows, slots].set(v, mode="drop")
         else:  # split
             keys = kv[2 * i].at[rows, :, :, slots].set(k, mode="drop")
             values = kv[2 * i + 1].at[rows, :, slots, :].set(v, mode="drop")
-        if layout != "paged":
-            attn = attend(
-                q, keys.astype(q.dtype), values.astype(q.dtype), mask=mask, layout=layout, **step_kw
-            )
+        attn = attend(q, keys.astype(q.dtype), values.astype(q.dtype), mask=mask, layout=layout, **step_kw)
         x = out_and_mlp(p, x, attn, config=c, lora=lora)
         new += [keys, values]
     last = x[jnp.arange(B), jnp.maximum(lengths - 1, 0)] if T > 1 else x[:, 0]

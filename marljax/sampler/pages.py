@@ -72,9 +72,7 @@ class PagePool:
     def release(self, slot: int) -> None:
         """Drop slot `slot`'s references (its pages go free when no other table holds them)."""
         for p in self.table[slot, : self.count[slot]]:
-            self.ref[p] -= 1
-            if self.ref[p] == 0:
-                self.free.append(int(p))
+            self.unref(int(p))
         self.table[slot] = self.P
         self.count[slot] = 0
         self.worst[slot] = 0
