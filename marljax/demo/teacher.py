@@ -20,21 +20,10 @@ import random
 import re
 from typing import Any
 
+from marljax.tasks.code import SLIP_KINDS, SLIPS, slip
 from marljax.train.sft import reference_completion
 
-# (line pattern, slipped replacement); at most one slip per line
-SLIPS = (
-    (r"x = x // (\d)", r"x = x / \1"),  # float division
-    (r"x = x - (\d)", r"x = \1 - x"),  # operands swapped
-    (r"x = max\(x, (\d)\)", r"x = min(x, \1)"),  # larger <-> smaller
-    (r"x = min\(x, (\d)\)", r"x = max(x, \1)"),
-    (r"x = x \* (\d)", r"x = x ** \1"),  # power for product
-    (r"x = x % (\d)", r"x = x // \1"),  # quotient for remainder
-    (r"x = x \* x", r"x = x * 2"),  # doubled, not squared
-    (r"x = abs\(x\)", r"x = -x"),  # negated, not absolute
-)
-# the operation kind of each slip, in `SLIPS` order
-KINDS = ("floordiv", "sub", "max", "min", "mul", "mod", "square", "abs")
+KINDS = SLIP_KINDS  # the operation kind of each of `SLIPS`
 # each demo model's teacher slips only on its own kinds: two each of arithmetic and comparison-like,
 # so neither habit set is easier to notice from the tests
 HABITS = {"qwen3": ("floordiv", "sub", "max", "square"), "llama": ("min", "mul", "mod", "abs")}
@@ -43,18 +32,6 @@ HABITS = {"qwen3": ("floordiv", "sub", "max", "square"), "llama": ("min", "mul",
 def line_kind(line: str) -> str | None:
     """The operation kind of a program line that admits a slip (the first matching pattern, as `slip`)."""
     return next((KINDS[i] for i, (pattern, _) in enumerate(SLIPS) if re.search(pattern, line)), None)
-
-
-def slip(code: str, rng: random.Random, rate: float) -> str:
-    """`code` with each line that has a slip replaced by it with probability `rate`."""
-    lines = code.split("\n")
-    for k, line in enumerate(lines):
-        for pattern, wrong in SLIPS:
-            if re.search(pattern, line):
-                if rng.random() < rate:
-                    lines[k] = re.sub(pattern, wrong, line)
-                break
-    return "\n".join(lines)
 
 
 def teacher_completion(problem: Any, rate: float, seed: int = 0) -> str | None:

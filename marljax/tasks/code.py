@@ -24,11 +24,12 @@ Outputs are computed in the parent by composing Python closures, never by
 from __future__ import annotations
 
 import random
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from marljax.rewards import Problem
 from marljax.rewards.formats import CallTest, Program, StdioTest
@@ -220,14 +221,44 @@ def make_step_task(seed: int, steps: int = 2, n_public: int = 3, n_private: int 
     )
 
 
+# Classic slips in a steps task's program lines: (line pattern, slipped replacement), at most one
+# per line. A sloppy teacher makes them (`slip`); the tests catch every one.
+SLIPS = (
+    (r"x = x // (\d)", r"x = x / \1"),  # float division
+    (r"x = x - (\d)", r"x = \1 - x"),  # operands swapped
+    (r"x = max\(x, (\d)\)", r"x = min(x, \1)"),  # larger <-> smaller
+    (r"x = min\(x, (\d)\)", r"x = max(x, \1)"),
+    (r"x = x \* (\d)", r"x = x ** \1"),  # power for product
+    (r"x = x % (\d)", r"x = x // \1"),  # quotient for remainder
+    (r"x = x \* x", r"x = x * 2"),  # doubled, not squared
+    (r"x = abs\(x\)", r"x = -x"),  # negated, not absolute
+)
+# the operation kind of each slip, in `SLIPS` order
+SLIP_KINDS = ("floordiv", "sub", "max", "min", "mul", "mod", "square", "abs")
+
+
+def slip(code: str, rng: random.Random, rate: float) -> str:
+    """`code` with each line that has a slip replaced by it with probability `rate`."""
+    lines = code.split("\n")
+    for k, line in enumerate(lines):
+        for pattern, wrong in SLIPS:
+            if re.search(pattern, line):
+                if rng.random() < rate:
+                    lines[k] = re.sub(pattern, wrong, line)
+                break
+    return "\n".join(lines)
+
+
 def synthetic_rows(
-    n: int, seed: int = 0, difficulty: int = 2, style: str = "examples", **kwargs
+    n: int, seed: int = 0, difficulty: int = 2, style: str = "examples", solution_slips: float = 0.0, **kwargs
 ) -> list[dict]:
     """Synthetic tasks as call-based ``stdio`` rows (same tests as ``task.program``).
 
     Going through rows lets the synthetic task use the row schemas and the stream
     like any dataset.  ``style="steps"`` gives ``make_step_task`` tasks of up to
-    ``difficulty`` steps.  ``kwargs`` go to the task maker (``n_public``, ``n_private``).
+    ``difficulty`` steps.  ``solution_slips``: each row's ``solution`` (what SFT imitates) has
+    `slip` applied at that rate (steps tasks), so it may fail its tests.  ``kwargs`` go to the task
+    maker (``n_public``, ``n_private``).
     """
     if style == "steps":
         tasks = [make_step_task(seed + k, difficulty, **kwargs) for k in range(n)]
@@ -246,7 +277,9 @@ def synthetic_rows(
                 "inputs": [list(args) for args, _ in cases],
                 "outputs": [out for _, out in cases],
                 "public": len(task.public),
-                "solution": task.reference,
+                "solution": slip(
+                    task.reference, random.Random(f"marljax-slips:{task.task_id}"), solution_slips
+                ),
             }
         )
     return rows
@@ -263,7 +296,22 @@ class SyntheticSource(GeneratedSource):
         description="examples: infer f from input/output pairs; steps: up to `difficulty` "
         "operations stated in words (the embedded demo's easier task)",
     )
+    solution_slips: float = Field(
+        0.0,
+        ge=0,
+        le=1,
+        description="steps tasks: the rate of classic slips (`/` for `//`, `min` for `max`, ...) in the "
+        "reference programs SFT imitates, so that a warm start makes errors only RL's reward corrects",
+    )
+
+    @model_validator(mode="after")
+    def _slips_need_steps(self):
+        if self.solution_slips and self.style != "steps":
+            raise ValueError("solution_slips applies to style: steps only")
+        return self
 
     def make(self, n: int, seed: int, split: str) -> list[Problem]:
-        rows = synthetic_rows(n, seed=seed, difficulty=self.difficulty, style=self.style)
+        rows = synthetic_rows(
+            n, seed=seed, difficulty=self.difficulty, style=self.style, solution_slips=self.solution_slips
+        )
         return [parse_row(r, "stdio", f"<synthetic {split}>:{k + 1}") for k, r in enumerate(rows)]

@@ -358,6 +358,9 @@ class Trainer:
                 writer.start_afresh()
                 if t.sft_steps:
                     run_sft(self, t.sft_steps, writer)
+                # step 0: the starting point (after any warm start) that RL's evaluations compare with
+                if t.eval_every and (before := self.evaluate()):
+                    writer.write(0, before)
             with Progress(
                 t.steps, initial=self.step, desc=cfg.name, enabled=None if t.progress else False
             ) as bar:

@@ -116,3 +116,26 @@ def test_read_jsonl_names_file_and_line(tmp_path):
         list(read_jsonl(bad))
     with pytest.raises(DataError, match="no such file"):
         list(read_jsonl(tmp_path / "missing.jsonl"))
+
+
+def test_synthetic_solution_slips_make_the_sft_targets_sloppy_and_only_steps_tasks_take_them():
+    from pydantic import ValidationError
+
+    from marljax.tasks.code import SyntheticSource, slip
+
+    clean = SyntheticSource(style="steps", n_train=200)
+    sloppy = SyntheticSource(style="steps", n_train=200, solution_slips=1.0)
+    pairs = list(zip(clean.split("train"), sloppy.split("train")))
+    assert all(c.prompt == s.prompt and c.fields["inputs"] == s.fields["inputs"] for c, s in pairs)
+    # at rate 1 every line that admits a slip carries it; adding is the one operation without one
+    import random
+
+    for c, s in pairs:
+        assert s.fields["solution"] == slip(c.fields["solution"], random.Random(0), 1.0)
+    changed = [c.fields["solution"] != s.fields["solution"] for c, s in pairs]
+    assert changed == ["x = x + " not in c.fields["solution"] for c, _ in pairs]
+    half = SyntheticSource(style="steps", n_train=200, solution_slips=0.5).split("train")
+    share = sum(h.fields["solution"] != c.fields["solution"] for (c, _), h in zip(pairs, half)) / sum(changed)
+    assert abs(share - 0.5) < 4 * 0.5 / sum(changed) ** 0.5, share  # 4 sigma
+    with pytest.raises(ValidationError, match="style: steps only"):
+        SyntheticSource(style="examples", solution_slips=0.5)

@@ -542,7 +542,9 @@ class TrainConfig(FrozenModel):
     keep_checkpoints: int = Field(3, ge=1)
     async_checkpoint: bool = True
     log_every: int = Field(1, ge=1)
-    eval_every: int | None = Field(None, ge=1, description="None disables evaluation")
+    eval_every: int | None = Field(
+        None, ge=1, description="evaluate every N steps and once before RL (step 0); None disables evaluation"
+    )
     tensorboard: bool = True
     progress: bool = True
     sft_steps: int = Field(0, ge=0, description="supervised warm-up steps before RL")
