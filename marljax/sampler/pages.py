@@ -101,6 +101,32 @@ class PagePool:
         self.peak = max(self.peak, self.in_use)
         return pages
 
+    def admit(self, rows: list[tuple[int, int, int, int, int]]) -> list[tuple[np.ndarray, int, int]]:
+        """Page tables for new rows `(slot, source slot, shared positions, prompt positions, worst
+        pages)`: the source's full pages of the shared prefix by reference, a fresh copy of its
+        partial last page (copy on write), fresh pages for the rest; each slot's old pages are
+        released first. Per row: (its table, the copy-on-write source page or -1, the fresh page it is
+        copied into). A source page stays referenced until the caller has made the copy and `unref`s it.
+        """
+        shared = []
+        for _, src, n, _, _ in rows:  # references first: a source may be a slot of these rows
+            full = self.table[src, : n // self.page_size].copy()
+            self.ref[full] += 1
+            cow = int(self.table[src, n // self.page_size]) if n % self.page_size else -1
+            if cow >= 0:
+                self.ref[cow] += 1
+            shared.append((full, cow))
+        for slot, *_ in rows:
+            self.release(slot)
+        out = []
+        for (slot, _, _, positions, worst), (full, cow) in zip(rows, shared):
+            fresh = self.alloc(pages_for(positions, self.page_size) - len(full))
+            c = len(full) + len(fresh)
+            self.table[slot, :c] = np.concatenate([full, fresh])
+            self.count[slot], self.worst[slot] = c, worst
+            out.append((self.table[slot].copy(), cow, fresh[0] if cow >= 0 else self.P))
+        return out
+
     def grow(self, slot: int, positions: int) -> None:
         """Give slot `slot` the pages for its first `positions` positions."""
         need = min(pages_for(positions, self.page_size), self.M) - int(self.count[slot])

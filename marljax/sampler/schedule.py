@@ -383,32 +383,20 @@ class HostLoop:
         """The page tables of `group`'s rows (their slots' old pages released), as the insert
         call takes them, and the copy-on-write source pages (referenced until the call ran)."""
         pool, e = self.pool, self.engine
-        ps = pool.page_size
-        shared = []
-        for _, _, src, n in group:  # references first: the sources may be slots of this group
-            full = pool.table[src, : n // ps].copy()
-            pool.ref[full] += 1
-            cow = int(pool.table[src, n // ps]) if n % ps else -1
-            if cow >= 0:
-                pool.ref[cow] += 1
-            shared.append((full, cow))
-        for _, slot, _, _ in group:
-            pool.release(slot)
+        admitted = pool.admit(
+            [(slot, src, n, len(self.requests[r].prompt), self._worst(r)) for r, slot, src, n in group]
+        )
         rows = np.full((Bn, pool.M), pool.P, np.int32)
         cow_src, cow_dst = np.full((Bn,), pool.P, np.int32), np.full((Bn,), pool.P, np.int32)
-        for j, ((r, slot, _, _), (full, cow)) in enumerate(zip(group, shared)):
-            fresh = pool.alloc(pages_for(len(self.requests[r].prompt), ps) - len(full))
-            c = len(full) + len(fresh)
-            pool.table[slot, :c] = np.concatenate([full, fresh])
-            pool.count[slot], pool.worst[slot] = c, self._worst(r)
-            rows[j] = pool.table[slot]
+        for j, ((_, _, _, n), (table, cow, fresh)) in enumerate(zip(group, admitted)):
+            rows[j] = table
             if cow >= 0:
-                cow_src[j], cow_dst[j] = cow, fresh[0]
-            e.stats.shared_pages += len(full)
+                cow_src[j], cow_dst[j] = cow, fresh
+            e.stats.shared_pages += n // pool.page_size
             e.stats.cow_pages += int(cow >= 0)
         self._sync_pages()
         paging = tuple(e._put(x) for x in (rows, cow_src, cow_dst))
-        return paging, [cow for _, cow in shared if cow >= 0]
+        return paging, [cow for _, cow, _ in admitted if cow >= 0]
 
     # ----------------------------------------------------------------- decode
     def _decode(self) -> None:

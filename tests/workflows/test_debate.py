@@ -135,7 +135,7 @@ def test_two_steps_through_the_trainer_on_a_tiny_model(tmp_path):
     before = trainer.policies["shared"].version
     trainer.run()
     records = read_metrics(tmp_path / "run")
-    assert [r["step"] for r in records] == [1, 2]
+    assert [r["step"] for r in records] == [0, 1, 2]  # 0: the evaluation before RL
     last = records[-1]
     # the per-agent statistics and the diversity come from the trainer, not from the workflow
     for name in ("alice", "bob"):

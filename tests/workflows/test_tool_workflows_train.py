@@ -38,7 +38,7 @@ def run_tiny(name: str, tmp_path: Path, extra: list[str]):
 @pytest.mark.slow
 def test_sharp_tools_tiny_trains(tmp_path):
     records, steps = run_tiny("sharp_tools", tmp_path, ["workflow.group_size=2", "data.source.n_eval=2"])
-    assert [r["step"] for r in records] == [1, 2]
+    assert [r["step"] for r in records] == [0, 1, 2]  # 0: the evaluation before RL
     last = records[-1]
     for key in ("team/reward", "tools/calls_per_episode", "agent/worker1/credit", "eval/team/reward"):
         assert np.isfinite(last[key]), key
@@ -55,7 +55,7 @@ def test_sharp_tools_tiny_trains(tmp_path):
 @pytest.mark.slow
 def test_dr_mas_search_tiny_trains(tmp_path):
     records, steps = run_tiny("dr_mas_search", tmp_path, ["workflow.group_size=2", "data.source.n_eval=2"])
-    assert [r["step"] for r in records] == [1, 2]
+    assert [r["step"] for r in records] == [0, 1, 2]  # 0: the evaluation before RL
     assert {r["agent"] for r in steps[0]} <= {"router", "searcher", "answerer"}
     assert "answerer" in {r["agent"] for r in steps[0]}
     for key in ("team/reward", "dr_mas/rounds", "agent/answerer/adv_std", "eval/team/reward"):
@@ -67,7 +67,7 @@ def test_at_grpo_tools_tiny_trains(tmp_path):
     records, steps = run_tiny(
         "at_grpo_tools", tmp_path, ["workflow.num_candidates=2", "data.source.n_eval=2"]
     )
-    assert [r["step"] for r in records] == [1, 2]
+    assert [r["step"] for r in records] == [0, 1, 2]  # 0: the evaluation before RL
     tool = [r for r in steps[0] if r["agent"] == "tool_agent"]
     assert tool and all("Tools:\n- check_plan(moves: string)" in r["prompt"] for r in tool)
     # the plan agent sees what the tool agent's best candidate got back

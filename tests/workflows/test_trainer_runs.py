@@ -36,9 +36,10 @@ def test_heterogeneous_mars2_tiny_config_trains_and_resumes(tmp_path):
     trainer = Trainer(cfg)
     trainer.run()
     records = read_metrics(tmp_path / "run")
-    assert [r["step"] for r in records] == [1, 2]
+    assert [r["step"] for r in records] == [0, 1, 2]  # 0: the evaluation before RL
     last = records[-1]
     assert "eval/alice/pass_at_1" in last or any(k.startswith("eval/") for k in last)
+    assert {k for k in records[0] if k not in ("step", "time")} == {k for k in last if k.startswith("eval/")}
     for key in (
         "agent/alice/reward",
         "agent/bob/reward",
