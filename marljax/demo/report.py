@@ -131,7 +131,7 @@ def reward_figure(out: Path, results: Sequence[dict[str, Any]]) -> Figure:
 
 def held_out_figure(results: Sequence[dict[str, Any]], settings: Any) -> Figure:
     """Before and after RL, per method: the team's search solve rate and its mean pass@1, with
-    +-1 standard error bars (`held_out_bars`); one legend for both panels, below them."""
+    ±1 standard error bars (`held_out_bars`); one legend for both panels, below them."""
     fig = _figure(figsize=(11, 5))
     axes = fig.subplots(1, 2)
     x = np.arange(len(results))
@@ -139,10 +139,11 @@ def held_out_figure(results: Sequence[dict[str, Any]], settings: Any) -> Figure:
         for phase, shift, label in (("before", -0.2, "before RL (after SFT)"), ("after", 0.2, "after RL")):
             ax.bar(x + shift, panel[phase], 0.4, yerr=panel[f"{phase}_se"], capsize=3, label=label)
         ax.set_xticks(x, [r["label"].replace(" (", "\n(") for r in results], fontsize=7)
-        ax.set(ylabel=f"held-out tasks solved (%, n = {panel['n']})", title=panel["title"])
+        # the whole 0-100% range: a scale cut to the bars' heights makes small gaps look large
+        ax.set(ylabel=f"held-out tasks solved (%, n = {panel['n']})", title=panel["title"], ylim=(0, 100))
         ax.title.set_fontsize(9)
     fig.suptitle(
-        f"Error bars: +-1 standard error over the {settings.n_eval} held-out tasks (search: sqrt(p(1-p)/n); "
+        f"Error bars: ±1 standard error over the {settings.n_eval} held-out tasks (search: sqrt(p(1-p)/n); "
         "pass@1: of the per-task means)",
         fontsize=8,
     )
