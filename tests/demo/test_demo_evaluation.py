@@ -12,6 +12,7 @@ from marljax.demo.pipeline import pass_at_1, task_progress, team_search
 from marljax.rewards import SandboxPool, SandboxVerifier
 from marljax.tasks import parse_row, synthetic_rows
 from marljax.workflows.base import Agent, ScriptedGenerator
+from marljax.workflows.mars2 import search_eval
 
 WRONG = "```python\ndef f(x):\n    return -12345\n```"
 
@@ -63,15 +64,12 @@ def test_team_search_reports_each_tree_as_it_finishes(verifier, capsys):
     nodes are spent, 2 per round: after rounds 1, 2, 3 the finished trees grow by 1, 0, 2."""
     problems = make_problems(3)
     gen = ScriptedGenerator(script_by_task(problems, lambda i, k, p: reference(p) if i == 0 else WRONG))
-    seen = []
     out = team_search(problems, [Agent("solo", "p")], gen, verifier, 6, 0, label="x")
     assert out["eval/search/pass_at_1"] == pytest.approx(1 / 3)
     assert out["eval/search/nodes"] == pytest.approx((1 * 2 + 2 * 6) / 3)  # a solved tree stops
     err = capsys.readouterr().err
-    assert err.startswith("x: 3 tasks ...\nx: 3/3 tasks done in ")
-
-    from marljax.workflows.mars2 import search_eval
-
+    assert err.startswith("x: 3 tasks ...\nx: 3/3 tasks done in ")  # the rounds' counts add up to 3
+    seen = []
     search_eval(
         problems,
         [Agent("solo", "p")],
