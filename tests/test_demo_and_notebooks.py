@@ -132,10 +132,10 @@ def test_cli_dispatches_demo(capsys):
     assert "invalid choice" in capsys.readouterr().err
 
 
-# Each notebook's execution time in this test on a 2-core VM (the suite's XLA settings, see conftest;
-# `python notebooks/execute.py` without them takes longer): the training notebook compiles a model's
-# SFT, sampling and RL programs.
-NOTEBOOK_SECONDS = {"kernels.ipynb": 17, "tools.ipynb": 4, "training.ipynb": 39}
+# Each notebook's execution time in this test on a shared 2-core VM (the suite's XLA settings, see
+# conftest; `python notebooks/execute.py` without them takes longer): the training notebook compiles
+# a model's SFT, sampling and RL programs (39-64 s, by the machine's load).
+NOTEBOOK_SECONDS = {"kernels.ipynb": 17, "tools.ipynb": 4, "training.ipynb": 60}
 
 
 def load_notebook_runner():
