@@ -148,7 +148,8 @@ def measure(trainer: Trainer, problems: list, seed: int) -> dict:
     out["pass_at_k"] = float(passed.any(axis=1).mean())
     out["sample_pass_rate"] = float(passed.mean())
     out.update(grouped_diversity([[extract_code(x).code or x for x in t] for t in texts], "diversity"))
-    out["search"] = team_search(trainer, problems, NODES, seed)
+    team = (problems, agents, trainer.generator, trainer.verifier)
+    out["search"] = team_search(*team, NODES, seed, label=f"search, seed {seed}")
     return out
 
 

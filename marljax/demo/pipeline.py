@@ -11,22 +11,28 @@ finished are read back (`<method>/evaluation.json`).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import json
 import logging
+import sys
+import time
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 import numpy as np
 
 from marljax.demo.refine import refine_examples
 from marljax.demo.teacher import HABITS, habit_completion
+from marljax.rewards import Problem, Verifier
 from marljax.train.config import RunConfig, config_from_dict
 from marljax.train.files import write_atomically
 from marljax.train.loop import Trainer
-from marljax.train.metrics import MetricsWriter
+from marljax.train.metrics import MetricsWriter, Progress
 from marljax.train.sft import run_sft
+from marljax.workflows.base import Agent, Generator
 from marljax.workflows.mars2 import search_eval
 
 log = logging.getLogger(__name__)
@@ -200,40 +206,97 @@ def warm_start(out: Path, models: dict[str, Path], s: DemoConfig) -> dict[str, P
     return exported
 
 
-def pass_at_1(trainer: Trainer, s: DemoConfig, known: dict[str, float] | None = None) -> dict[str, float]:
-    """Held-out pass@1 per policy: `eval_samples` answers per task at the training temperature,
-    scored on all tests (the hidden ones included). Policies in `known` are not re-measured."""
-    problems, out = trainer.eval_problems, {}
-    for policy in sorted({a.policy for a in trainer.agents.values()}):
+@contextlib.contextmanager
+def task_progress(label: str, total: int, file: TextIO | None = None) -> Iterator[Callable[[int], None]]:
+    """Yields `advance(n)`: `n` more of an evaluation's `total` tasks are done. On a terminal, a
+    progress bar (`marljax.train.metrics.Progress`, on stderr like the training bars); elsewhere (a CI
+    log, a file) one line as the evaluation starts and one as it ends, since a bar redraws itself
+    with carriage returns that a log keeps as one garbled line."""
+    file = file or sys.stderr
+    if file.isatty():
+        with Progress(total, desc=label, file=file) as bar:
+            yield bar.update
+        return
+    done, start = 0, time.perf_counter()
+    print(f"{label}: {total} tasks ...", file=file, flush=True)
+
+    def advance(n: int) -> None:
+        nonlocal done
+        done += n
+
+    yield advance
+    print(f"{label}: {done}/{total} tasks done in {time.perf_counter() - start:.0f} s", file=file, flush=True)
+
+
+def pass_at_1(
+    problems: Sequence[Problem],
+    agents: Sequence[Agent],
+    generator: Generator,
+    verifier: Verifier,
+    samples: int,
+    seed: int,
+    known: dict[str, list[float]] | None = None,
+    label: str = "pass@1",
+) -> dict[str, list[float]]:
+    """Held-out pass@1 per policy, per task: the fraction of `samples` answers at the training
+    temperature that pass all tests (the hidden ones included). Policies in `known` are not
+    re-measured. A progress line per measured policy, labelled `label`."""
+    out = {}
+    for policy in sorted({a.policy for a in agents}):
         if known is not None and policy in known:
             out[policy] = known[policy]
             continue
-        agent = next(a for a in trainer.agents.values() if a.policy == policy)
-        gens = trainer.generator.generate(
-            [(agent, agent.render(p.prompt)) for p in problems], s.eval_samples, seed=s.seed + 12345
-        )
-        flat = [(p, g) for p, group in zip(problems, gens) for g in group]
-        scores = trainer.verifier.score([p for p, _ in flat], [g.text for _, g in flat])
-        out[policy] = float(np.mean([sc.passed for sc in scores]))
+        agent = next(a for a in agents if a.policy == policy)
+        with task_progress(f"{label} {policy}", len(problems)) as advance:
+            # one sampler call for all tasks (its batch fixes the sampled answers, so no chunks)
+            gens = generator.generate([(agent, agent.render(p.prompt)) for p in problems], samples, seed=seed)
+            flat = [(p, g) for p, group in zip(problems, gens) for g in group]
+            scores = verifier.score([p for p, _ in flat], [g.text for _, g in flat])
+            passed = np.reshape([sc.passed for sc in scores], (len(problems), samples))
+            advance(len(problems))
+        out[policy] = passed.mean(axis=1).tolist()
     return out
 
 
-def team_search(trainer: Trainer, problems: list, nodes: int, seed: int) -> dict[str, float]:
-    """The trainer's agents as one team under MARS2-T+ test-time search (`search_eval`, which
+def team_search(
+    problems: Sequence[Problem],
+    agents: Sequence[Agent],
+    generator: Generator,
+    verifier: Verifier,
+    nodes: int,
+    seed: int,
+    label: str = "team search",
+) -> dict[str, float]:
+    """`agents` as one team under MARS2-T+ test-time search (`search_eval`, which
     `marljax eval --search` runs): `nodes` nodes per task, 2 expansions per round, failed nodes
     refined with error feedback by the next agent, public tests guide the search and pick the answer,
     private (hidden) tests score it. Sampled at the training temperature: greedy decoding would make
     every fresh node of one agent the same program. A one-agent team searches alone, MARS2's
-    single-agent baseline at the same node budget."""
-    return search_eval(
-        problems,
-        list(trainer.agents.values()),
-        trainer.generator,
-        trainer.verifier,
-        max_nodes=nodes,
-        expansions_per_round=2,
-        seed=seed,
-    )
+    single-agent baseline at the same node budget. Progress: the tasks whose tree is done, per round."""
+    with task_progress(label, len(problems)) as advance:
+        return search_eval(
+            problems,
+            list(agents),
+            generator,
+            verifier,
+            max_nodes=nodes,
+            expansions_per_round=2,
+            seed=seed,
+            progress=advance,
+        )
+
+
+def evaluate(
+    trainer: Trainer, label: str, s: DemoConfig, known: dict[str, list[float]] | None = None
+) -> dict[str, Any]:
+    """The trainer's team on its held-out tasks: search solve rate and each policy's pass@1, its mean
+    (`policies`) and per task (`per_task`, for the standard errors)."""
+    problems, agents = trainer.eval_problems, list(trainer.agents.values())
+    parts = (problems, agents, trainer.generator, trainer.verifier)
+    search = team_search(*parts, s.search_nodes, s.seed, label=f"{label}: team search")
+    per_task = pass_at_1(*parts, s.eval_samples, s.seed + 12345, known, label=f"{label}: pass@1")
+    policies = {p: float(np.mean(v)) for p, v in per_task.items()}
+    return {"search": search, "policies": policies, "per_task": per_task}
 
 
 def team_score(per_policy: dict[str, float], agents: dict[str, str]) -> float:
@@ -241,41 +304,57 @@ def team_score(per_policy: dict[str, float], agents: dict[str, str]) -> float:
     return float(np.mean([per_policy[p] for p in agents.values()]))
 
 
+def team_per_task(per_task: dict[str, list[float]], agents: dict[str, str]) -> list[float]:
+    """A team's pass@1 per task: the mean over its agents (an agent scores as its policy)."""
+    return np.mean([per_task[p] for p in agents.values()], axis=0).tolist()
+
+
 def train_method(
-    out: Path, method: str, sft_models: dict[str, Path], s: DemoConfig, warm: dict[str, float] | None = None
+    out: Path,
+    method: str,
+    sft_models: dict[str, Path],
+    s: DemoConfig,
+    warm: dict[str, list[float]] | None = None,
 ) -> dict[str, Any]:
     """One RL run with the team's search solve rate and each policy's pass@1 before and after;
-    `warm` caches the warm-started models' pass@1 across methods (the same checkpoints and sampling
-    seed give the same answers). Every team searches the same held-out tasks with the same seed."""
+    `warm` caches the warm-started models' per-task pass@1 across methods (the same checkpoints and
+    sampling seed give the same answers). Every team searches the same held-out tasks with the same seed."""
     agents = METHODS[method]
     trainer = Trainer(run_config(method, out / method, sft_models, agents, s))
     # evaluations an earlier invocation finished: before RL, and after RL at the step it reached
-    # (the output directory's settings are this run's, see __main__.same_settings)
+    # (the output directory's settings are this run's, see __main__.same_settings); one saved by a
+    # version without per-task pass@1 is redone (the same seeds give the same answers)
     saved = out / method / "evaluation.json"
     done = json.loads(saved.read_text()) if saved.is_file() else {}
     try:
-        problems = trainer.eval_problems
-        if "before" not in done:
-            search = team_search(trainer, problems, s.search_nodes, s.seed)
-            done["before"] = {"search": search, "policies": pass_at_1(trainer, s, warm)}
+        if "per_task" not in done.get("before", {}):  # before trainer.run() restores the RL checkpoint
+            done["before"] = evaluate(trainer, f"{method} before RL", s, warm)
             write_atomically(saved, json.dumps(done, indent=1))
         if warm is not None:
-            warm.update(done["before"]["policies"])
+            warm.update(done["before"]["per_task"])
         trainer.run()  # resumes (or skips) from an earlier invocation's checkpoint; closes the sandbox pool,
-        if done.get("after", {}).get("step") != trainer.step:  # which the next use reopens
-            search = team_search(trainer, problems, s.search_nodes, s.seed)
-            done["after"] = {"step": trainer.step, "search": search, "policies": pass_at_1(trainer, s)}
+        after = done.get("after", {})  # which the next use reopens
+        if after.get("step") != trainer.step or "per_task" not in after:
+            done["after"] = {"step": trainer.step, **evaluate(trainer, f"{method} after RL", s)}
             write_atomically(saved, json.dumps(done, indent=1))
     finally:
         trainer.close()
-    before, after = done["before"]["policies"], done["after"]["policies"]
+    before, after = done["before"], done["after"]
     return {
         "method": method,
         "label": LABELS[method],
         "agents": agents,
         # the headline: what the team reaches under MARS2-T+ search (search_eval's metrics)
-        "search": {"before": done["before"]["search"], "after": done["after"]["search"]},
-        "policies": {"before": before, "after": after},
-        "pass_at_1": {"before": team_score(before, agents), "after": team_score(after, agents)},
+        "search": {"before": before["search"], "after": after["search"]},
+        "policies": {"before": before["policies"], "after": after["policies"]},
+        "pass_at_1": {
+            "before": team_score(before["policies"], agents),
+            "after": team_score(after["policies"], agents),
+        },
+        # each task's mean over the team's agents: the tasks are the unit of pass@1's standard error
+        "pass_at_1_per_task": {
+            "before": team_per_task(before["per_task"], agents),
+            "after": team_per_task(after["per_task"], agents),
+        },
         "samples": s.rl_steps * s.samples_per_step,
     }

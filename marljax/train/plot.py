@@ -5,6 +5,9 @@ for ``agent/<agent>/<metric>``, a line per policy for
 ``policy/<policy>/<metric>`` (labels get an ``agent/`` or ``policy/`` prefix
 when a metric has both), and an ``eval`` figure with a line per ``eval/*`` key.
 x is the step; a record without a key simply adds no point to that line.
+Lines are smoothed by an exponential moving average (`ema`) drawn over the
+faint raw points, and the legend sits outside the axes, right of them, so that
+it never covers a curve.
 
 Figures are drawn on matplotlib's Agg canvas without pyplot, so no display is
 needed and the caller's pyplot backend is left alone.
@@ -56,8 +59,10 @@ def curves(records: list[dict]) -> dict[str, Series]:
     return out
 
 
-def _ema(values: np.ndarray, smoothing: float) -> np.ndarray:
-    """Exponential moving average; non-finite points are skipped (NaN in the output, state kept)."""
+def ema(values: np.ndarray, smoothing: float) -> np.ndarray:
+    """Exponential moving average ``s_i = smoothing * s_{i-1} + (1 - smoothing) * v_i`` from
+    ``s_0 = v_0`` (TensorBoard's smoothing, without its start-up correction); non-finite points are
+    skipped (NaN in the output, state kept)."""
     out = np.full_like(values, np.nan)
     acc = math.nan
     for i, v in enumerate(values):
@@ -75,14 +80,15 @@ def make_figure(title: str, series: Series, *, smoothing: float = 0.6) -> Figure
     for label, (steps, values) in series.items():
         if smoothing > 0 and len(values) > 2:
             (raw,) = ax.plot(steps, values, marker=".", linewidth=0.8, alpha=0.3, label="_raw")
-            ax.plot(steps, _ema(values, smoothing), color=raw.get_color(), label=label)
+            ax.plot(steps, ema(values, smoothing), color=raw.get_color(), label=label)
         else:
             ax.plot(steps, values, marker=".", label=label)
     ax.set_title(title)
     ax.set_xlabel("step")
     ax.grid(alpha=0.3)
     if series:
-        ax.legend()
+        # outside the axes: inside, matplotlib's "best" place still covers points when lines fill the plot
+        fig.legend(loc="outside right upper", fontsize="small")
     return fig
 
 

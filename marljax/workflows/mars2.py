@@ -216,13 +216,16 @@ def run_search(
     search: Mars2Config,
     priors: Mapping[str, tuple[float, float]] | None = None,
     split: str = "all",
+    progress: Callable[[int], None] | None = None,
 ) -> tuple[list[Tree], int]:
     """Grow one tree per problem with `search`'s options; node rewards are the `split` ("all" or
-    "public") pass fraction. Returns the trees and the number of generator rounds."""
+    "public") pass fraction. Returns the trees and the number of generator rounds. `progress(n)`
+    hears after each round how many more trees are done (the calls add up to the problem count)."""
     by_name = {a.name: a for a in team}
     gamma = make_gamma(search.depth_gamma)
     trees = [Tree(list(by_name), search.max_nodes, priors, gamma, search.stop_on_solve) for _ in problems]
     rng = np.random.default_rng(seed)
+    finished = 0
     for rnd in itertools.count():
         pending = [
             (i, n) for i, t in enumerate(trees) for n in t.plan_round(rng, search.expansions_per_round)
@@ -258,6 +261,10 @@ def run_search(
                 fractions=frac,
                 prompt=q,
             )
+        if progress is not None:
+            now = sum(t.done for t in trees)
+            progress(now - finished)
+            finished = now
 
 
 def search_eval(
@@ -275,11 +282,13 @@ def search_eval(
     ties: str = "earliest",
     seed: int = 0,
     use_feedback: bool = True,
+    progress: Callable[[int], None] | None = None,
 ) -> dict[str, float]:
     """MARS2-T+: search with error feedback on public-test rewards, pick one answer per problem
     (best public score, or `reward_model`'s; `ties` to the earliest or latest node), score it on
     the private tests. `use_feedback=False` leaves the feedback out of refinement prompts (the
     ablation of MARS2-T+'s error feedback); `depth_gamma=[1.0]` turns depth guidance off.
+    `progress(n)`: `n` more problems' trees are done, after each round (see `run_search`).
 
     pass_at_1: the chosen answer passes all private tests; oracle: some node does."""
     team = list(agents.values()) if isinstance(agents, Mapping) else list(agents)
@@ -292,7 +301,9 @@ def search_eval(
         reward="fraction",
         **gamma,
     )
-    trees, rounds = run_search(problems, team, generator, verifier, seed, search, priors, split="public")
+    trees, rounds = run_search(
+        problems, team, generator, verifier, seed, search, priors, split="public", progress=progress
+    )
     chosen, passed, oracle = [], [], []
     for p, t in zip(problems, trees):
         scores = None

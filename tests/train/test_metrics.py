@@ -383,7 +383,7 @@ def test_make_figure_has_one_labelled_line_per_series():
     labelled = [line for line in ax.lines if not line.get_label().startswith("_")]
     assert [line.get_label() for line in labelled] == ["coder", "tester"]
     assert len(ax.lines) == 4  # raw points kept under each smoothed line
-    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["coder", "tester"]
+    assert [t.get_text() for t in fig.legends[0].get_texts()] == ["coder", "tester"]
 
 
 def test_plot_run_writes_valid_pngs(tmp_path):
