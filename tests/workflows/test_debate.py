@@ -145,4 +145,4 @@ def test_two_steps_through_the_trainer_on_a_tiny_model(tmp_path):
     assert (
         trainer.policies["shared"].version == before + 2
     )  # 2 problems x 2 debates x 4 turns = one update a step
-    assert [r["policy/shared/updates"] for r in records] == [1.0, 1.0]
+    assert [r["policy/shared/updates"] for r in records[1:]] == [1.0, 1.0]
