@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 from pathlib import Path
 
@@ -46,6 +47,9 @@ def cmd_train(args) -> int:
     return 0
 
 
+SINK_NAMES = {"tensorboard": "TensorBoard", "wandb": "wandb"}
+
+
 def train_summary(trainer, config: str, overrides: list[str], interrupted: bool = False) -> list[str]:
     """Where a `train` run keeps its checkpoints, metrics and rollouts, and the commands that read
     them: printed when it ends or is interrupted, since the layout is otherwise only in the README."""
@@ -71,7 +75,7 @@ def train_summary(trainer, config: str, overrides: list[str], interrupted: bool 
         f"  run directory  {run}/ (config.yaml: the settings it started with)",
         f"  checkpoints    {run}/checkpoints/ " + ("(none)" if saved is None else f"(newest: step {saved})"),
         f"  metrics        {run}/metrics.jsonl"
-        + (f", TensorBoard: {run}/tensorboard/" if t.tensorboard else ""),
+        + "".join(f", {SINK_NAMES[sink]}: {run}/{sink}/" for sink in t.log_to),
         f"  plots          {run}/plots/*.png, drawn by `marljax plot {run}`",
         f"  rollouts       {run}/rollouts/ (steps {_ranges(logged)})"
         if logged
@@ -82,6 +86,8 @@ def train_summary(trainer, config: str, overrides: list[str], interrupted: bool 
     ]
     if logged:
         lines.append(f"  marljax rollouts {run} --limit 8")
+    if "wandb" in t.log_to and (t.wandb.mode or os.environ.get("WANDB_MODE")) == "offline":
+        lines.append(f"  wandb sync {run}/wandb/offline-run-*   (uploads the offline wandb run)")
     if saved is not None:
         lines.append(f"  marljax export {run} --policy {sorted(trainer.policies)[0]} OUT_DIR")
     return lines
@@ -200,8 +206,6 @@ COMPILE_HELP = (
 
 
 def cmd_compile(args) -> int:
-    import os
-
     if args.devices is not None:
         if args.devices < 1:
             raise SystemExit(f"--devices must be at least 1, got {args.devices}")

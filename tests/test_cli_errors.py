@@ -17,7 +17,7 @@ def _config(tmp_path, model: dict, data: dict | None = None) -> str:
         "agents": {"solver": {"policy": "main"}},
         "data": {"source": data or {"kind": "synthetic", "n_train": 4}, "batch_size": 2},
         "workflow": {"kind": "grpo", "group_size": 2},
-        "train": {"steps": 1, "progress": False, "tensorboard": False},
+        "train": {"steps": 1, "progress": False, "log_to": []},
     }
     path = tmp_path / "run.yaml"
     path.write_text(yaml.safe_dump(cfg))
