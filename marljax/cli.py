@@ -22,7 +22,6 @@ from pathlib import Path
 
 def _trainer(config: str, overrides: list[str], search: bool = False):
     from marljax.train.config import ConfigError, load_config
-    from marljax.train.loop import Trainer
 
     cfg = load_config(config, overrides)
     if search:
@@ -32,6 +31,16 @@ def _trainer(config: str, overrides: list[str], search: bool = False):
                 [f"{config}: workflow: --search: {cfg.workflow.kind!r} has no test-time search"]
             )
         cfg = load_config(config, [*overrides, "workflow.eval_search=true"])
+    return _start_trainer(cfg)
+
+
+def _start_trainer(cfg):
+    from marljax import backends
+    from marljax.train import distributed
+    from marljax.train.loop import Trainer
+
+    distributed.initialize(cfg.distributed)  # a multi-process run joins before any backend starts
+    backends.start()  # here rather than in the Trainer: without libtpu's start-up noise
     return Trainer(cfg)
 
 
@@ -106,7 +115,6 @@ def cmd_eval(args) -> int:
 
 def cmd_export(args) -> int:
     from marljax.train.config import load_config
-    from marljax.train.loop import Trainer
 
     run_dir = Path(args.run_dir)
     config = run_dir / "config.yaml"
@@ -115,7 +123,7 @@ def cmd_export(args) -> int:
     cfg = load_config(config, [f"run_dir={run_dir}"])
     if args.policy not in cfg.policies:
         raise SystemExit(f"{config}: no policy {args.policy!r}; policies: {sorted(cfg.policies)}")
-    trainer = Trainer(cfg)
+    trainer = _start_trainer(cfg)
     try:
         if not trainer.restore():
             raise SystemExit(f"{run_dir}: no complete checkpoint to export")
@@ -218,6 +226,7 @@ def cmd_compile(args) -> int:
             raise SystemExit(f"--devices {args.devices}: {e}") from None
     if args.num_slices < 1:
         raise SystemExit(f"--num-slices must be at least 1, got {args.num_slices}")
+    from marljax import backends
     from marljax.train import aot
     from marljax.train.config import load_config
 
@@ -231,12 +240,16 @@ def cmd_compile(args) -> int:
         raise SystemExit(f"--policy {unknown[0]!r}: not in {args.config}; policies: {sorted(cfg.policies)}")
     try:
         if args.topology is not None:
-            devices, tpu = aot.topology_devices(args.topology, args.num_slices), True
+            # a topology's devices load libtpu without starting this machine's backends (a TPU here
+            # may be another run's)
+            with backends.quiet_libtpu():
+                devices, tpu = aot.topology_devices(args.topology, args.num_slices), True
         else:
             import jax
 
             if args.num_slices != 1:
                 raise aot.CompileError("--num-slices needs --topology")
+            backends.start()
             devices = jax.devices("cpu") if args.devices is not None else jax.devices()
             tpu = devices[0].platform == "tpu"
         print(f"target: {aot.describe_target(devices)}", flush=True)
