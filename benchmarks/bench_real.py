@@ -148,7 +148,7 @@ def run_config(work: Path, args) -> dict:
         "sampler": {"max_new_tokens": args.max_new_tokens, "max_prompt_len": 512},
         "workflow": {"kind": "mars2", "agents": ["alice", "bob"], "max_nodes": 4, "expansions_per_round": 4},
         "sandbox": {"workers": 2},
-        "train": {"steps": 1, "save_every": 1, "tensorboard": False, "progress": False},
+        "train": {"steps": 1, "save_every": 1, "log_to": [], "progress": False},
     }
 
 

@@ -121,7 +121,7 @@ def run_config(
                 "steps": steps,
                 "save_every": steps,
                 "keep_checkpoints": 1,
-                "tensorboard": False,
+                "log_to": [],
                 "progress": False,
                 **(train or {}),
             },
@@ -191,7 +191,7 @@ def warm_start(seed: int = WARM_SEED, root: Path = ROOT) -> Path:
             "seed %d: SFT on %d tasks, %.0f%% of teacher programs pass", seed, steps * batch, 100 * passed
         )
         trainer.run_dir.mkdir(parents=True, exist_ok=True)
-        with MetricsWriter(trainer.run_dir, tensorboard=False) as writer:
+        with MetricsWriter(trainer.run_dir, log_to=()) as writer:
             for k in range(steps):
                 # the long review prompts in a batch of their own: the short ones are not padded to them
                 for part, roles in enumerate((("solver", "coder", "tester"), ("verifier",))):

@@ -103,7 +103,7 @@ def config(seed: int, setting: str, steps: int, root: Path, n_eval: int, batch: 
                 "steps": steps,
                 "save_every": max(steps, 1),
                 "keep_checkpoints": 1,
-                "tensorboard": False,
+                "log_to": [],
                 "progress": False,
             },
         },

@@ -99,7 +99,7 @@ def config(seed: int, root: Path, batch: int):
             },
             "sampler": {"max_new_tokens": 40, "temperature": 1.0, "min_prompt_bucket": 64},
             "workflow": {"kind": "sharp", "planner": "planner", "workers": list(WORKERS), "group_size": G},
-            "train": {"steps": 1, "tensorboard": False, "progress": False},
+            "train": {"steps": 1, "log_to": [], "progress": False},
         },
         source=f"<experiment sharp_axioms seed {seed}>",
     )

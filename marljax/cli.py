@@ -15,13 +15,13 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 from pathlib import Path
 
 
 def _trainer(config: str, overrides: list[str], search: bool = False):
     from marljax.train.config import ConfigError, load_config
-    from marljax.train.loop import Trainer
 
     cfg = load_config(config, overrides)
     if search:
@@ -31,6 +31,16 @@ def _trainer(config: str, overrides: list[str], search: bool = False):
                 [f"{config}: workflow: --search: {cfg.workflow.kind!r} has no test-time search"]
             )
         cfg = load_config(config, [*overrides, "workflow.eval_search=true"])
+    return _start_trainer(cfg)
+
+
+def _start_trainer(cfg):
+    from marljax import backends
+    from marljax.train import distributed
+    from marljax.train.loop import Trainer
+
+    distributed.initialize(cfg.distributed)  # a multi-process run joins before any backend starts
+    backends.start()  # here rather than in the Trainer: without libtpu's start-up noise
     return Trainer(cfg)
 
 
@@ -44,6 +54,9 @@ def cmd_train(args) -> int:
         return 130
     print("\n".join(train_summary(trainer, args.config, args.overrides)))
     return 0
+
+
+SINK_NAMES = {"tensorboard": "TensorBoard", "wandb": "wandb"}
 
 
 def train_summary(trainer, config: str, overrides: list[str], interrupted: bool = False) -> list[str]:
@@ -71,7 +84,7 @@ def train_summary(trainer, config: str, overrides: list[str], interrupted: bool 
         f"  run directory  {run}/ (config.yaml: the settings it started with)",
         f"  checkpoints    {run}/checkpoints/ " + ("(none)" if saved is None else f"(newest: step {saved})"),
         f"  metrics        {run}/metrics.jsonl"
-        + (f", TensorBoard: {run}/tensorboard/" if t.tensorboard else ""),
+        + "".join(f", {SINK_NAMES[sink]}: {run}/{sink}/" for sink in t.log_to),
         f"  plots          {run}/plots/*.png, drawn by `marljax plot {run}`",
         f"  rollouts       {run}/rollouts/ (steps {_ranges(logged)})"
         if logged
@@ -82,6 +95,8 @@ def train_summary(trainer, config: str, overrides: list[str], interrupted: bool 
     ]
     if logged:
         lines.append(f"  marljax rollouts {run} --limit 8")
+    if "wandb" in t.log_to and (t.wandb.mode or os.environ.get("WANDB_MODE")) == "offline":
+        lines.append(f"  wandb sync {run}/wandb/offline-run-*   (uploads the offline wandb run)")
     if saved is not None:
         lines.append(f"  marljax export {run} --policy {sorted(trainer.policies)[0]} OUT_DIR")
     return lines
@@ -100,7 +115,6 @@ def cmd_eval(args) -> int:
 
 def cmd_export(args) -> int:
     from marljax.train.config import load_config
-    from marljax.train.loop import Trainer
 
     run_dir = Path(args.run_dir)
     config = run_dir / "config.yaml"
@@ -109,7 +123,7 @@ def cmd_export(args) -> int:
     cfg = load_config(config, [f"run_dir={run_dir}"])
     if args.policy not in cfg.policies:
         raise SystemExit(f"{config}: no policy {args.policy!r}; policies: {sorted(cfg.policies)}")
-    trainer = Trainer(cfg)
+    trainer = _start_trainer(cfg)
     try:
         if not trainer.restore():
             raise SystemExit(f"{run_dir}: no complete checkpoint to export")
@@ -200,8 +214,6 @@ COMPILE_HELP = (
 
 
 def cmd_compile(args) -> int:
-    import os
-
     if args.devices is not None:
         if args.devices < 1:
             raise SystemExit(f"--devices must be at least 1, got {args.devices}")
@@ -214,6 +226,7 @@ def cmd_compile(args) -> int:
             raise SystemExit(f"--devices {args.devices}: {e}") from None
     if args.num_slices < 1:
         raise SystemExit(f"--num-slices must be at least 1, got {args.num_slices}")
+    from marljax import backends
     from marljax.train import aot
     from marljax.train.config import load_config
 
@@ -227,12 +240,16 @@ def cmd_compile(args) -> int:
         raise SystemExit(f"--policy {unknown[0]!r}: not in {args.config}; policies: {sorted(cfg.policies)}")
     try:
         if args.topology is not None:
-            devices, tpu = aot.topology_devices(args.topology, args.num_slices), True
+            # a topology's devices load libtpu without starting this machine's backends (a TPU here
+            # may be another run's)
+            with backends.quiet_libtpu():
+                devices, tpu = aot.topology_devices(args.topology, args.num_slices), True
         else:
             import jax
 
             if args.num_slices != 1:
                 raise aot.CompileError("--num-slices needs --topology")
+            backends.start()
             devices = jax.devices("cpu") if args.devices is not None else jax.devices()
             tpu = devices[0].platform == "tpu"
         print(f"target: {aot.describe_target(devices)}", flush=True)

@@ -17,7 +17,7 @@ def _config(tmp_path, model: dict, data: dict | None = None) -> str:
         "agents": {"solver": {"policy": "main"}},
         "data": {"source": data or {"kind": "synthetic", "n_train": 4}, "batch_size": 2},
         "workflow": {"kind": "grpo", "group_size": 2},
-        "train": {"steps": 1, "progress": False, "tensorboard": False},
+        "train": {"steps": 1, "progress": False, "log_to": []},
     }
     path = tmp_path / "run.yaml"
     path.write_text(yaml.safe_dump(cfg))
@@ -52,13 +52,45 @@ def test_a_model_directory_without_tokenizer_files_is_an_error(tmp_path, capsys)
     assert line.startswith(f"error: {config}: policies.main.model.tokenizer: {model}: no tokenizer"), line
 
 
-def test_an_empty_dataset_file_is_named(tmp_path, capsys):
-    empty = tmp_path / "train.jsonl"
+@pytest.mark.parametrize(
+    "text, why",
+    [
+        (
+            '{"eos_token_id": "<|im_end|>"}',
+            "eos_token_id: expected a token id or a list of them, got '<|im_end|>'",
+        ),
+        ('{"eos_token_id": [2, null]}', "eos_token_id: expected a token id or a list of them, got [2, None]"),
+        (
+            '{"eos_token_id": 2,',
+            "cannot read eos_token_id: Expecting property name enclosed in double quotes",
+        ),
+        ("[2]", "cannot read eos_token_id: not a JSON object"),
+    ],
+)
+def test_a_bad_generation_config_names_the_file_and_key(tmp_path, capsys, text, why):
+    from marljax.testing.tiny import write_random_checkpoint
+
+    model = write_random_checkpoint(tmp_path / "model")
+    (model / "generation_config.json").write_text(text)
+    config = _config(tmp_path, {"path": str(model)})
+    line = _error(capsys, "train", config)
+    assert line.startswith(
+        f"error: {config}: policies.main.model.path: {model / 'generation_config.json'}: {why}"
+    ), line
+
+
+@pytest.mark.parametrize("kind", ["jsonl", "qa"])
+@pytest.mark.parametrize("split", ["train", "eval"])
+def test_an_empty_dataset_file_is_named_with_its_key(tmp_path, capsys, kind, split):
+    empty = tmp_path / f"{split}.jsonl"
     empty.write_text("\n")
-    config = _config(tmp_path, {"preset": "tiny-qwen3"}, {"kind": "jsonl", "train": str(empty)})
+    good = tmp_path / "good.jsonl"
+    good.write_text('{"id": "q", "question": "What is 6 * 7?", "answer": "42"}\n')
+    files = {"train": str(good), split: str(empty)}
+    config = _config(tmp_path, {"preset": "tiny-qwen3"}, {"kind": kind, **files})
     assert (
         _error(capsys, "train", config)
-        == f"error: {empty}: no problems (the file is empty or holds only blank lines)"
+        == f"error: {empty}: no problems in data.source.{split} (the file is empty or holds only blank lines)"
     )
 
 

@@ -93,6 +93,11 @@ def main(argv=None) -> int:
             "its models and checkpoints, so give another --out or delete that directory"
         )
     quiet()
+    from marljax import backends
+    from marljax.train import distributed
+
+    distributed.initialize()  # as each Trainer would, with the defaults: before any backend starts
+    backends.start()  # without libtpu's start-up noise
     start = time.perf_counter()
     print(f"marljax demo -> {args.out}", flush=True)
     with SandboxPool(max_workers=2) as pool:

@@ -163,7 +163,7 @@ def run_config(
                 "steps": max(s.rl_steps, 1),
                 "save_every": max(s.rl_steps, 1),
                 "eval_every": None,
-                "tensorboard": False,
+                "log_to": [],
                 "keep_checkpoints": 1,
             },
         },
@@ -196,7 +196,7 @@ def warm_start(out: Path, models: dict[str, Path], s: DemoConfig) -> dict[str, P
                 seed=s.seed,
                 target=target,
             )
-            with MetricsWriter(trainer.run_dir, tensorboard=False) as writer:
+            with MetricsWriter(trainer.run_dir, log_to=()) as writer:
                 run_sft(
                     trainer, s.sft_steps, writer, desc=f"SFT {name}", extra={"solver": refine}, target=target
                 )

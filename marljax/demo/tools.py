@@ -264,7 +264,7 @@ def warm_started_run(
     )
     raw["data"] = dict(raw["data"], batch_size=problems_per_step)
     raw["train"] = dict(raw["train"], steps=rl_steps, save_every=rl_steps, eval_every=None)
-    raw["train"].update(tensorboard=False, progress=False, keep_checkpoints=1)
+    raw["train"].update(log_to=[], progress=False, keep_checkpoints=1)
     for key, value in {**RECIPE_CHANGES.get(kind, {}), **(changes or {})}.items():
         *path, last = key.split(".")
         d = raw

@@ -167,20 +167,29 @@ def _tools_in_text(messages: list[dict], tools: list[dict]) -> list[dict]:
 
 def generation_eos_ids(path: str | os.PathLike | None) -> list[int]:
     """`eos_token_id` of a checkpoint's `generation_config.json` (instruct models list their
-    turn-end token there), as a list; empty without the file or the key."""
+    turn-end token there), as a list; empty without the file or the key. A file that cannot be
+    read, or whose entry is not ids, is a `CheckpointError` naming the file and the key."""
+    # imported here: the loader brings jax, which the rest of this module does without
+    from marljax.models.hf_io import CheckpointError
+
     if path is None:
         return []
     file = os.path.join(os.fspath(path), "generation_config.json")
     try:
-        with open(file) as f:
-            eos = json.load(f).get("eos_token_id")
+        with open(file, encoding="utf-8") as f:
+            config = json.load(f)
     except FileNotFoundError:
         return []
-    except (ValueError, AttributeError) as e:
-        raise ValueError(f"{file}: not a JSON object ({e})") from e
+    except (OSError, ValueError) as e:  # ValueError: not JSON, or not UTF-8
+        raise CheckpointError(
+            f"{file}: cannot read eos_token_id: {getattr(e, 'strerror', None) or e}"
+        ) from None
+    if not isinstance(config, dict):
+        raise CheckpointError(f"{file}: cannot read eos_token_id: not a JSON object")
+    eos = config.get("eos_token_id")
     values = eos if isinstance(eos, list) else [] if eos is None else [eos]
-    if not all(isinstance(v, int) and not isinstance(v, bool) for v in values):
-        raise ValueError(f"{file}: eos_token_id must be an int or a list of ints, got {eos!r}")
+    if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in values):
+        raise CheckpointError(f"{file}: eos_token_id: expected a token id or a list of them, got {eos!r}")
     return values
 
 

@@ -30,6 +30,18 @@ def load_problems(path, schema: str = "auto") -> list[Problem]:
     does not fit its schema, or an id seen before (naming both lines), and naming the file when
     it holds no rows.
     """
+    problems = _read_problems(path, schema)
+    if not problems:
+        raise DataError(no_problems(path))
+    return problems
+
+
+def no_problems(path, key: str | None = None) -> str:
+    """What is wrong with a data file without rows; `key`: the config key that names it."""
+    return f"{os.fspath(path)}: no problems{f' in {key}' if key else ''} (the file is empty or holds only blank lines)"
+
+
+def _read_problems(path, schema: str) -> list[Problem]:
     problems, first_seen = [], {}
     for where, row in read_rows(path):
         problem = parse_row(row, schema, where)
@@ -37,8 +49,6 @@ def load_problems(path, schema: str = "auto") -> list[Problem]:
             raise DataError(f"{where}: duplicate id {problem.id!r} (first at {first_seen[problem.id]})")
         first_seen[problem.id] = where
         problems.append(problem)
-    if not problems:
-        raise DataError(f"{os.fspath(path)}: no problems (the file is empty or holds only blank lines)")
     return problems
 
 
@@ -52,11 +62,16 @@ class FileSource(Source):
         if split not in SPLITS:
             raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
         path = self.train if split == "train" else self.eval
-        return [] if path is None else self.load(path)
+        if path is None:
+            return []
+        problems = self.load(path)
+        if not problems:  # the key too: an empty file is often the wrong one named
+            raise DataError(no_problems(path, f"data.source.{split}"))
+        return problems
 
     @abc.abstractmethod
     def load(self, path: str) -> list[Problem]:
-        """The problems of one file."""
+        """The problems of one file (none for a file without rows)."""
 
 
 # `schema` shadows a deprecated BaseModel method; the key name is part of the YAML format, so keep it.
@@ -73,4 +88,4 @@ with warnings.catch_warnings():
         )
 
         def load(self, path: str) -> list[Problem]:
-            return load_problems(path, self.schema)
+            return _read_problems(path, self.schema)

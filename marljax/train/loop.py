@@ -21,6 +21,7 @@ policy versions, which its `PolicyGenerator` stamps on every generation.
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import time
 from pathlib import Path
@@ -34,7 +35,7 @@ from marljax.seeds import derive_seed
 from marljax.train import distributed, dynamic_sampling, memory, rollout_log
 from marljax.train.buffer import ExperienceBuffer
 from marljax.train.checkpoint import RunCheckpointer
-from marljax.train.config import RunConfig, config_to_record, dump_config
+from marljax.train.config import ConfigError, RunConfig, config_to_record, dump_config
 from marljax.train.data import ProblemStream
 from marljax.train.generation import PolicyGenerator
 from marljax.train.metrics import MetricsWriter, Progress
@@ -330,6 +331,12 @@ class Trainer:
 
     def run(self) -> None:
         cfg, t = self.cfg, self.cfg.train
+        if "wandb" in t.log_to and distributed.is_primary() and importlib.util.find_spec("wandb") is None:
+            raise ConfigError(
+                [
+                    'train.log_to: wandb is not installed: pip install "marljax[wandb]" (or drop it from the list)'
+                ]
+            )
         # a config of another run is refused before anything in the directory changes; a new one
         # is written only when this run has steps to do
         now = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
@@ -351,7 +358,8 @@ class Trainer:
                 log.info("settings changed since the last run: recorded in %s", record)
         if distributed.is_primary():  # the steps after the restored one will be redone
             rollout_log.prune_after(self.run_dir, self.step)
-        with MetricsWriter(self.run_dir, tensorboard=t.tensorboard) as writer:
+        wandb = {**t.wandb.model_dump(), "name": cfg.name, "config": cfg.model_dump(mode="json")}
+        with MetricsWriter(self.run_dir, log_to=t.log_to, wandb=wandb) as writer:
             if resumed:
                 writer.resume(self.step)
             else:

@@ -1,4 +1,4 @@
-"""Training metrics: a JSONL log, TensorBoard scalars and a progress bar.
+"""Training metrics: a JSONL log, TensorBoard scalars, Weights & Biases and a progress bar.
 
 Key convention. A record is a flat dict of numbers with slash-separated keys:
 
@@ -30,6 +30,14 @@ naming ``file:line``, its record is taken from the other file, and a writer
 that meets one keeps a copy of the damaged file in ``RUN_DIR/set_aside/`` and
 rewrites both.
 
+Sinks. Besides the two files, a writer sends each record to the sinks in ``log_to``
+(`train.log_to`): ``tensorboard`` (event files in ``RUN_DIR/tensorboard/``) and ``wandb`` (a
+Weights & Biases run, files in ``RUN_DIR/wandb/``). The wandb run's id is kept in
+``RUN_DIR/wandb/run_id``, so a resumed run continues the same wandb run. wandb takes only
+increasing steps in a run, so where a resume redoes steps it already holds (online) it keeps their
+first values (the files and TensorBoard hold the redone ones; with fixed seeds they are equal). A
+run that starts afresh moves ``wandb/`` aside with the rest and starts a new wandb run.
+
 Only process 0 writes on multi-host runs: on other processes the writer and
 the progress bar are no-ops.
 """
@@ -41,9 +49,10 @@ import json
 import logging
 import math
 import os
+import secrets
 import shutil
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +64,8 @@ logger = logging.getLogger(__name__)
 
 METRICS_FILE = "metrics.jsonl"
 MIRROR_FILE = "metrics.mirror.jsonl"  # the same records: what survives damage to one of the two
+SINKS = ("tensorboard", "wandb")
+WANDB_ID_FILE = "wandb/run_id"
 _NONFINITE = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
 # TensorBoard event file names carry only whole seconds and the host: a per-process counter keeps
 # a writer opened in the same second (a resume, a second MetricsWriter) from overwriting the last file.
@@ -161,20 +172,34 @@ def read_metrics(run_dir: str | os.PathLike) -> list[dict]:
 
 
 class MetricsWriter:
-    """Appends metric records to ``RUN_DIR/metrics.jsonl`` and TensorBoard.
+    """Appends metric records to ``RUN_DIR/metrics.jsonl`` and the sinks in ``log_to``.
 
-    ``enabled`` defaults to ``jax.process_index() == 0``; a disabled writer
-    creates no files and all its methods do nothing.
+    ``wandb``: keyword arguments for ``wandb.init`` (project, entity, mode, name, config); the
+    writer sets its directory, id and resumption. ``enabled`` defaults to
+    ``jax.process_index() == 0``; a disabled writer creates no files and all its methods do
+    nothing.
     """
 
-    def __init__(self, run_dir: str | os.PathLike, *, tensorboard: bool = True, enabled: bool | None = None):
+    def __init__(
+        self,
+        run_dir: str | os.PathLike,
+        *,
+        log_to: Sequence[str] = ("tensorboard",),
+        wandb: Mapping[str, Any] | None = None,
+        enabled: bool | None = None,
+    ):
+        unknown = [s for s in log_to if s not in SINKS]
+        if unknown:
+            raise ValueError(f"unknown metrics sink(s) {unknown}; known: {', '.join(SINKS)}")
         self.run_dir = Path(run_dir)
         self.path = self.run_dir / METRICS_FILE
         self.paths = (self.path, self.run_dir / MIRROR_FILE)
         self.enabled = _is_main_process() if enabled is None else bool(enabled)
-        self.tensorboard = tensorboard
+        self.log_to = tuple(log_to)
+        self._wandb_settings = dict(wandb or {})
         self._files: list = []
         self._tb = None
+        self._wandb = None
         self._purge_step: int | None = None
         if not self.enabled:
             return
@@ -219,6 +244,24 @@ class MetricsWriter:
             )
         return self._tb
 
+    def _wandb_run(self):
+        # Opened on first use, as TensorBoard's writer: a run that starts afresh has moved the old
+        # id aside by then and gets a new one.
+        if self._wandb is None:
+            import wandb
+
+            id_file = self.run_dir / WANDB_ID_FILE
+            if id_file.is_file():
+                run_id = id_file.read_text().strip()
+            else:
+                run_id = secrets.token_hex(6)  # wandb's ids are short letters and digits
+                id_file.parent.mkdir(parents=True, exist_ok=True)
+                write_atomically(id_file, run_id + "\n")
+            settings = dict(self._wandb_settings)
+            settings["project"] = settings.get("project") or os.environ.get("WANDB_PROJECT", "marljax")
+            self._wandb = wandb.init(dir=str(self.run_dir), id=run_id, resume="allow", **settings)
+        return self._wandb
+
     def write(self, step: int, metrics: Mapping[str, Any]) -> None:
         """Append one record ``{"step", "time", **metrics}`` and flush it."""
         if not self.enabled:
@@ -235,7 +278,9 @@ class MetricsWriter:
         for f in self._files:
             f.write(line)
             f.flush()  # a killed process loses no record; a power cut needs sync()
-        if self.tensorboard:
+        if "wandb" in self.log_to:
+            self._wandb_run().log(values, step=step)
+        if "tensorboard" in self.log_to:
             from tensorboardX import summary
             from tensorboardX.proto.summary_pb2 import Summary
 
@@ -259,7 +304,7 @@ class MetricsWriter:
 
         Of several records of one step (a file older versions appended a rerun to) the last is
         kept. TensorBoard events after ``step`` are hidden through tensorboardX's ``purge_step``
-        on the next event file.
+        on the next event file; the wandb run goes on under its id (see the module's docstring).
         """
         if not self.enabled:
             return
@@ -267,17 +312,17 @@ class MetricsWriter:
         kept = {r["step"]: r for r in read_metrics(self.run_dir) if r["step"] <= step}
         self._rewrite(sorted(kept.values(), key=lambda r: r["step"]))
         self._purge_step = step + 1
-        self._close_tensorboard()
+        self._close_sinks()
 
     def start_afresh(self) -> None:
-        """A run that starts from its initial weights: move an old metrics file and TensorBoard
-        folder to ``RUN_DIR/set_aside/`` (they describe a run that is not continued) and go on
-        with empty ones."""
+        """A run that starts from its initial weights: move an old metrics file, TensorBoard
+        folder and wandb folder (with the wandb run's id) to ``RUN_DIR/set_aside/`` (they describe
+        a run that is not continued) and go on with empty ones."""
         if not self.enabled:
             return
-        self._close_tensorboard()
+        self._close_sinks()
         moved = []
-        for path in (*self.paths, self.run_dir / "tensorboard"):
+        for path in (*self.paths, self.run_dir / "tensorboard", self.run_dir / "wandb"):
             if path.exists() and (path.is_dir() or path.stat().st_size > 0):
                 moved.append(set_aside_path(self.run_dir, path.name))
                 os.replace(path, moved[-1])
@@ -291,20 +336,24 @@ class MetricsWriter:
                 f"no checkpoint to resume from: the run starts afresh; its earlier metrics are kept at {where}",
             )
 
-    def _close_tensorboard(self) -> None:
+    def _close_sinks(self, exit_code: int = 0) -> None:
         if self._tb is not None:
             self._tb.close()
             self._tb = None
+        if self._wandb is not None:
+            self._wandb.finish(exit_code=exit_code)
+            self._wandb = None
 
-    def close(self) -> None:
+    def close(self, exit_code: int = 0) -> None:
+        """Close the files and sinks; a nonzero ``exit_code`` marks the wandb run failed."""
         self._close_files()
-        self._close_tensorboard()
+        self._close_sinks(exit_code)
 
     def __enter__(self) -> MetricsWriter:
         return self
 
-    def __exit__(self, *exc) -> None:
-        self.close()
+    def __exit__(self, exc_type, *exc) -> None:
+        self.close(exit_code=0 if exc_type is None else 1)
 
 
 class Progress:

@@ -188,9 +188,10 @@ class Policy:
             params = jax.device_put(
                 params, jax.devices()[0] if mesh is None else NamedSharding(mesh, PartitionSpec())
             )
-        self.turns = TurnFormat.of(
-            name, tokenizer, chat=cfg.chat, eos=self.config.eos_token_id, path=model.path
-        )
+        with _naming(f"policies.{name}.model.path"):  # its generation_config.json's eos ids
+            self.turns = TurnFormat.of(
+                name, tokenizer, chat=cfg.chat, eos=self.config.eos_token_id, path=model.path
+            )
         loss = cfg.loss
         if loss.norm_constant is None:  # Dr.GRPO's constant defaults to the given generation budget
             loss = loss.model_copy(update={"norm_constant": norm_constant})

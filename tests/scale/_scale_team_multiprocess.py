@@ -47,7 +47,7 @@ data:
   batch_size: {batch_size}
 sampler: {{max_new_tokens: 2, temperature: 1.0}}
 workflow: {{kind: grpo, agent: alice}}
-train: {{steps: {steps}, save_every: 2, tensorboard: false, progress: false}}
+train: {{steps: {steps}, save_every: 2, log_to: [], progress: false}}
 """
 
 

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from marljax.models.chat import encode_prompt
+from marljax.models.hf_io import CheckpointError
 from marljax.models.tokenizer import make_tokenizer
 from marljax.testing import write_random_checkpoint
 from marljax.train.config import PolicyConfig, SamplerConfig
@@ -129,8 +130,12 @@ def test_generation_config_eos_ids_join_the_configs(tmp_path):
     (path / "generation_config.json").write_text(json.dumps({"eos_token_id": [2, 0]}))
     assert policy(path=path).turns.eos_ids == (2, 0)
     (path / "generation_config.json").write_text(json.dumps({"eos_token_id": "x"}))
-    with pytest.raises(ValueError, match="generation_config.json: eos_token_id must be"):
+    with pytest.raises(CheckpointError) as e:
         policy(path=path)
+    assert str(e.value) == (
+        f"policies.p.model.path: {path / 'generation_config.json'}: eos_token_id: "
+        "expected a token id or a list of them, got 'x'"
+    )
 
 
 def test_a_tokenizer_larger_than_the_vocabulary_is_an_error(tmp_path):

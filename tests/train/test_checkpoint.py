@@ -398,7 +398,7 @@ def test_trainer_restore_frees_the_initial_state_first_and_rebuilds_it_when_no_s
     from marljax.train.config import load_config
     from marljax.train.loop import Trainer
 
-    overrides = [f"run_dir={tmp_path / 'run'}", "train.tensorboard=false", "train.progress=false"]
+    overrides = [f"run_dir={tmp_path / 'run'}", "train.log_to=[]", "train.progress=false"]
     cfg = load_config(ROOT / "configs" / "grpo_tiny.yaml", overrides)
     first = Trainer(cfg)
     initial = jax.tree.map(np.asarray, first.policies["main"].params)

@@ -168,7 +168,7 @@ def test_the_trainer_rolls_out_more_problems(tmp_path):
 
     config = CONFIG
     quick = [
-        "train.tensorboard=false",
+        "train.log_to=[]",
         "train.progress=false",
         "sampler.max_new_tokens=8",
         "data.batch_size=2",

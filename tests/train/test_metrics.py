@@ -46,7 +46,7 @@ def scalars(events) -> dict[str, list[tuple[int, float]]]:
 
 
 def test_round_trip_numpy_jax_and_nonfinite(tmp_path):
-    with MetricsWriter(tmp_path, tensorboard=False, enabled=True) as w:
+    with MetricsWriter(tmp_path, log_to=(), enabled=True) as w:
         w.write(
             np.int64(1),
             {
@@ -90,7 +90,7 @@ def test_round_trip_numpy_jax_and_nonfinite(tmp_path):
 
 
 def test_write_rejects_bad_values(tmp_path):
-    with MetricsWriter(tmp_path, tensorboard=False, enabled=True) as w:
+    with MetricsWriter(tmp_path, log_to=(), enabled=True) as w:
         with pytest.raises(ValueError, match="agent/a/reward"):
             w.write(0, {"agent/a/reward": np.zeros(3)})
         with pytest.raises(TypeError, match="agent/a/name"):
@@ -103,7 +103,7 @@ def test_write_rejects_bad_values(tmp_path):
 
 
 def test_enabled_by_default_on_process_zero(tmp_path):
-    with MetricsWriter(tmp_path / "run", tensorboard=False) as w:
+    with MetricsWriter(tmp_path / "run", log_to=()) as w:
         assert w.enabled
         w.write(0, {"x": 1.0})
     assert read_metrics(tmp_path / "run")[0]["x"] == 1.0
@@ -145,7 +145,7 @@ def test_resume_truncates_exactly(tmp_path):
 
 
 def test_resume_to_step_zero_and_twice(tmp_path):
-    with MetricsWriter(tmp_path, tensorboard=False, enabled=True) as w:
+    with MetricsWriter(tmp_path, log_to=(), enabled=True) as w:
         for step in range(4):
             w.write(step, {"x": float(step)})
         w.resume(2)
@@ -157,20 +157,20 @@ def test_resume_to_step_zero_and_twice(tmp_path):
 
 def test_torn_last_line_is_ignored_and_repaired(tmp_path):
     path = tmp_path / "metrics.jsonl"
-    with MetricsWriter(tmp_path, tensorboard=False, enabled=True) as w:
+    with MetricsWriter(tmp_path, log_to=(), enabled=True) as w:
         for step in range(3):
             w.write(step, {"agent/a/reward": float(step)})
     with open(path, "a") as f:
         f.write('{"step": 3, "time": 1.0, "agent/a/rew')  # killed mid-line
     assert [r["step"] for r in read_metrics(tmp_path)] == [0, 1, 2]
-    with MetricsWriter(tmp_path, tensorboard=False, enabled=True) as w:
+    with MetricsWriter(tmp_path, log_to=(), enabled=True) as w:
         w.write(3, {"agent/a/reward": 3.0})
     assert [r["step"] for r in read_metrics(tmp_path)] == [0, 1, 2, 3]
     assert path.read_text().endswith("}\n")
     # resume() also drops a torn tail.
     with open(path, "a") as f:
         f.write('{"step": 4')
-    with MetricsWriter(tmp_path, tensorboard=False, enabled=True) as w:
+    with MetricsWriter(tmp_path, log_to=(), enabled=True) as w:
         w.resume(10)
     assert [r["step"] for r in read_metrics(tmp_path)] == [0, 1, 2, 3]
 
@@ -178,7 +178,7 @@ def test_torn_last_line_is_ignored_and_repaired(tmp_path):
 def test_complete_last_record_without_newline_is_kept(tmp_path):
     (tmp_path / "metrics.jsonl").write_text('{"step": 0, "x": 1}\n{"step": 1, "x": 2}')
     assert [r["x"] for r in read_metrics(tmp_path)] == [1, 2]
-    with MetricsWriter(tmp_path, tensorboard=False, enabled=True) as w:
+    with MetricsWriter(tmp_path, log_to=(), enabled=True) as w:
         w.write(2, {"x": 3})
     assert [r["x"] for r in read_metrics(tmp_path)] == [1, 2, 3]
 
@@ -203,7 +203,7 @@ def test_writer_keeps_a_corrupt_file_aside_and_goes_on(tmp_path):
     damaged = '{"step": 1}\n{"step": 2, oops\n{"step": 3}\n'
     path.write_text(damaged)
     with pytest.warns(RuntimeWarning, match=f"{path}:2") as caught:
-        w = MetricsWriter(tmp_path, tensorboard=False, enabled=True)
+        w = MetricsWriter(tmp_path, log_to=(), enabled=True)
     (kept,) = (tmp_path / "set_aside").iterdir()
     assert kept.read_text() == damaged and str(kept) in str(caught[0].message)
     with w, warnings.catch_warnings():
@@ -244,7 +244,7 @@ def test_resume_keeps_each_step_once(tmp_path):
     path.write_text(
         "".join(f'{{"step": {s}, "x": {x}}}\n' for s, x in [(1, 1), (2, 2), (3, 3), (1, 10), (2, 20)])
     )
-    with MetricsWriter(tmp_path, tensorboard=False, enabled=True) as w:
+    with MetricsWriter(tmp_path, log_to=(), enabled=True) as w:
         w.resume(2)
     assert [(r["step"], r["x"]) for r in read_metrics(tmp_path)] == [(1, 10), (2, 20)]
 
@@ -253,7 +253,7 @@ def test_sync_makes_the_records_durable(tmp_path, monkeypatch):
     synced = []
     real = os.fsync
     monkeypatch.setattr(os, "fsync", lambda fd: (synced.append(os.fstat(fd).st_size), real(fd)))
-    with MetricsWriter(tmp_path, tensorboard=False, enabled=True) as w:
+    with MetricsWriter(tmp_path, log_to=(), enabled=True) as w:
         w.write(1, {"x": 1.0})
         w.sync()
         size = (tmp_path / "metrics.jsonl").stat().st_size
@@ -263,7 +263,7 @@ def test_sync_makes_the_records_durable(tmp_path, monkeypatch):
 def test_damage_to_one_of_the_two_files_loses_no_record(tmp_path):
     """Every record is written to metrics.jsonl and metrics.mirror.jsonl: a corrupt line, a cut
     file or a deleted file on either side is repaired from the other, with each step once."""
-    with MetricsWriter(tmp_path, tensorboard=False, enabled=True) as w:
+    with MetricsWriter(tmp_path, log_to=(), enabled=True) as w:
         for step in (1, 2, 3):
             w.write(step, {"x": float(step)})
     whole = [(r["step"], r["x"]) for r in read_metrics(tmp_path)]
@@ -283,7 +283,7 @@ def test_damage_to_one_of_the_two_files_loses_no_record(tmp_path):
         damage()
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)
-            MetricsWriter(tmp_path, tensorboard=False, enabled=True).close()
+            MetricsWriter(tmp_path, log_to=(), enabled=True).close()
         assert main.read_text() == mirror.read_text() == good
 
 
@@ -387,7 +387,7 @@ def test_make_figure_has_one_labelled_line_per_series():
 
 
 def test_plot_run_writes_valid_pngs(tmp_path):
-    with MetricsWriter(tmp_path, tensorboard=False, enabled=True) as w:
+    with MetricsWriter(tmp_path, log_to=(), enabled=True) as w:
         for r in _records():
             w.write(r["step"], {k: v for k, v in r.items() if k not in ("step", "time")})
     paths = plot_run(tmp_path)

@@ -23,7 +23,7 @@ def config(run_dir: Path, steps: int, save_every: int):
         f"run_dir={run_dir}",
         f"train.steps={steps}",
         f"train.save_every={save_every}",
-        "train.tensorboard=false",
+        "train.log_to=[]",
         "train.progress=false",
     ]
     return load_config(ROOT / "configs" / "grpo_tiny.yaml", overrides)

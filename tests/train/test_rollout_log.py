@@ -45,7 +45,7 @@ def tiny_config(tmp: Path, run_dir: Path, **train):
             "data": {"source": {"kind": "jsonl", "train": str(data)}, "batch_size": 2},
             "sampler": {"max_new_tokens": 8},
             "workflow": {"kind": "grpo", "group_size": 4},
-            "train": {"steps": 3, "save_every": 2, "tensorboard": False, "progress": False, **train},
+            "train": {"steps": 3, "save_every": 2, "log_to": [], "progress": False, **train},
         }
     )
 

@@ -601,3 +601,92 @@ def test_a_record_from_before_a_new_setting_resumes_and_a_cut_record_is_set_asid
     with pytest.warns(RuntimeWarning, match="config.yaml"):
         assert config_to_record(cfg, run, "T2") == run / "config.yaml"
     assert len(list((run / "set_aside").iterdir())) == 1
+
+
+# ------------------------------------------------------------------ metrics sinks and renamed keys
+
+
+def test_log_to_names_the_sinks():
+    assert config_from_dict(MINIMAL).train.log_to == ("tensorboard",)
+    assert config_from_dict(with_(**{"train.log_to": []})).train.log_to == ()
+    assert config_from_dict(with_(**{"train.log_to": "wandb"})).train.log_to == (
+        "wandb",
+    )  # one: no list needed
+    both = config_from_dict(with_(**{"train.log_to": ["wandb", "tensorboard", "wandb"]}))
+    assert both.train.log_to == ("wandb", "tensorboard")
+    # the override form the tests and the README use
+    assert load_config(CONFIGS / "grpo_tiny.yaml", ["train.log_to=[]"]).train.log_to == ()
+    wandb = config_from_dict(with_(**{"train.wandb.project": "p", "train.wandb.mode": "offline"})).train.wandb
+    assert (wandb.project, wandb.entity, wandb.mode) == ("p", None, "offline")
+
+
+def test_an_unknown_sink_names_the_key(tmp_path):
+    msg = only_problem(tmp_path, with_(**{"train.log_to": ["tensorboard", "mlflow"]}))
+    assert msg.startswith(
+        f"{tmp_path / 'run.yaml'}: train.log_to.1: Input should be 'tensorboard' or 'wandb'"
+    )
+
+
+@pytest.mark.parametrize(
+    "key, value, new",
+    [
+        ("train.tensorboard", False, "renamed to train.log_to, a list: `log_to: [tensorboard]` for true"),
+        ("train.max_sampling_rounds", 4, "renamed to train.dynamic_sampling.max_rounds"),
+    ],
+)
+def test_a_renamed_key_names_its_new_one(tmp_path, key, value, new):
+    msg = only_problem(tmp_path, with_(**{key: value}))
+    assert msg.startswith(f"{tmp_path / 'run.yaml'}: {key}: {new}"), msg
+
+
+def _record(run: Path, cfg, **train) -> None:
+    """Write `cfg` as a record of an older version, whose `train` held no log_to or wandb and the
+    keys `train` (in place of today's)."""
+    record = cfg.model_dump(mode="json")
+    del record["train"]["log_to"], record["train"]["wandb"]
+    record["train"].update(train)
+    (run / "config.yaml").write_text(yaml.safe_dump(record))
+
+
+@pytest.mark.parametrize(
+    "old, now",
+    [
+        ({"tensorboard": True}, {}),
+        ({"tensorboard": False}, {"train.log_to": []}),
+        ({"tensorboard": True, "dynamic_sampling": False, "max_sampling_rounds": 3}, {}),
+        # that version's filter and its fallback when no problem taught, in today's words
+        (
+            {"tensorboard": True, "dynamic_sampling": True, "max_sampling_rounds": 5},
+            {"train.dynamic_sampling": {"keep": "advantage", "max_rounds": 5, "when_none": "train"}},
+        ),
+    ],
+)
+def test_a_record_with_keys_renamed_since_resumes_by_its_settings(tmp_path, old, now):
+    from marljax.train.config import config_to_record
+
+    run = tmp_path / "run"
+    run.mkdir()
+    cfg = config_from_dict(with_(**now))
+    _record(run, cfg, **old)
+    assert config_to_record(cfg, run, "T1") is None  # the same settings: the run resumes as it was
+    assert not (run / "set_aside").exists()
+    # and its sinks may change on a resume, as what it logs may
+    more = config_from_dict(
+        with_(**{**now, "train.log_to": ["tensorboard", "wandb"], "train.wandb.mode": "offline"})
+    )
+    assert config_to_record(more, run, "T2") == run / "config-T2.yaml"
+
+
+def test_a_record_of_the_old_dynamic_sampling_refuses_todays_defaults(tmp_path):
+    from marljax.train.config import config_to_record
+
+    run = tmp_path / "run"
+    run.mkdir()
+    _record(run, config_from_dict(MINIMAL), tensorboard=True, dynamic_sampling=True, max_sampling_rounds=5)
+    with pytest.raises(ConfigError) as e:
+        config_to_record(config_from_dict(with_(**{"train.dynamic_sampling": True})), run, "T1")
+    assert e.value.problems[:3] == [
+        f"{run}: train.dynamic_sampling.keep: 'advantage' in the run's config.yaml, 'accuracy' now",
+        f"{run}: train.dynamic_sampling.max_rounds: 5 in the run's config.yaml, 3 now",
+        f"{run}: train.dynamic_sampling.when_none: 'train' in the run's config.yaml, 'skip' now",
+    ]

@@ -26,7 +26,7 @@ def finished_run(name: str, tmp_path: Path) -> tuple[Path, object]:
     cli = os.environ.get("MARLJAX_README_CLI_OUT")
     if cli and (Path(cli) / "runs" / name / "metrics.jsonl").is_file():
         return Path(cli) / "runs" / name, cfg
-    overrides = [f"run_dir={tmp_path}", "train.tensorboard=false", "train.progress=false"]
+    overrides = [f"run_dir={tmp_path}", "train.log_to=[]", "train.progress=false"]
     Trainer(load_config(CONFIGS / f"{name}.yaml", overrides)).run()
     return tmp_path, cfg
 

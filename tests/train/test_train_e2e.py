@@ -41,7 +41,7 @@ def seven_task(tmp: Path, run_dir: Path, **train) -> Path:
         "data": {"source": {"kind": "jsonl", "train": str(data), "eval": str(data)}, "batch_size": 8},
         "sampler": {"max_new_tokens": 16},
         "workflow": {"kind": "grpo", "group_size": 8},
-        "train": {"steps": 30, "save_every": 10, "tensorboard": False, "progress": False, **train},
+        "train": {"steps": 30, "save_every": 10, "log_to": [], "progress": False, **train},
     }
     path = tmp / "seven.yaml"
     path.write_text(yaml.safe_dump(cfg))
@@ -313,7 +313,7 @@ def test_sft_warm_start_lowers_the_nll_of_reference_solutions(tmp_path):
             "agents": {"coder": {"policy": "main"}},
             "data": {"source": {"kind": "synthetic", "n_train": 8, "difficulty": 1}, "batch_size": 4},
             "sampler": {"max_new_tokens": 8},
-            "train": {"steps": 1, "sft_steps": 25, "tensorboard": False, "progress": False},
+            "train": {"steps": 1, "sft_steps": 25, "log_to": [], "progress": False},
         }
     )
     trainer = Trainer(cfg)

@@ -124,7 +124,7 @@ def test_two_steps_through_the_trainer_on_a_tiny_model(tmp_path):
         "train.steps=2",
         "train.save_every=2",
         "train.eval_every=2",
-        "train.tensorboard=false",
+        "train.log_to=[]",
         "train.progress=false",
         "sampler.max_new_tokens=16",
         "data.source.n_eval=2",

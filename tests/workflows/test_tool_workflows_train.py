@@ -18,7 +18,7 @@ QUICK = [
     "train.log_rollouts=1",
     "train.eval_every=2",
     "train.save_every=2",
-    "train.tensorboard=false",
+    "train.log_to=[]",
     "train.progress=false",
     "data.batch_size=1",
 ]

@@ -22,7 +22,7 @@ def test_heterogeneous_mars2_tiny_config_trains_and_resumes(tmp_path):
         "train.steps=2",
         "train.save_every=1",
         "train.eval_every=2",
-        "train.tensorboard=false",
+        "train.log_to=[]",
         "train.progress=false",
         "sampler.max_new_tokens=16",
         "data.batch_size=2",

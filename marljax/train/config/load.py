@@ -248,11 +248,41 @@ RESUMABLE_CHANGES = (
     "train.async_checkpoint",
     "train.log_every",
     "train.eval_every",
-    "train.tensorboard",
+    "train.log_to",
+    "train.wandb.project",
+    "train.wandb.entity",
+    "train.wandb.mode",
     "train.progress",
     "train.log_rollouts",
     "train.agent_grad_norms",
 )
+
+
+def _log_to(train: dict, tensorboard: Any) -> None:
+    train.setdefault("log_to", ["tensorboard"] if tensorboard else [])
+
+
+def _max_rounds(train: dict, rounds: Any) -> None:
+    # Written beside `dynamic_sampling: true|false`, the switch before it held settings; that
+    # version kept problems by advantage and trained on the first round when none taught.
+    if train.get("dynamic_sampling") is True:
+        train["dynamic_sampling"] = {"keep": "advantage", "max_rounds": rounds, "when_none": "train"}
+
+
+# `train` keys older versions wrote in run records, and how each is written in today's form
+RENAMED_IN_RECORDS = {"tensorboard": _log_to, "max_sampling_rounds": _max_rounds}
+
+
+def upgrade_record(record: dict) -> dict:
+    """A copy of a run record (a dumped config) with keys renamed since older versions wrote it
+    in today's form, so that a run started by one resumes or is refused by its real settings."""
+    record = copy.deepcopy(record)
+    train = record.get("train")
+    if isinstance(train, dict):
+        for key, rewrite in RENAMED_IN_RECORDS.items():
+            if key in train:
+                rewrite(train, train.pop(key))
+    return record
 
 
 def _flat(tree: Any, prefix: str = "") -> dict[str, Any]:
@@ -298,7 +328,7 @@ def config_to_record(cfg: RunConfig, run_dir: str | Path, now: str) -> Path | No
             old = yaml.safe_load(latest.read_text(encoding="utf-8"))
             why = "" if isinstance(old, dict) else f"it holds {type(old).__name__}, not a mapping"
             if not why:
-                old = RunConfig.model_validate(old).model_dump(mode="json")
+                old = RunConfig.model_validate(upgrade_record(old)).model_dump(mode="json")
         except (ValueError, yaml.YAMLError) as e:  # ValueError: bytes that are not UTF-8, or not a config
             why = f"{type(e).__name__}: {e}"
         if not why:

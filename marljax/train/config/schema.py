@@ -41,6 +41,7 @@ from marljax.settings import StrictModel
 from marljax.tasks import SOURCES, Source
 from marljax.train.distributed import DistributedConfig
 from marljax.train.dynamic_sampling import KEEP_RULES, WHEN_NONE
+from marljax.train.metrics import SINKS
 from marljax.workflows import REGISTRY, BaseWorkflowConfig
 from marljax.workflows.base import resolve_alias
 from marljax.workflows.grpo import GrpoConfig
@@ -63,6 +64,7 @@ __all__ = [
     "SamplingConfig",
     "SandboxPoolConfig",
     "TrainConfig",
+    "WandbConfig",
     "WorkflowConfig",
 ]
 
@@ -536,6 +538,26 @@ class DynamicSamplingConfig(FrozenModel):
     )
 
 
+# keys of `train` that were renamed, and what to write instead (a run record of an older version
+# holding them is read through `load.upgrade_record`)
+RENAMED_TRAIN_KEYS = {
+    "tensorboard": "renamed to train.log_to, a list: `log_to: [tensorboard]` for true, `log_to: []` for false",
+    "max_sampling_rounds": "renamed to train.dynamic_sampling.max_rounds: `dynamic_sampling: {max_rounds: N}`",
+}
+
+
+class WandbConfig(FrozenModel):
+    """Weights & Biases settings, used when `train.log_to` holds wandb."""
+
+    project: str | None = Field(None, description="None: $WANDB_PROJECT, else marljax")
+    entity: str | None = Field(None, description="team or user; None: wandb's default ($WANDB_ENTITY)")
+    mode: Literal["online", "offline", "disabled"] | None = Field(
+        None,
+        description="offline writes the run under RUN_DIR/wandb/ for a later `wandb sync`; None: "
+        "$WANDB_MODE, else online",
+    )
+
+
 class TrainConfig(FrozenModel):
     steps: int = Field(100, ge=1)
     save_every: int = Field(10, ge=1)
@@ -545,7 +567,12 @@ class TrainConfig(FrozenModel):
     eval_every: int | None = Field(
         None, ge=1, description="evaluate every N steps and once before RL (step 0); None disables evaluation"
     )
-    tensorboard: bool = True
+    log_to: tuple[Literal[SINKS], ...] = Field(
+        ("tensorboard",),
+        description="where metrics go besides RUN_DIR/metrics.jsonl: tensorboard (RUN_DIR/tensorboard/), "
+        "wandb (Weights & Biases, `pip install 'marljax[wandb]'`; settings in `wandb`)",
+    )
+    wandb: WandbConfig = Field(default_factory=WandbConfig)
     progress: bool = True
     sft_steps: int = Field(0, ge=0, description="supervised warm-up steps before RL")
     sft_lr: float | None = Field(
@@ -565,6 +592,24 @@ class TrainConfig(FrozenModel):
         description="DAPO: train only on problems that teach, rolling out more until data.batch_size "
         "of them are collected (train/dynamic_sampling.py); true: the defaults; null: off",
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed(cls, v):
+        if isinstance(v, dict):
+            _problems([((key,), why, v[key]) for key, why in RENAMED_TRAIN_KEYS.items() if key in v])
+        return v
+
+    @field_validator("log_to", mode="before")
+    @classmethod
+    def _one_sink(cls, v):
+        # `log_to: wandb` means the list of that one
+        return (v,) if isinstance(v, str) else v
+
+    @field_validator("log_to")
+    @classmethod
+    def _each_once(cls, v):
+        return tuple(dict.fromkeys(v))
 
     @field_validator("dynamic_sampling", mode="before")
     @classmethod

@@ -1,0 +1,110 @@
+"""Commands start JAX's backends without libtpu's start-up lines on a machine without a TPU
+(marljax/backends.py), and keep every other line."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from tpu_target import needs_libtpu
+
+from marljax.backends import without_libtpu_noise
+from marljax.train.distributed import _on_tpu_vm
+
+REPO = Path(__file__).resolve().parents[1]
+
+# what libtpu 0.0.42 printed on this repository's CPU machines at jax's first backend start
+NOISE = [
+    "Failed to find host bounds for accelerator type: WARNING: could not determine TPU accelerator type, "
+    "please set env var `TPU_ACCELERATOR_TYPE` manually, otherwise libtpu.so may not properly initialize.",
+    "WARNING: Logging before InitGoogle() is written to STDERR",
+    "E0000 00:00:1795895925.731213   28952 common_lib.cc:554] INVALID_ARGUMENT: Error: unexpected worker "
+    "hostname 'WARNING: could not determine TPU worker hostnames or IP addresses' from env var "
+    "TPU_WORKER_HOSTNAMES. Expecting a valid hostname or IP address without port number, or "
+    "hostname:port:address triple.",
+    "=== Source Location Trace: === ",
+    "learning/45eac/tfrc/runtime/libtpu_init_utils.cc:327",
+]
+# the lines that mark the noise; the trace header is absl's own and says nothing alone
+MARKERS = [
+    "Failed to find host bounds",
+    "Logging before InitGoogle",
+    "unexpected worker hostname",
+    "libtpu_init_utils.cc",
+]
+
+no_tpu_here = pytest.mark.skipif(
+    _on_tpu_vm(), reason="this machine has TPU chips: libtpu prints no such noise"
+)
+
+
+def test_the_filter_drops_libtpu_lines_only():
+    other = [
+        "W0000 00:00:1.0 12 cpu_client.cc:1] some other XLA warning",
+        "=== Source Location Trace: ===",  # another library's trace: kept with its location
+        "third_party/xla/pjrt/foo.cc:12",
+        "WARNING: could be anyone's",
+    ]
+    captured = "\n".join([other[0], *NOISE, *other[1:]]) + "\n"
+    assert without_libtpu_noise(captured.encode()).decode() == "\n".join(other) + "\n"
+    # bytes that are not UTF-8 pass through untouched
+    assert without_libtpu_noise(b"\xff\xfe odd\n") == b"\xff\xfe odd\n"
+
+
+def _env(**extra) -> dict:
+    # jax probes libtpu unless JAX_PLATFORMS says otherwise; and libtpu, when another process holds
+    # its machine-wide lock, loads no further and prints nothing unless told to load anyway
+    env = {k: v for k, v in os.environ.items() if k != "JAX_PLATFORMS"}
+    return {**env, "PYTHONPATH": str(REPO), "ALLOW_MULTIPLE_LIBTPU_LOAD": "1", **extra}
+
+
+def _run(*argv: str, **env) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, *argv], cwd=REPO, env=_env(**env), capture_output=True, text=True, timeout=600
+    )
+
+
+@no_tpu_here
+def test_a_command_that_starts_jax_prints_no_libtpu_lines(tmp_path):
+    # `export` builds the run's policy (JAX's backends start) before it finds no checkpoint
+    run = tmp_path / "run"
+    run.mkdir()
+    config = {
+        "name": "t",
+        "run_dir": str(run),
+        "policies": {"main": {"model": {"preset": "tiny-qwen3"}}},
+        "agents": {"solver": {"policy": "main"}},
+        "data": {"source": {"kind": "synthetic", "n_train": 4}, "batch_size": 2},
+        "train": {"steps": 1, "progress": False, "log_to": []},
+    }
+    (run / "config.yaml").write_text(yaml.safe_dump(config))
+    got = _run("-m", "marljax.cli", "export", str(run), "--policy", "main", str(tmp_path / "out"))
+    assert got.returncode == 1 and got.stderr.endswith(f"{run}: no complete checkpoint to export\n"), (
+        got.stderr
+    )
+    assert not [marker for marker in MARKERS if marker in got.stderr], got.stderr
+    assert "Source Location Trace" not in got.stderr
+
+
+@needs_libtpu
+@no_tpu_here
+def test_plain_jax_prints_the_lines_the_commands_drop():
+    # the other half of the test above: without marljax's start, the lines are there
+    got = _run("-c", "import jax; jax.devices()")
+    assert got.returncode == 0, got.stderr
+    for marker in MARKERS:
+        assert marker in got.stderr, got.stderr
+
+
+@needs_libtpu
+@no_tpu_here
+def test_a_failed_start_writes_back_everything_and_raises():
+    got = _run("-c", "from marljax import backends; backends.start()", JAX_PLATFORMS="tpu")
+    assert got.returncode == 1
+    assert "RuntimeError: Unable to initialize backend 'tpu'" in got.stderr
+    for marker in MARKERS:  # kept: they may explain the error
+        assert marker in got.stderr, got.stderr
