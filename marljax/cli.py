@@ -17,6 +17,7 @@ import json
 import logging
 import os
 import sys
+import time
 from pathlib import Path
 
 
@@ -106,7 +107,10 @@ def cmd_eval(args) -> int:
     trainer = _trainer(args.config, args.overrides, search=args.search)
     try:
         restored = trainer.restore()
+        start, n = time.perf_counter(), len(trainer.eval_problems)
+        print(f"evaluating {n} problems at step {trainer.step} ...", file=sys.stderr, flush=True)
         metrics = trainer.evaluate()
+        print(f"evaluated {n} problems in {time.perf_counter() - start:.0f} s", file=sys.stderr, flush=True)
     finally:
         trainer.close()
     print(json.dumps({"step": trainer.step if restored else 0, **metrics}, indent=1, sort_keys=True))

@@ -366,15 +366,17 @@ class Trainer:
                 writer.start_afresh()
                 if t.sft_steps:
                     run_sft(self, t.sft_steps, writer)
-                # step 0: the starting point (after any warm start) that RL's evaluations compare with
-                if t.eval_every and (before := self.evaluate()):
-                    writer.write(0, before)
             with Progress(
                 t.steps, initial=self.step, desc=cfg.name, enabled=None if t.progress else False
             ) as bar:
+                # step 0: the starting point (after any warm start) that RL's evaluations compare with
+                if not resumed and t.eval_every and self.eval_problems:
+                    bar.note(f"evaluating {len(self.eval_problems)} problems before RL")
+                    writer.write(0, self.evaluate())
                 while self.step < t.steps:
                     metrics = self.train_step()
                     if t.eval_every and self.step % t.eval_every == 0:
+                        bar.note(f"evaluating {len(self.eval_problems)} problems")
                         metrics.update(self.evaluate())
                     if self.step % t.log_every == 0:
                         writer.write(self.step, metrics)

@@ -381,6 +381,11 @@ class Progress:
             self._bar.set_postfix_str(postfix, refresh=False)
         self._bar.update(n)
 
+    def note(self, text: str) -> None:
+        """Show `text` in place of the numbers until the next update: what a long pause is spent on."""
+        if self._bar is not None:
+            self._bar.set_postfix_str(text, refresh=True)
+
     def close(self) -> None:
         if self._bar is not None:
             self._bar.close()

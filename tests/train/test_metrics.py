@@ -309,6 +309,10 @@ def test_progress_enabled_and_disabled():
     bar = Progress(10, initial=4, enabled=True, file=io.StringIO())
     bar.update(reward=0.41234, kl=0.002)
     assert "reward=0.412 kl=0.002" in str(bar._bar)
+    bar.note("evaluating 64 problems")  # shown at once, in place of the numbers, until the next update
+    assert "evaluating 64 problems" in str(bar._bar) and "reward" not in str(bar._bar)
+    bar.update(reward=0.5)
+    assert "evaluating" not in str(bar._bar) and "reward=0.5" in str(bar._bar)
     bar.close()
     bar.close()
 
