@@ -58,18 +58,3 @@ def test_warm_started_grpo_tiny_config_learns(tmp_path):
         gain = np.mean([a[key] for a in after]) - before[key]
         assert gain > margin, (key, evals)
     assert before["eval/solver/pass_at_1"] < 0.5  # the warm start leaves room to learn
-
-
-@pytest.mark.slow(seconds=240)
-def test_warm_started_mars2_team_tiny_config_learns(tmp_path):
-    # configs/mars2_sft_tiny.yaml (AMD EPYC 2-core VM, 2026-11-28), held-out reward of either agent
-    # (one policy, the same greedy answers) at step 0 -> mean of steps 30 and 40: model seed 0
-    # 0.175 -> 0.326 (+0.15), pass@1 0.047 -> 0.141 (+0.09); seed 1: see benchmarks/RESULTS.md.
-    run_dir, cfg = finished_run("mars2_sft_tiny", tmp_path)
-    evals = evaluations(run_dir, cfg.train.steps)
-    assert sorted(evals) == list(range(0, cfg.train.steps + 1, cfg.train.eval_every)), sorted(evals)
-    before, after = evals[0], [evals[s] for s in (cfg.train.steps - 10, cfg.train.steps)]
-    for agent in ("alice", "bob"):
-        for key, margin in ((f"eval/{agent}/reward", 0.06), (f"eval/{agent}/pass_at_1", 0.04)):
-            gain = np.mean([a[key] for a in after]) - before[key]
-            assert gain > margin, (key, evals)
