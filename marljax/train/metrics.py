@@ -34,9 +34,10 @@ Sinks. Besides the two files, a writer sends each record to the sinks in ``log_t
 (`train.log_to`): ``tensorboard`` (event files in ``RUN_DIR/tensorboard/``) and ``wandb`` (a
 Weights & Biases run, files in ``RUN_DIR/wandb/``). The wandb run's id is kept in
 ``RUN_DIR/wandb/run_id``, so a resumed run continues the same wandb run. wandb takes only
-increasing steps in a run, so where a resume redoes steps it already holds (online) it keeps their
-first values (the files and TensorBoard hold the redone ones; with fixed seeds they are equal). A
-run that starts afresh moves ``wandb/`` aside with the rest and starts a new wandb run.
+increasing steps of its own, so each record is logged with its step as a metric (``step``, the
+x axis of every chart): SFT's negative steps are kept, and where a resume redoes steps the wandb
+run holds both tries (the files and TensorBoard hold the redone ones; with fixed seeds they are
+equal). A run that starts afresh moves ``wandb/`` aside with the rest and starts a new wandb run.
 
 Only process 0 writes on multi-host runs: on other processes the writer and
 the progress bar are no-ops.
@@ -260,6 +261,10 @@ class MetricsWriter:
             settings = dict(self._wandb_settings)
             settings["project"] = settings.get("project") or os.environ.get("WANDB_PROJECT", "marljax")
             self._wandb = wandb.init(dir=str(self.run_dir), id=run_id, resume="allow", **settings)
+            # wandb drops a record whose own step is not above the last one's: SFT's steps are
+            # negative and a resume redoes steps, so every record carries its step as the x axis
+            self._wandb.define_metric("step")
+            self._wandb.define_metric("*", step_metric="step")
         return self._wandb
 
     def write(self, step: int, metrics: Mapping[str, Any]) -> None:
@@ -279,7 +284,7 @@ class MetricsWriter:
             f.write(line)
             f.flush()  # a killed process loses no record; a power cut needs sync()
         if "wandb" in self.log_to:
-            self._wandb_run().log(values, step=step)
+            self._wandb_run().log({"step": step, **values})
         if "tensorboard" in self.log_to:
             from tensorboardX import summary
             from tensorboardX.proto.summary_pb2 import Summary

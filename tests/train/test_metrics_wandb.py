@@ -58,7 +58,10 @@ def offline_runs(run_dir: Path) -> list[tuple[str, dict[int, dict]]]:
                 items = {
                     i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in record.history.item
                 }
-                history[record.history.step.num] = {k: v for k, v in items.items() if not k.startswith("_")}
+                # keyed by the record's own step (wandb's internal one only counts the records)
+                history[items["step"]] = {
+                    k: v for k, v in items.items() if not k.startswith("_") and k != "step"
+                }
         out.append((run_id, history))
     return out
 
@@ -117,12 +120,13 @@ def test_the_writer_logs_each_record_to_one_wandb_run_across_a_resume(tmp_path, 
     run = tmp_path / "run"
     settings = {"project": "p", "name": "r", "config": {"seed": 3}}
     with MetricsWriter(run, log_to=("wandb",), wandb=settings, enabled=True) as w:
+        w.write(-1, {"sft/main/loss": 2.0})  # SFT's steps come before RL's step 0
         w.write(1, {"agent/a/reward": 0.5, "policy/main/loss": float("nan"), "n": 3})
         w.write(2, {"agent/a/reward": 0.25, "policy/main/loss": 1.5, "n": 4})
     assert not (run / "tensorboard").exists()  # not named in log_to
     run_id = (run / "wandb" / "run_id").read_text().strip()
     ((logged_id, history),) = offline_runs(run)
-    assert logged_id == run_id and sorted(history) == [1, 2]
+    assert logged_id == run_id and sorted(history) == [-1, 1, 2]
     for record in read_metrics(run):
         assert_same_values(history[record["step"]], record)
 
