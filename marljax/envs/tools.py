@@ -45,7 +45,7 @@ class Tool:
     name: str
     description: str
     parameters: Mapping[str, Any]
-    fn: Callable[..., str]
+    fn: Callable[..., Any]  # returns the observation: text, or an `Observation`
     timeout_s: float = 10.0
 
     def __post_init__(self) -> None:
@@ -90,14 +90,26 @@ class Tool:
 
 
 @dataclasses.dataclass(frozen=True)
+class Observation:
+    """What a tool's function may return instead of plain text: the `text` the agent reads and the
+    `result` a reward may judge, e.g. what a program printed (None: the call produced none, such as
+    a program that failed). A plain string is both."""
+
+    text: str
+    result: str | None
+
+
+@dataclasses.dataclass(frozen=True)
 class ToolResult:
-    """What a call gave: the observation text and how it went (`error` is None on success:
-    else one of unknown_tool, bad_arguments, exception, timeout)."""
+    """What a call gave: the observation text, its result (`Observation`; None for a failed call)
+    and how it went (`error` is None on success: else one of unknown_tool, bad_arguments,
+    exception, timeout)."""
 
     call: ToolCall
     text: str
     error: str | None = None
     truncated: bool = False
+    result: str | None = None
 
     @property
     def ok(self) -> bool:
@@ -130,22 +142,28 @@ class ToolBox:
 
     def run(self, call: ToolCall) -> ToolResult:
         try:
-            text, error, cut = self._run(call)
+            text, error, cut, result = self._run(call)
         except Exception as e:  # noqa: BLE001 - e.g. arguments too deep to print: still an observation
-            text, error, cut = f"error: {call.name} failed: {type(e).__name__}", "exception", False
-        return ToolResult(call, clean_text(text), error, cut)
+            text, error, cut, result = (
+                f"error: {call.name} failed: {type(e).__name__}",
+                "exception",
+                False,
+                None,
+            )
+        return ToolResult(call, clean_text(text), error, cut, result)
 
-    def _run(self, call: ToolCall) -> tuple[str, str | None, bool]:
+    def _run(self, call: ToolCall) -> tuple[str, str | None, bool, str | None]:
         tool = self.tools.get(call.name)
         if tool is None:
             known = ", ".join(self.tools) or "none"
-            return f"error: unknown tool {call.name!r}; tools: {known}", "unknown_tool", False
+            return f"error: unknown tool {call.name!r}; tools: {known}", "unknown_tool", False, None
         size = len(json.dumps(call.arguments))
         if size > self.max_argument_chars:
             return (
                 f"error: {call.name}: arguments of {size} characters; at most {self.max_argument_chars}",
                 "bad_arguments",
                 False,
+                None,
             )
         bad = tool.argument_error(call.arguments)
         if bad is not None:
@@ -153,16 +171,21 @@ class ToolBox:
                 truncate(f"error: {call.name}: {bad}", self.max_observation_chars)[0],
                 "bad_arguments",
                 False,
+                None,
             )
         outcome = _call_with_timeout(tool.fn, call.arguments, tool.timeout_s)
         if outcome is None:
-            return f"error: {call.name} timed out after {tool.timeout_s:g} s", "timeout", False
+            return f"error: {call.name} timed out after {tool.timeout_s:g} s", "timeout", False, None
         value, exc = outcome
         if exc is not None:
             message = truncate(f"{type(exc).__name__}: {_safe_str(exc)}", self.max_observation_chars)[0]
-            return f"error: {call.name} failed: {message}", "exception", False
-        text, cut = truncate(_safe_str(value), self.max_observation_chars)
-        return text, None, cut
+            return f"error: {call.name} failed: {message}", "exception", False, None
+        if isinstance(value, Observation):
+            text, result = _safe_str(value.text), value.result
+        else:
+            text = result = _safe_str(value)
+        text, cut = truncate(text, self.max_observation_chars)
+        return text, None, cut, result
 
 
 def _safe_str(value: Any) -> str:
@@ -212,21 +235,21 @@ def python_tool(limits: Limits | None = None, runner: Any = None) -> Tool:
     (the trainer's sandbox pool); None starts one sandboxed process per call."""
     limits = limits or Limits(test_timeout_s=5.0, program_timeout_s=10.0)
 
-    def python(code: str) -> str:
+    def python(code: str) -> Observation:
         program = Program(code=code, tests=(StdioTest("", ""),))
         result = runner.run([program])[0] if runner is not None else run_program(program, limits)
         test = result.tests[0] if result.tests else None
         out = (test.actual if test is not None else None) or result.output_tail or ""
         # the empty expected output makes any printing program a "wrong answer": it ran to the end
         if test is not None and test.status in (Status.PASSED, Status.WRONG_ANSWER):
-            return f"verdict: ok\noutput:\n{out}"
+            return Observation(f"verdict: ok\noutput:\n{out}", out)
         ran = test is not None and test.status is not Status.NOT_RUN
         status = test.status if ran else result.status  # e.g. a syntax error: no test ran
         if status is Status.TIMEOUT:
-            return f"verdict: timeout (limit {limits.test_timeout_s:g} s)\noutput:\n{out}"
+            return Observation(f"verdict: timeout (limit {limits.test_timeout_s:g} s)\noutput:\n{out}", None)
         kind = (test.exc_type if test is not None else None) or result.error_type or str(status)
         message = (test.message if test is not None else None) or result.error_message or ""
-        return f"verdict: {status}\nerror: {kind}: {message}\noutput:\n{out}"
+        return Observation(f"verdict: {status}\nerror: {kind}: {message}\noutput:\n{out}", None)
 
     return Tool(
         "python",

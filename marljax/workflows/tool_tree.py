@@ -63,12 +63,7 @@ def tool_output(result: ToolResult) -> str | None:
     """What a math tool call computed: a python program's printed output when it ran to the end, a
     calculator's value; None for a call that failed or whose output was truncated (the truncation
     note ends with a number of its own)."""
-    if not result.ok or result.truncated:
-        return None
-    if result.call.name != "python":
-        return result.text
-    verdict, found, printed = result.text.partition("\noutput:\n")
-    return printed if found and verdict == "verdict: ok" else None
+    return None if not result.ok or result.truncated else result.result
 
 
 class ToolTree:

@@ -202,16 +202,25 @@ def test_the_math_tool_agent_is_rewarded_for_a_right_output():
     np.testing.assert_allclose(tool[0].advantage, 0.6 / np.sqrt(0.3), atol=1e-4)
 
 
-def test_a_truncated_output_is_not_scored():
+def test_a_tool_output_is_its_result_and_a_failed_or_truncated_one_is_not_scored():
     from marljax.envs.tool_calls import ToolCall
-    from marljax.envs.tools import ToolResult
+    from marljax.envs.tools import Observation, Tool, ToolBox, python_tool
     from marljax.workflows.tool_tree import tool_output
 
-    call = ToolCall("python", {"code": "..."})
-    assert tool_output(ToolResult(call, "verdict: ok\noutput:\n7\n")) == "7\n"
-    cut = "verdict: ok\noutput:\n1 2 3\n[observation truncated: 42 more characters]"
-    assert tool_output(ToolResult(call, cut, None, True)) is None
-    assert tool_output(ToolResult(ToolCall("calculator", {}), "12")) == "12"
+    tools = [
+        python_tool(),
+        Tool("calculator", "a value", {"expression": "string"}, lambda expression: "12"),
+        Tool("wordy", "a long text", {}, lambda: Observation("x" * 50, "7")),
+    ]
+    box = ToolBox(tools, max_observation_chars=40)
+    ran = box.run(ToolCall("python", {"code": "print(3 + 4)"}))
+    assert ran.text == "verdict: ok\noutput:\n7\n" and tool_output(ran) == "7\n"
+    failed = box.run(ToolCall("python", {"code": "print('7')\nprint(1 / 0)"}))
+    assert failed.text.startswith("verdict: runtime_error") and tool_output(failed) is None
+    assert tool_output(box.run(ToolCall("calculator", {"expression": "3 * 4"}))) == "12"
+    cut = box.run(ToolCall("wordy", {}))
+    assert cut.truncated and cut.result == "7" and tool_output(cut) is None
+    assert tool_output(box.run(ToolCall("nothing", {}))) is None
 
 
 def test_evaluate():
