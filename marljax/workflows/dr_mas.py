@@ -70,7 +70,7 @@ from marljax.workflows.base import (
     register_workflow,
 )
 from marljax.workflows.diversity import grouped_diversity
-from marljax.workflows.episodes import Episodes, agentwise_advantages
+from marljax.workflows.episodes import Episodes
 from marljax.workflows.search_rounds import play_rounds, round_episodes, route_mentions
 from marljax.workflows.turns import TaskTools, ToolsConfig, run_turns
 from marljax.workflows.types import Generation, Prompt
@@ -337,15 +337,8 @@ class DrMasWorkflow(Workflow[DrMasConfig]):
 
     def credit(self, episodes: Episodes):
         """Dr. MAS: each agent's rewards normalised per problem (or all agents together: `global`)."""
-        if self.cfg.tools is not None:  # router, searcher, answerer
-            if self.cfg.normalization == "global":
-                groups = episodes.array("group")
-                advantages = kernels.group_advantages(
-                    episodes.array("reward"), groups, episodes.num_problems, singleton=self.cfg.singleton
-                )
-                return np.asarray(advantages)
-            return agentwise_advantages(episodes, 3, singleton=self.cfg.singleton)
         N, P = len(episodes), episodes.num_problems
+        num_agents = 3 if self.cfg.tools is not None else len(self.roles)  # router, searcher, answerer
         # padded to a power of two (masked out) so the jitted kernels compile for few sizes
         size = power_of_two_bucket(N)
         rewards, groups = episodes.array("reward", size), episodes.array("group", size)
@@ -353,7 +346,7 @@ class DrMasWorkflow(Workflow[DrMasConfig]):
         advantages, stats = kernels.dr_mas_advantages(
             rewards,
             episodes.array("agent", size),
-            len(self.roles),
+            num_agents,
             mask,
             group_ids=groups,
             num_groups=P,
@@ -361,7 +354,8 @@ class DrMasWorkflow(Workflow[DrMasConfig]):
         )
         if self.cfg.normalization == "global":  # all agents of a problem together (GRPO's group baseline)
             advantages = kernels.group_advantages(rewards, groups, P, mask, singleton=self.cfg.singleton)
-        episodes.extras.update(self._extras(episodes.context["episodes"], episodes["agent"], stats))
+        if self.cfg.tools is None:
+            episodes.extras.update(self._extras(episodes.context["episodes"], episodes["agent"], stats))
         return np.asarray(advantages)[:N]
 
     def _extras(
