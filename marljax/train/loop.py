@@ -382,8 +382,8 @@ class Trainer:
                         writer.write(self.step, metrics)
                     bar.update(
                         1,
-                        **{
-                            k.split("/", 1)[1].replace("/", "."): v
+                        **{  # "agent/a/reward" as a.reward; an evaluation's keep their "eval."
+                            (k if k.startswith("eval/") else k.split("/", 1)[1]).replace("/", "."): v
                             for k, v in metrics.items()
                             if k.endswith(("/reward", "/kl_ref"))
                         },
