@@ -17,7 +17,6 @@ import json
 import logging
 import os
 import sys
-import time
 from pathlib import Path
 
 
@@ -104,13 +103,15 @@ def train_summary(trainer, config: str, overrides: list[str], interrupted: bool 
 
 
 def cmd_eval(args) -> int:
+    from marljax.train.metrics import task_progress
+
     trainer = _trainer(args.config, args.overrides, search=args.search)
     try:
         restored = trainer.restore()
-        start, n = time.perf_counter(), len(trainer.eval_problems)
-        print(f"evaluating {n} problems at step {trainer.step} ...", file=sys.stderr, flush=True)
-        metrics = trainer.evaluate()
-        print(f"evaluated {n} problems in {time.perf_counter() - start:.0f} s", file=sys.stderr, flush=True)
+        n = len(trainer.eval_problems)
+        with task_progress(f"evaluating step {trainer.step}", n) as advance:
+            metrics = trainer.evaluate()
+            advance(n)
     finally:
         trainer.close()
     print(json.dumps({"step": trainer.step if restored else 0, **metrics}, indent=1, sort_keys=True))

@@ -11,16 +11,13 @@ finished are read back (`<method>/evaluation.json`).
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
 import json
 import logging
-import sys
-import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
 import numpy as np
 
@@ -30,7 +27,7 @@ from marljax.rewards import Problem, Verifier
 from marljax.train.config import RunConfig, config_from_dict
 from marljax.train.files import write_atomically
 from marljax.train.loop import Trainer
-from marljax.train.metrics import MetricsWriter, Progress
+from marljax.train.metrics import MetricsWriter, task_progress
 from marljax.train.sft import run_sft
 from marljax.workflows.base import Agent, Generator
 from marljax.workflows.mars2 import search_eval
@@ -204,28 +201,6 @@ def warm_start(out: Path, models: dict[str, Path], s: DemoConfig) -> dict[str, P
         finally:
             trainer.close()
     return exported
-
-
-@contextlib.contextmanager
-def task_progress(label: str, total: int, file: TextIO | None = None) -> Iterator[Callable[[int], None]]:
-    """Yields `advance(n)`: `n` more of an evaluation's `total` tasks are done. On a terminal, a
-    progress bar (`marljax.train.metrics.Progress`, on stderr like the training bars); elsewhere (a CI
-    log, a file) one line as the evaluation starts and one as it ends, since a bar redraws itself
-    with carriage returns that a log keeps as one garbled line."""
-    file = file or sys.stderr
-    if file.isatty():
-        with Progress(total, desc=label, file=file) as bar:
-            yield bar.update
-        return
-    done, start = 0, time.perf_counter()
-    print(f"{label}: {total} tasks ...", file=file, flush=True)
-
-    def advance(n: int) -> None:
-        nonlocal done
-        done += n
-
-    yield advance
-    print(f"{label}: {done}/{total} tasks done in {time.perf_counter() - start:.0f} s", file=file, flush=True)
 
 
 def pass_at_1(

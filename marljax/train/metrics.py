@@ -1,4 +1,4 @@
-"""Training metrics: a JSONL log, TensorBoard scalars, Weights & Biases and a progress bar.
+"""Training metrics: a JSONL log, TensorBoard scalars, Weights & Biases and progress bars.
 
 Key convention. A record is a flat dict of numbers with slash-separated keys:
 
@@ -45,6 +45,7 @@ the progress bar are no-ops.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import logging
@@ -52,10 +53,11 @@ import math
 import os
 import secrets
 import shutil
+import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 import numpy as np
 
@@ -401,3 +403,25 @@ class Progress:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+@contextlib.contextmanager
+def task_progress(label: str, total: int, file: TextIO | None = None) -> Iterator[Callable[[int], None]]:
+    """Yields `advance(n)`: `n` more of an evaluation's `total` tasks are done. On a terminal, a
+    progress bar (``Progress`, on stderr like the training bars); elsewhere (a CI
+    log, a file) one line as the evaluation starts and one as it ends, since a bar redraws itself
+    with carriage returns that a log keeps as one garbled line."""
+    file = file or sys.stderr
+    if file.isatty():
+        with Progress(total, desc=label, file=file) as bar:
+            yield bar.update
+        return
+    done, start = 0, time.perf_counter()
+    print(f"{label}: {total} tasks ...", file=file, flush=True)
+
+    def advance(n: int) -> None:
+        nonlocal done
+        done += n
+
+    yield advance
+    print(f"{label}: {done}/{total} tasks done in {time.perf_counter() - start:.0f} s", file=file, flush=True)

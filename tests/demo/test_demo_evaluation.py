@@ -8,9 +8,10 @@ import termios
 
 import pytest
 
-from marljax.demo.pipeline import pass_at_1, task_progress, team_search
+from marljax.demo.pipeline import pass_at_1, team_search
 from marljax.rewards import SandboxPool, SandboxVerifier
 from marljax.tasks import parse_row, synthetic_rows
+from marljax.train.metrics import task_progress
 from marljax.workflows.base import Agent, ScriptedGenerator
 from marljax.workflows.mars2 import search_eval
 
