@@ -144,48 +144,43 @@ class ToolBox:
         try:
             text, error, cut, result = self._run(call)
         except Exception as e:  # noqa: BLE001 - e.g. arguments too deep to print: still an observation
-            text, error, cut, result = (
-                f"error: {call.name} failed: {type(e).__name__}",
-                "exception",
-                False,
-                None,
-            )
+            text, error, cut, result = _failed(f"error: {call.name} failed: {type(e).__name__}", "exception")
         return ToolResult(call, clean_text(text), error, cut, result)
 
     def _run(self, call: ToolCall) -> tuple[str, str | None, bool, str | None]:
         tool = self.tools.get(call.name)
         if tool is None:
             known = ", ".join(self.tools) or "none"
-            return f"error: unknown tool {call.name!r}; tools: {known}", "unknown_tool", False, None
+            return _failed(f"error: unknown tool {call.name!r}; tools: {known}", "unknown_tool")
         size = len(json.dumps(call.arguments))
         if size > self.max_argument_chars:
-            return (
+            return _failed(
                 f"error: {call.name}: arguments of {size} characters; at most {self.max_argument_chars}",
                 "bad_arguments",
-                False,
-                None,
             )
         bad = tool.argument_error(call.arguments)
         if bad is not None:
-            return (
-                truncate(f"error: {call.name}: {bad}", self.max_observation_chars)[0],
-                "bad_arguments",
-                False,
-                None,
+            return _failed(
+                truncate(f"error: {call.name}: {bad}", self.max_observation_chars)[0], "bad_arguments"
             )
         outcome = _call_with_timeout(tool.fn, call.arguments, tool.timeout_s)
         if outcome is None:
-            return f"error: {call.name} timed out after {tool.timeout_s:g} s", "timeout", False, None
+            return _failed(f"error: {call.name} timed out after {tool.timeout_s:g} s", "timeout")
         value, exc = outcome
         if exc is not None:
             message = truncate(f"{type(exc).__name__}: {_safe_str(exc)}", self.max_observation_chars)[0]
-            return f"error: {call.name} failed: {message}", "exception", False, None
+            return _failed(f"error: {call.name} failed: {message}", "exception")
         if isinstance(value, Observation):
             text, result = _safe_str(value.text), value.result
         else:
             text = result = _safe_str(value)
         text, cut = truncate(text, self.max_observation_chars)
         return text, None, cut, result
+
+
+def _failed(text: str, error: str) -> tuple[str, str, bool, None]:
+    """`ToolBox._run`'s answer for a call that failed: its error text (whole), the kind, no result."""
+    return text, error, False, None
 
 
 def _safe_str(value: Any) -> str:
