@@ -71,7 +71,7 @@ from marljax.workflows.base import (
 )
 from marljax.workflows.diversity import grouped_diversity
 from marljax.workflows.episodes import Episodes
-from marljax.workflows.search_rounds import play_rounds, round_episodes, route_mentions
+from marljax.workflows.search_rounds import SEARCH_AGENTS, play_rounds, round_episodes, route_mentions
 from marljax.workflows.turns import TaskTools, ToolsConfig, run_turns
 from marljax.workflows.types import Generation, Prompt
 
@@ -338,7 +338,7 @@ class DrMasWorkflow(Workflow[DrMasConfig]):
     def credit(self, episodes: Episodes):
         """Dr. MAS: each agent's rewards normalised per problem (or all agents together: `global`)."""
         N, P = len(episodes), episodes.num_problems
-        num_agents = 3 if self.cfg.tools is not None else len(self.roles)  # router, searcher, answerer
+        num_agents = SEARCH_AGENTS if self.cfg.tools is not None else len(self.roles)
         # padded to a power of two (masked out) so the jitted kernels compile for few sizes
         size = power_of_two_bucket(N)
         rewards, groups = episodes.array("reward", size), episodes.array("group", size)

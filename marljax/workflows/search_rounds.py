@@ -136,6 +136,10 @@ def play_rounds(
     return episodes
 
 
+# the agent ids of `round_episodes`' rows: 0 router, 1 searcher, 2 answerer
+SEARCH_AGENTS = 3
+
+
 def round_episodes(
     problems: Sequence[Problem],
     played: Sequence[Episode],
