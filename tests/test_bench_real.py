@@ -6,19 +6,16 @@ Real vocabularies, widths, special-token ids and chat templates of Qwen2.5-0.5B 
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
+from script_loader import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def _bench_real():
-    spec = importlib.util.spec_from_file_location("bench_real", ROOT / "benchmarks" / "bench_real.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(ROOT / "benchmarks" / "bench_real.py", "bench_real")
 
 
 def test_family_tokenizers_put_specials_at_the_real_ids_and_render_the_chat_markup():

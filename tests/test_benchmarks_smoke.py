@@ -5,7 +5,6 @@ Smoke mode uses tiny shapes and no external environments (tunix, verl); about 45
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -13,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from script_loader import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -64,9 +64,7 @@ def test_harness_smoke(tmp_path):
 
 
 def test_targets_table():
-    spec = importlib.util.spec_from_file_location("marljax_benchmarks_run", ROOT / "benchmarks" / "run.py")
-    run = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(run)
+    run = load_script(ROOT / "benchmarks" / "run.py", "marljax_benchmarks_run")
     results = {
         "kernels": {"speedup_vs_verl": 5.0, "speedup_vs_verl_vectorized": 2.0},
         "train": {"rows": [{"size": "tiny", "speedup": 2.5}]},

@@ -3,6 +3,7 @@
 import pathlib
 
 import pytest
+from script_loader import load_script
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -28,7 +29,6 @@ def test_embedded_demo_quick_run(tmp_path, capsys):
     `.ci/run` runs that command first and names its output in MARLJAX_DEMO_QUICK_OUT; the test then
     reruns the command there, which must resume from what the first run left (models, SFT exports,
     RL checkpoints) and print the same table, rather than train everything a second time."""
-    import importlib.util
     import json
     import os
     from pathlib import Path
@@ -99,9 +99,7 @@ def test_embedded_demo_quick_run(tmp_path, capsys):
         assert (tmp_path / name).stat().st_size > 1000
 
     # the RL benchmark's per-phase breakdown of the demo runs, on these warm-started models
-    spec = importlib.util.spec_from_file_location("marljax_bench_rl", ROOT / "benchmarks" / "bench_rl.py")
-    bench_rl = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench_rl)
+    bench_rl = load_script(ROOT / "benchmarks" / "bench_rl.py", "marljax_bench_rl")
     demo = bench_rl.demo_breakdown(0, 1, tmp_path, methods=("mars2_heterogeneous",), **QUICK)
     assert demo["models"] == f"the SFT checkpoints of {tmp_path}"
     assert set(demo["runs"]) == {"demo_mars2_heterogeneous"}  # the run with both families
@@ -140,12 +138,7 @@ NOTEBOOK_SECONDS = {"kernels.ipynb": 17, "tools.ipynb": 4, "training.ipynb": 60}
 
 def load_notebook_runner():
     """notebooks/execute.py: the tests execute the notebooks as it does when it stores their outputs."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("notebooks_execute", ROOT / "notebooks" / "execute.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(ROOT / "notebooks" / "execute.py", "notebooks_execute")
 
 
 def test_every_notebook_has_a_time():

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 import os
 import queue
@@ -20,14 +19,13 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from script_loader import load_script
 
 from marljax.train.checkpoint import MANIFEST, RunCheckpointer
 
 ROOT = Path(__file__).resolve().parents[2]
 WRITER_PATH = Path(__file__).with_name("_checkpoint_writer.py")
-_spec = importlib.util.spec_from_file_location("_checkpoint_writer", WRITER_PATH)
-writer = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(writer)
+writer = load_script(WRITER_PATH, "_checkpoint_writer")
 
 POLICIES = ("proposer", "reviser")
 
