@@ -12,6 +12,18 @@ from pathlib import Path
 import pytest
 
 MAX_MAPPINGS = 20_000
+LEGACY_EMITTERS = "--xla_cpu_use_fusion_emitters=false"
+
+
+def _known(flag: str) -> list[str]:
+    """[flag] if this XLA accepts it, else [] (a process with an unknown XLA flag aborts)."""
+    probe = subprocess.run(
+        [sys.executable, "-c", "import jax; jax.numpy.zeros(1).block_until_ready()"],
+        env={**os.environ, "XLA_FLAGS": flag, "JAX_PLATFORMS": "cpu"},
+        capture_output=True,
+        timeout=120,
+    )
+    return [flag] if probe.returncode == 0 else []
 
 
 def pytest_configure(config):
@@ -21,11 +33,15 @@ def pytest_configure(config):
     Set here, in the controller, before the workers start, so they inherit it through the
     environment; a cache the user set is left alone.
 
-    Also LLVM's optimisation level 0 for XLA:CPU's code, unless XLA_FLAGS is set: the suite's time
-    is mostly compiling small programs that then run a few times, and XLA's own passes (fusion,
-    layout) and the matmul libraries are the same at every level, so only the generated loops of
-    elementwise code run slower (benchmarks/RESULTS.md has the A/B)."""
-    os.environ.setdefault("XLA_FLAGS", "--xla_backend_optimization_level=0")
+    Also, unless XLA_FLAGS is set, XLA:CPU's quickest code generation: the suite's time is mostly
+    compiling small programs that then run a few times. LLVM's optimisation level 0 (XLA's own
+    passes and the matmul libraries are the same at every level, so only the generated loops of
+    elementwise code run slower), and XLA's older fusion emitters, which emit LLVM IR directly
+    instead of lowering each fusion through MLIR (benchmarks/RESULTS.md has both A/Bs). The second
+    flag is XLA-internal: where the installed XLA does not know it (it aborts on unknown flags),
+    the tests run without it."""
+    if "XLA_FLAGS" not in os.environ:
+        os.environ["XLA_FLAGS"] = " ".join(["--xla_backend_optimization_level=0", *_known(LEGACY_EMITTERS)])
     # libtpu (the test extra's, for compiling TPU programs ahead of time) takes a machine-wide lock
     # when a process initialises it; the workers and their children each need it
     os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")

@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import os
+import re
+import subprocess
+import sys
 import types
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -352,12 +357,8 @@ def test_skewed_rates_fast_policy_updates_while_slow_waits():
     assert len(t.buffers["fast"]) == 30 - 28 and len(t.buffers["slow"]) == 0
 
 
-@pytest.mark.parametrize(
-    "schedule", [{}, {"warmup_steps": 2}, {"schedule": "cosine", "warmup_steps": 2, "decay_steps": 5}]
-)
-def test_a_finite_guarded_step_is_bit_for_bit_the_plain_optax_step(schedule):
-    # The skip guard must not change a finite step in the last bit: runs stay reproducible across it.
-    # (optax.apply_if_finite fails this: its lax.cond compiles the update apart from apply_updates.)
+def guarded_and_plain_agree(schedule: dict) -> bool:
+    """Four guarded steps and four plain optax steps from the same start end bit for bit equal."""
     cfg = OptimizerConfig(lr=1e-2, weight_decay=1e-4, max_grad_norm=1.0, **schedule)
     opt = make_optimizer(cfg)
     params = get_params(init_model(CONFIG, seed=0))
@@ -376,4 +377,32 @@ def test_a_finite_guarded_step_is_bit_for_bit_the_plain_optax_step(schedule):
         for k in range(4):
             p, s = step(p, s, jax.tree.map(lambda x, k=k: jnp.sin(x * (k + 1.5)), p))
         out += [np.asarray(x) for x in jax.tree.leaves(p)]
-    assert all(np.array_equal(a, b) for a, b in zip(got, want))
+    return all(np.array_equal(a, b) for a, b in zip(got, want))
+
+
+@pytest.mark.parametrize(
+    "schedule", [{}, {"warmup_steps": 2}, {"schedule": "cosine", "warmup_steps": 2, "decay_steps": 5}]
+)
+def test_a_finite_guarded_step_is_bit_for_bit_the_plain_optax_step(schedule):
+    # The skip guard must not change a finite step in the last bit: runs stay reproducible across it.
+    # (optax.apply_if_finite fails this: its lax.cond compiles the update apart from apply_updates.)
+    # Bit for bit is a property of the code XLA generates, so it is checked under XLA's default CPU
+    # code generation, in a child process: the suite's quicker emitters (tests/conftest.py) fuse the
+    # two programs' norms differently.
+    flags = re.sub(r"--xla_cpu_use_fusion_emitters=\S+", "", os.environ.get("XLA_FLAGS", ""))
+    code = (
+        f"from test_update import guarded_and_plain_agree as f; raise SystemExit(0 if f({schedule!r}) else 3)"
+    )
+    child = subprocess.run(
+        [sys.executable, "-c", code],
+        env={
+            **os.environ,
+            "XLA_FLAGS": flags,
+            "JAX_PLATFORMS": "cpu",
+            "PYTHONPATH": str(Path(__file__).parent),
+        },
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert child.returncode == 0, child.stderr[-3000:]
