@@ -387,8 +387,8 @@ def test_a_finite_guarded_step_is_bit_for_bit_the_plain_optax_step(schedule):
     # The skip guard must not change a finite step in the last bit: runs stay reproducible across it.
     # (optax.apply_if_finite fails this: its lax.cond compiles the update apart from apply_updates.)
     # Bit for bit is a property of the code XLA generates, so it is checked under XLA's default CPU
-    # code generation, in a child process: the suite's quicker emitters (tests/conftest.py) fuse the
-    # two programs' norms differently.
+    # code generation, in a child process: under the suite's quicker emitters (tests/conftest.py) the
+    # two programs are fused differently and their results differ.
     flags = re.sub(r"--xla_cpu_use_fusion_emitters=\S+", "", os.environ.get("XLA_FLAGS", ""))
     code = (
         f"from test_update import guarded_and_plain_agree as f; raise SystemExit(0 if f({schedule!r}) else 3)"
