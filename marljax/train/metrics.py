@@ -408,8 +408,8 @@ class Progress:
 @contextlib.contextmanager
 def task_progress(label: str, total: int, file: TextIO | None = None) -> Iterator[Callable[[int], None]]:
     """Yields `advance(n)`: `n` more of an evaluation's `total` tasks are done. On a terminal, a
-    progress bar (``Progress`, on stderr like the training bars); elsewhere (a CI
-    log, a file) one line as the evaluation starts and one as it ends, since a bar redraws itself
+    progress bar (`Progress`, on stderr like the training bars); elsewhere (a CI log, a
+    file) one line as the evaluation starts and one as it ends, since a bar redraws itself
     with carriage returns that a log keeps as one garbled line."""
     file = file or sys.stderr
     if file.isatty():
