@@ -25,6 +25,7 @@ cross-process collectives use gloo (`cpu_collectives`).
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import os
@@ -40,6 +41,9 @@ from marljax.settings import StrictModel
 log = logging.getLogger(__name__)
 
 MODES = ("auto", "on", "off", "tpu")
+# how long `barrier` waits for every process: the joining's own timeout (set by `initialize`)
+_barrier_timeout_s = 300
+_barriers = itertools.count()
 
 
 class DistributedConfig(StrictModel):
@@ -155,6 +159,8 @@ def initialize(cfg: DistributedConfig | None = None, env: Mapping[str, str] | No
     shown = {k: v for k, v in kwargs.items() if k != "initialization_timeout"} or "TPU auto-detection"
     log.info("jax.distributed.initialize(%s)", shown)
     jax.distributed.initialize(**kwargs)
+    global _barrier_timeout_s
+    _barrier_timeout_s = kwargs.get("initialization_timeout", _barrier_timeout_s)
     log.info(
         "process %d of %d, %d local / %d global devices",
         jax.process_index(),
@@ -165,6 +171,21 @@ def initialize(cfg: DistributedConfig | None = None, env: Mapping[str, str] | No
     if not is_primary():  # process 0 reports; the others only warn
         logging.getLogger().setLevel(logging.WARNING)
     return True
+
+
+def barrier(reason: str) -> None:
+    """Wait until every process of a multi-process run has reached this call (a no-op in one
+    process). Call it before a program that spans processes when their work up to it may differ
+    in time: gloo sets up a CPU collective's context with a fixed 30 s deadline, so a process that
+    arrives later than that fails the run; this wait's deadline is `initialization_timeout`."""
+    import jax
+
+    if jax.process_count() == 1:
+        return
+    from jax._src.distributed import global_state
+
+    name = f"marljax/{next(_barriers)}/{reason}"  # a barrier's name is used once
+    global_state.client.wait_at_barrier(name, timeout_in_ms=_barrier_timeout_s * 1000)
 
 
 def is_primary() -> bool:

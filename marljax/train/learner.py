@@ -24,6 +24,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from marljax.models.config import ModelConfig
 from marljax.models.decoder import param_dict_shardings
 from marljax.models.lora import LoraSpec, stack_adapters
+from marljax.train import distributed
 from marljax.train.batch import collate
 from marljax.train.config import LossConfig, OptimizerConfig
 from marljax.train.optim import make_optimizer, make_schedule
@@ -184,7 +185,10 @@ class Learner:
         return combine(trainable, self.frozen, lora=self.lora)
 
     def new_optimizer(self, params: dict):
-        """A fresh optimiser state: moments at zero and the learning-rate schedule at its first step."""
+        """A fresh optimiser state: moments at zero and the learning-rate schedule at its first step.
+        On a multi-process mesh this is the run's first program that spans processes: all wait
+        for each other first (`distributed.barrier`), however unevenly they started."""
+        distributed.barrier("optimizer state")
         return _counters_on(self.optimizer.init(params), self.mesh)
 
     def initial_state(self, params: dict, *, reference: bool) -> PolicyState:

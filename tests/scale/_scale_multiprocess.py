@@ -1,7 +1,8 @@
 """Run by test_scale_multiprocess.py. Two modes:
 
 `worker PID PORT OUT`: one of two JAX processes on localhost (2 CPU devices each, gloo
-collectives), joined through `marljax.train.distributed.initialize`. A policy on a
+collectives), joined through `marljax.train.distributed.initialize`; the one that reaches
+`distributed.barrier` first waits there for the other. A policy on a
 data=2 (processes) x fsdp=2 (local devices) mesh samples its own prompts on its own
 devices (a per-process copy split tensor=2, gathered on device), takes two data-parallel
 updates (each process holds half of each batch) and writes two checkpoints with
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -54,7 +56,7 @@ def worker(pid: int, port: int, out: Path) -> None:
     import jax
 
     jax.config.update("jax_num_cpu_devices", 2)
-    from marljax.train.distributed import DistributedConfig, initialize
+    from marljax.train.distributed import DistributedConfig, barrier, initialize
 
     assert initialize(
         DistributedConfig(
@@ -74,6 +76,12 @@ def worker(pid: int, port: int, out: Path) -> None:
     from marljax.train.policy import Policy
 
     assert (jax.process_index(), jax.process_count(), jax.device_count()) == (pid, 2, 4)
+    # a process that arrives late at `barrier` holds the other there (gloo would not wait 30 s)
+    started = time.monotonic()
+    if pid == 1:
+        time.sleep(2.0)
+    barrier("late second process")
+    assert pid == 1 or time.monotonic() - started > 1.5
     assert MetricsWriter(out / "metrics", enabled=None).enabled == (pid == 0)  # only process 0 writes
     toy = [parse_row({"problem": f"q{i}", "answer": "1", "id": f"p{i}"}, "math", "toy") for i in range(8)]
     stream = ProblemStream(toy, batch_size=2, seed=0)  # grain shards problems by process

@@ -21,7 +21,7 @@ def run_workers(out: Path, nproc: int, mode: str) -> None:
     run_processes(SCRIPT, nproc, [str(out), str(nproc), mode], TIMEOUT_S, what=mode)
 
 
-@pytest.mark.slow(seconds=600)
+@pytest.mark.slow(seconds=100)
 def test_four_processes_train_a_team_like_one_and_resume_on_two(tmp_path):
     run_workers(tmp_path, 4, "train")
     single = subprocess.run(
@@ -37,6 +37,6 @@ def test_four_processes_train_a_team_like_one_and_resume_on_two(tmp_path):
     run_workers(tmp_path, 2, "resume")
 
 
-@pytest.mark.slow(seconds=300)
+@pytest.mark.slow(seconds=50)
 def test_processes_with_different_sample_counts_agree(tmp_path):
     run_workers(tmp_path, 4, "ragged")
