@@ -209,6 +209,9 @@ RECIPE_CHANGES = {
     "at_grpo_tools": {"data.source.size": 4, "data.source.n_train": 8},
     "sharp_tools": {"workflow.tools.max_turns": 3},
 }
+# SFT steps where not 300: SHARP's team rises more from a sloppier warm start of half the steps; from
+# one, Dr. MAS's team rose less and AT-GRPO's not at all (seed 0; benchmarks/RESULTS.md)
+SFT_STEPS = {"sharp_tools": 150}
 
 
 def warm_started_run(
@@ -218,7 +221,7 @@ def warm_started_run(
     seed: int = 0,
     slips: float = 0.5,
     demo_rounds: int = 16,
-    sft_steps: int = 300,
+    sft_steps: int | None = None,
     sft_batch: int = 16,
     sft_lr: float = 1e-2,
     rl_steps: int = 20,
@@ -232,7 +235,8 @@ def warm_started_run(
 ) -> list[dict]:
     """SFT a tiny model on tool setup `kind`'s sloppy teacher (shipped tiny config, one shared policy),
     then `rl_steps` of RL; the run's metrics records (one per RL step). `changes` updates the config
-    dict (dotted keys) before both stages, after `RECIPE_CHANGES`.
+    dict (dotted keys) before both stages, after `RECIPE_CHANGES`; `sft_steps` defaults to
+    `SFT_STEPS`'s, else 300.
 
     RL samples at `temperature` 0.6: after a few hundred SFT steps the tiny model's next-token
     distribution over a name it should copy is still broad, and at temperature 1 most sampled
@@ -249,6 +253,7 @@ def warm_started_run(
     from marljax.train.loop import Trainer
     from marljax.train.metrics import read_metrics
 
+    sft_steps = SFT_STEPS.get(kind, 300) if sft_steps is None else sft_steps
     raw = yaml.safe_load((CONFIGS / f"{kind}_tiny.yaml").read_text())
     raw.update(name=f"{kind}_rise", run_dir=str(out / "run"), seed=seed)
     # a whole tool call in one turn (the shipped tiny configs' 16 tokens cut it); few batch and
