@@ -1,10 +1,10 @@
 import pytest
-from tool_rise import check_gain, check_rise, warm_started_records
+from tool_rise import check_gain, warm_started_records
 
 KINDS = ["sharp_tools", "dr_mas_search"]  # SHARP first: Dr. MAS then compiles little of its own
-# fresh problems of the training world SHARP's team plays before and after RL (4 chunks of a training
+# fresh problems of the training world each team plays before and after RL (4 chunks of a training
 # step's batch size: the RL run's compiled sampler programs serve them)
-EVALUATE = {"sharp_tools": 128}
+EVALUATE = {"sharp_tools": 128, "dr_mas_search": 128}
 
 
 @pytest.fixture(scope="module")
@@ -30,10 +30,11 @@ def test_warm_started_sharp_team_reward_rises(runs):
 
 @pytest.mark.slow(seconds=10)
 def test_warm_started_search_team_reward_rises(runs):
-    # benchmarks/RESULTS.md, 2026-11-26 12:00-12:45 UTC (warm_started_run's defaults): rises +0.34,
-    # +0.20, +0.23 at seeds 0, 1, 2 (std 0.06); the margin is above that spread, below every rise.
-    # On the AMD EPYC VM (2026-11-27) seed 0 rose +0.27
+    # benchmarks/RESULTS.md, 2026-11-29 04:14-04:22 UTC, AMD EPYC 2-core VM: the team reward on
+    # EVALUATE's 128 problems before -> after RL at seeds 0, 1, 2: 0.02 -> 0.45 (+0.42), 0.13 -> 0.48
+    # (+0.36), 0.07 -> 0.45 (+0.38); mean +0.39, std 0.03. The training-reward windows (the old
+    # criterion) rose +0.28, +0.20, +0.35 there (+0.34, +0.20, +0.23 on the Intel VM). The margin
+    # is above a team that does not learn (0, or ~0.06 if its weights drift; see SHARP's test) and
+    # below every gain by more than twice their spread
     out, records = runs
-    check_rise(
-        "dr_mas_search", records["dr_mas_search"], out / "dr_mas_search", steps=20, window=4, margin=0.15
-    )
+    check_gain("dr_mas_search", records["dr_mas_search"], out / "dr_mas_search", steps=20, margin=0.15)
