@@ -22,9 +22,9 @@ def test_warm_started_sharp_team_reward_rises(runs):
     # the team reward on EVALUATE's 128 problems before -> after RL at seeds 0, 1, 2: 0.13 -> 0.55
     # (+0.42), 0.19 -> 0.47 (+0.28), 0.15 -> 0.56 (+0.41); mean +0.37, std 0.08 (after 300 SFT steps:
     # +0.17, +0.40, +0.33); seed 0 the same bit for bit at LLVM level 1 (the child's) and level 2.
-    # A team that does not learn gains 0 (same weights, same seeds) or, if its
-    # weights drift, about one standard deviation of two 128-episode means drawn apart (0.06): the
-    # margin is above that, below every gain by more than twice their spread
+    # A team that does not learn gains 0 (same weights, same seeds) or, if its weights drift, about
+    # one standard deviation of two 128-episode means drawn apart (0.06): the margin is above that,
+    # below every gain by more than twice their spread
     out, records = runs
     check_gain("sharp_tools", records["sharp_tools"], out / "sharp_tools", steps=20, margin=0.10)
 
