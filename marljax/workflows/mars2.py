@@ -17,7 +17,10 @@ training row routed to its agent's policy. ``normalization: agent`` instead
 normalises each agent's nodes of a tree by their own statistics (Dr. MAS,
 `marljax.kernels.dr_mas_advantages` with tree groups): in a team of unequal
 models the weaker one's advantages are otherwise negative on average, and
-pushing down everything it writes can collapse it.
+pushing down everything it writes can collapse it. ``normalization: kind``
+keeps a tree's fresh solutions (GEN) and refinements (CONT) in separate groups:
+a refinement starts from a failed program, so its success rate differs from a
+fresh attempt's, and one group per tree would credit a node for its kind.
 
 MARS2-T+ (`search_eval`): the same search at test time with error feedback,
 rewards from the public tests only; the final answer is the highest public
@@ -55,7 +58,7 @@ from marljax.workflows.base import (
     template_fields,
 )
 from marljax.workflows.episodes import Episodes, agentwise_advantages
-from marljax.workflows.mars2_search import CONT, RewardAverage, Tree, select_final
+from marljax.workflows.mars2_search import CONT, GEN, RewardAverage, Tree, select_final
 from marljax.workflows.mars2_search import depth_gamma as make_gamma
 from marljax.workflows.scoring import RewardKind, as_reward
 
@@ -119,9 +122,10 @@ class Mars2Config(BaseWorkflowConfig):
     reward: RewardKind = Field(
         "fraction", description="node reward: fraction of tests passed, or 1 only when all pass"
     )
-    normalization: Literal["tree", "agent"] = Field(
+    normalization: Literal["tree", "agent", "kind"] = Field(
         "tree",
-        description="tree: one advantage group per tree (MARS2); agent: per agent inside each tree (Dr. MAS)",
+        description="tree: one advantage group per tree (MARS2); agent: per agent inside each tree "
+        "(Dr. MAS); kind: fresh solutions and refinements of a tree in separate groups",
     )
     select: Literal["public_score", "reward_model"] = Field(
         "public_score",
@@ -290,7 +294,9 @@ def search_eval(
     ablation of MARS2-T+'s error feedback); `depth_gamma=[1.0]` turns depth guidance off.
     `progress(n)`: `n` more problems' trees are done, after each round (see `run_search`).
 
-    pass_at_1: the chosen answer passes all private tests; oracle: some node does."""
+    pass_at_1: the chosen answer passes all private tests; oracle: some node does; gen_success and
+    cont_success: the share of fresh solutions and of refinements that pass all private tests
+    (left out where the trees hold none of that kind)."""
     team = list(agents.values()) if isinstance(agents, Mapping) else list(agents)
     gamma = {} if depth_gamma is None else {"depth_gamma": depth_gamma}
     search = Mars2Config(
@@ -320,6 +326,12 @@ def search_eval(
         "eval/search/nodes": float(np.mean([len(t.nodes) for t in trees])),
         "eval/search/rounds": float(rounds),
     }
+    nodes = [n for t in trees for n in t.nodes]
+    for kind in (GEN, CONT):
+        mine = [n.data["fractions"]["private"] >= 1.0 for n in nodes if n.kind == kind]
+        out[f"eval/search/{kind}_nodes"] = len(mine) / len(trees)
+        if mine:
+            out[f"eval/search/{kind}_success"] = float(np.mean(mine))
     for a in team:
         out[f"eval/search/{a.name}/nodes"] = float(
             np.mean([sum(n.agent == a.name for n in t.nodes) for t in trees])
@@ -391,6 +403,9 @@ class Mars2Workflow(Workflow[Mars2Config]):
         team, trees = episodes.context["team"], episodes.context["trees"]
         if self.cfg.normalization == "agent":
             advantages = agentwise_advantages(episodes, len(team), "episode", len(trees))
+        elif self.cfg.normalization == "kind":  # group 2t: tree t's fresh nodes, 2t + 1: its refinements
+            groups = 2 * episodes.array("episode") + (episodes.array("parent") >= 0)
+            advantages = kernels.mars2_advantages(episodes.array("reward"), groups, num_trees=2 * len(trees))
         else:
             rewards, tree_ids = episodes.array("reward"), episodes.array("episode")
             advantages = kernels.mars2_advantages(rewards, tree_ids, num_trees=len(trees))

@@ -300,6 +300,36 @@ def test_agent_normalization_groups_each_agents_nodes_of_a_tree(pool):
         Mars2Workflow(normalization="team")
 
 
+def test_kind_normalization_groups_fresh_solutions_apart_from_refinements(pool):
+    """normalization=kind: a tree's fresh solutions (parent -1) and its refinements are two groups;
+    fresh solutions are right every other time, refinements always, so within the refinements'
+    group there is nothing to credit, while one group per tree would push them up."""
+    problems = make_problems(3)
+    calls = itertools.count()
+
+    def script(agent, prompt, k, seed):
+        if REFINE_MARK in prompt or next(calls) % 2:
+            return fenced(problem_of(problems, prompt).fields["solution"])
+        return WRONG
+
+    config = dict(max_nodes=7, expansions_per_round=3, stop_on_solve=False)
+    wf = Mars2Workflow.from_config(Mars2Config(normalization="kind", **config))
+    out = wf.rollout(problems, team(), CountingGenerator(script), pool, seed=11)
+    groups = {}
+    for s in each_row(out):
+        groups.setdefault((s.ids["episode"], s.ids["parent"] >= 0), []).append(s)
+    assert {refined for _, refined in groups} == {False, True}
+    for (_, refined), ss in groups.items():
+        np.testing.assert_allclose(
+            [s.advantage for s in ss], ref_advantages([s.reward for s in ss]), atol=1e-5
+        )
+        assert not refined or all(s.reward == 1 and s.advantage == 0 for s in ss)
+    tree = Mars2Workflow.from_config(Mars2Config(normalization="tree", **config))
+    calls = itertools.count()
+    out = tree.rollout(problems, team(), CountingGenerator(script), pool, seed=11)
+    assert all(s.advantage > 0 for s in each_row(out) if s.ids["parent"] >= 0)
+
+
 def test_stop_on_solve(pool):
     problems = make_problems(2)
     gen = CountingGenerator(lambda a, q, k, s: fenced(problem_of(problems, q).fields["solution"]))
@@ -366,6 +396,10 @@ def test_tplus_picks_by_public_score_and_scores_on_private(pool):
     assert any(REFINE_MARK in q and problems[0].prompt in q for _, q in gen.requests)
     assert out["eval/search/pass_at_1"] == 0.5 and out["eval/search/oracle"] == 1.0
     assert out["eval/search/solo/chosen"] == 1.0 and out["eval/search/solo/nodes"] == out["eval/search/nodes"]
+    # every fresh solution passes the private tests, the one refinement (problem 0's overfit) does not
+    assert out["eval/search/gen_success"] == 1.0 and out["eval/search/cont_success"] == 0.0
+    assert out["eval/search/gen_nodes"] + out["eval/search/cont_nodes"] == out["eval/search/nodes"]
+    assert out["eval/search/cont_nodes"] == 0.5  # one refinement over two trees
     # a reward model that prefers the first node of each tree picks the fresh solutions
 
     def first(problem, texts, reports):
