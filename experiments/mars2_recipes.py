@@ -335,6 +335,11 @@ def main(argv=None) -> None:
         "nodes": NODES,
         "n_eval": L.N_EVAL,
     }
+    kept = ("/reward", "/clip_frac", "/kl_ref")
+    runs = [  # the per-step records trimmed to what the summary and a reader of the curves need
+        {**r, "history": [{k: v for k, v in h.items() if k.endswith(kept)} for h in r["history"]]}
+        for r in runs
+    ]
     C.write_json(args.out / "mars2_recipes.json", {"settings": settings, "summary": summary, "runs": runs})
     plot(summary, args.out / "mars2_recipes.png")
     for recipe, s in summary.items():

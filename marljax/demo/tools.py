@@ -244,7 +244,7 @@ def warm_started_run(
     RL keeps a KL penalty of `kl_coef` to the warm start: without one a team's calls can decay to
     invalid ones and then to none, for good (benchmarks/RESULTS.md).
 
-    `evaluate` > 0 (multi-hop tasks): the team also plays that many `fresh_problems` once each at
+    `evaluate` > 0 (multi-hop or grid tasks): the team also plays that many `fresh_problems` once each at
     RL's sampling, before RL and after it, with the same seeds both times; `out/evaluation.json`
     holds both team rewards (`evaluate_team`)."""
     import yaml
@@ -322,16 +322,19 @@ def warm_started_run(
 
 
 def fresh_problems(tasks: Any, n: int) -> list:
-    """`n` multi-hop problems of the training world that the training split does not hold: the
-    generator's next draws (the same people, cities and countries; other questions' mixes, other
-    distractor passages and orders). Not the eval split: that is another world, and there the warm
-    started tiny team scores 0 before and after RL (it learns its world's names, not to copy any
-    name; benchmarks/RESULTS.md)."""
-    from marljax.tasks import make_multihop
+    """`n` problems of the training distribution that the training split does not hold: the
+    generator's next draws. Multi-hop questions: the same world (people, cities, countries), other
+    questions' mixes, other distractor passages and orders; not the eval split, which is another
+    world, where the warm-started tiny team scores 0 before and after RL (it learns its world's
+    names, not to copy any name; benchmarks/RESULTS.md). Grids: other layouts of the same size."""
+    from marljax.tasks import make_grid_problems, make_multihop
 
-    if tasks.kind != "tools" or tasks.task != "multihop":
-        raise ValueError("fresh_problems: multi-hop tool tasks only")
-    drawn = make_multihop(tasks.n_train + n, seed=tasks.seed, hops=tasks.hops, n_people=tasks.people)[0]
+    if tasks.kind == "grid":
+        drawn = make_grid_problems(tasks.n_train + n, seed=tasks.seed, size=tasks.size)
+    elif tasks.kind == "tools" and tasks.task == "multihop":
+        drawn = make_multihop(tasks.n_train + n, seed=tasks.seed, hops=tasks.hops, n_people=tasks.people)[0]
+    else:
+        raise ValueError(f"fresh_problems: grid or multi-hop tool tasks only, not {tasks.kind}")
     return drawn[tasks.n_train :]
 
 

@@ -3,6 +3,8 @@ The rise under RL after it: the `test_tool_rise_*` files (`tool_rise.py`)."""
 
 from __future__ import annotations
 
+import pytest
+
 from marljax.demo.tools import teacher
 from marljax.workflows.base import Agent
 
@@ -84,3 +86,28 @@ def test_demonstrations_encode_later_turns_as_the_policy_will_sample_them(tmp_pa
             assert policy.turns.encode_prompt(p) == expected
     finally:
         trainer.close()
+
+
+def test_fresh_problems_are_the_generators_next_draws_not_the_training_ones():
+    """The problems a tool team is evaluated on before and after RL: the same distribution as its
+    training split (grid size; multi-hop world), none of the training problems, deterministic."""
+    from marljax.demo.tools import fresh_problems
+    from marljax.tasks import GridSource, ToolTasks
+
+    grids = GridSource(size=4, n_train=8, seed=2)
+    fresh = fresh_problems(grids, 16)
+    train = grids.split("train")
+    assert len(fresh) == 16 and all(p.fields["size"] == 4 for p in fresh)
+    layout = [(str(p.fields["walls"]), p.fields["start"], p.fields["goal"]) for p in fresh + train]
+    assert len(set(map(str, layout))) == 24  # no training grid among them, none twice
+    assert [p.prompt for p in fresh_problems(grids, 16)] == [p.prompt for p in fresh]
+    # a small world has few questions, so a fresh draw may ask a training question again, with its
+    # own distractor passages: the draws are new, the world the same
+    questions = ToolTasks(task="multihop", n_train=8, seed=1)
+    train = questions.split("train")
+    fresh = fresh_problems(questions, 8)
+    assert len(fresh) == 8 and not {p.id for p in train} & {p.id for p in fresh}
+    answers = {a for p in questions.make(200, 1, "train") for a in p.fields["answers"]}
+    assert {a for p in fresh for a in p.fields["answers"]} <= answers
+    with pytest.raises(ValueError, match="grid or multi-hop"):
+        fresh_problems(ToolTasks(task="arithmetic", n_train=8), 4)
