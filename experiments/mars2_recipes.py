@@ -1,6 +1,8 @@
 """The heterogeneous MARS2 team under nine RL recipes, measured over RL checkpoints.
 
     PYTHONPATH=. python experiments/mars2_recipes.py --seeds 0 1 2 3 4 [--steps 24 --batch 8]
+    PYTHONPATH=. python experiments/mars2_recipes.py --seeds 0 1 2 3 4 --recipes demo mars2_plus \
+        --steps 40 --samples 32 --nodes 4 8 16 32 --name mars2_recipes_long
 
 The MARS2 ladder (`experiments/mars2_ladder.py`) found the heterogeneous team
 (the demo's Qwen3 and Llama, warm-started on teachers with disjoint habits)
@@ -40,7 +42,7 @@ others:
   temperature 1); at the largest budget, the share of fresh solutions (GEN) and
   of refinements (CONT) that pass the hidden tests.
 
-Writes docs/fidelity/mars2_recipes.json and .png.
+Writes docs/fidelity/<name>.json and .png (`--name`, default mars2_recipes).
 """
 
 from __future__ import annotations
@@ -179,6 +181,11 @@ def numbers(m: dict[str, Any]) -> dict[str, float]:
     return out
 
 
+def measured_as() -> str:
+    """The measurement's settings, in the names of the files it is cached in."""
+    return f"k{SAMPLES}_n{'-'.join(map(str, NODES))}"
+
+
 def run_one(seed: int, recipe: str, steps: int, root: Path, batch: int, models: dict[str, Path]) -> dict:
     cfg = recipe_config(recipe, seed, steps, batch, root, models)
     shutil.rmtree(cfg.run_dir, ignore_errors=True)
@@ -187,7 +194,7 @@ def run_one(seed: int, recipe: str, steps: int, root: Path, batch: int, models: 
     measured, history, t0 = {}, [], time.time()
     try:
         # the warm start's measurement is the same for every recipe of a seed: made once
-        before = root / "recipes" / f"before_seed{seed}.json"
+        before = root / "recipes" / f"before_seed{seed}_{measured_as()}.json"
         measured["0"] = numbers(C.cached_run(before, measure, trainer, problems, seed))
         while trainer.step < steps:
             history.append(trainer.train_step())
@@ -309,10 +316,15 @@ def plot(summary: dict, path: Path) -> None:
 
 
 def main(argv=None) -> None:
+    global SAMPLES, NODES  # the measurement's settings, from the options
     ap = C.arguments(__doc__, steps=24, batch_help="problems per RL step (8 nodes each)")
     ap.add_argument("--recipes", nargs="+", default=list(RECIPES), choices=list(RECIPES))
+    ap.add_argument("--samples", type=int, default=SAMPLES, help="per policy and task, for pass@k")
+    ap.add_argument("--nodes", type=int, nargs="+", default=list(NODES), help="search budgets")
+    ap.add_argument("--name", default="mars2_recipes", help="the JSON's and PNG's file name")
     ap.set_defaults(batch=8)
     args = ap.parse_args(argv)
+    SAMPLES, NODES = args.samples, tuple(args.nodes)
     C.quiet()
     jax.config.update("jax_compilation_cache_dir", str((args.root / "xla_cache").resolve()))
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
@@ -320,7 +332,11 @@ def main(argv=None) -> None:
     runs = []
     for seed in args.seeds:
         for recipe in args.recipes:
-            done = args.root / "recipes" / f"{recipe}_seed{seed}_s{args.steps}_b{args.batch}.json"
+            done = (
+                args.root
+                / "recipes"
+                / f"{recipe}_seed{seed}_s{args.steps}_b{args.batch}_{measured_as()}.json"
+            )
             if args.summarise and not done.exists():
                 continue
             runs.append(C.cached_run(done, run_one, seed, recipe, args.steps, args.root, args.batch, models))
@@ -340,8 +356,8 @@ def main(argv=None) -> None:
         {**r, "history": [{k: v for k, v in h.items() if k.endswith(kept)} for h in r["history"]]}
         for r in runs
     ]
-    C.write_json(args.out / "mars2_recipes.json", {"settings": settings, "summary": summary, "runs": runs})
-    plot(summary, args.out / "mars2_recipes.png")
+    C.write_json(args.out / f"{args.name}.json", {"settings": settings, "summary": summary, "runs": runs})
+    plot(summary, args.out / f"{args.name}.png")
     for recipe, s in summary.items():
         last, first = max(s["at"], key=int), min(s["at"], key=int)
         parts = []
