@@ -199,6 +199,12 @@ def team_metrics(m: dict) -> dict[str, float]:
     }
 
 
+def failure_overlap(passed_a: list[bool], passed_b: list[bool]) -> float:
+    """Jaccard overlap of the tasks two policies fail (0 when neither fails any)."""
+    a, b = ~np.array(passed_a), ~np.array(passed_b)
+    return float((a & b).sum() / max((a | b).sum(), 1))
+
+
 def error_profile(policies: dict[str, dict], kinds: list[str | None]) -> dict:
     """Do two policies' errors differ? Greedy pass rate on each family's habit kinds (and on tasks
     with no slip), the slips seen in their programs per kind, and the overlap of their failed tasks."""
@@ -219,7 +225,7 @@ def error_profile(policies: dict[str, dict], kinds: list[str | None]) -> dict:
     if len(policies) == 2:
         a, b = (~np.array(p["greedy_passed"]) for p in policies.values())
         out["failed_both"] = int((a & b).sum())
-        out["failed_jaccard"] = float((a & b).sum() / max((a | b).sum(), 1))
+        out["failed_jaccard"] = failure_overlap(*(p["greedy_passed"] for p in policies.values()))
         out["team_greedy_coverage"] = float(np.mean(~(a & b)))  # some member passes
     return out
 

@@ -169,8 +169,7 @@ def numbers(m: dict[str, Any]) -> dict[str, float]:
     for k in ks:  # k samples from each policy
         miss = np.prod([[1 - pass_at_k(SAMPLES, x, k) for x in c] for c in counts], axis=0)
         out[f"team_pass@{2 * k}"] = float(np.mean(1 - miss))
-    a, b = (~np.array(g) for g in m["greedy"].values())
-    out["failed_jaccard"] = float((a & b).sum() / max((a | b).sum(), 1))
+    out["failed_jaccard"] = L.failure_overlap(*m["greedy"].values())
     for nodes, s in m["search"].items():
         out[f"search@{nodes}"] = s["eval/search/pass_at_1"]
         out[f"oracle@{nodes}"] = s["eval/search/oracle"]
