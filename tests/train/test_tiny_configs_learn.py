@@ -2,13 +2,15 @@
 after RL is above the one before RL (step 0, right after the SFT warm start) by more than the
 seed-to-seed spread of that gain.
 
-In CI the README's CLI block has just trained these configs as written (`.ci/run` names its
-directory in MARLJAX_README_CLI_OUT); the test reads that run instead of training it again.
-Elsewhere it trains the shipped config into a temporary directory (about two minutes on 2 cores)."""
+In CI the README's CLI block trains these configs as written (`.ci/run` names its directory in
+MARLJAX_README_CLI_OUT, and its last commands still run when the tests start); the test waits for
+the block to finish and reads that run instead of training it again. Elsewhere it trains the
+shipped config into a temporary directory (about two minutes on 2 cores)."""
 
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 import numpy as np
@@ -24,11 +26,23 @@ def finished_run(name: str, tmp_path: Path) -> tuple[Path, object]:
 
     cfg = load_config(CONFIGS / f"{name}.yaml")
     cli = os.environ.get("MARLJAX_README_CLI_OUT")
-    if cli and (Path(cli) / "runs" / name / "metrics.jsonl").is_file():
+    if cli and readme_cli_status(Path(cli)) == 0 and (Path(cli) / "runs" / name / "metrics.jsonl").is_file():
         return Path(cli) / "runs" / name, cfg
     overrides = [f"run_dir={tmp_path}", "train.log_to=[]", "train.progress=false"]
     Trainer(load_config(CONFIGS / f"{name}.yaml", overrides)).run()
     return tmp_path, cfg
+
+
+def readme_cli_status(cli: Path, timeout: float = 600.0) -> int:
+    """The README CLI block's exit status, once it has finished: `.ci/run` starts the tests while
+    the block's last commands still run and writes `exit_status` to its directory at the end. A block
+    that failed is reported by `.ci/run` itself; here the test then trains the config on its own."""
+    deadline = time.monotonic() + timeout
+    while not (cli / "exit_status").is_file():
+        if time.monotonic() > deadline:
+            pytest.fail(f"the README CLI block in {cli} did not finish within {timeout:.0f} s")
+        time.sleep(1.0)
+    return int((cli / "exit_status").read_text())
 
 
 def evaluations(run_dir: Path, steps: int) -> dict[int, dict[str, float]]:
