@@ -15,7 +15,7 @@ def runs(tmp_path_factory):
     return out, warm_started_records(KINDS, out, seed=0, rl_steps=RL_STEPS, evaluate=EVALUATE)
 
 
-# the module fixture (both runs, ~400 s on a busy 2-core CI machine) counts toward this test's time:
+# the module fixture (both runs, ~300-350 s on a busy 2-core CI machine) counts toward this test's time:
 # room for a machine 4x slower, the child process's own limit (1500 s) first
 @pytest.mark.timeout(1600)
 @pytest.mark.slow(seconds=400)
