@@ -5,8 +5,9 @@
 
 Prints each run's team reward per RL step, the tools' valid-call share at the end, and the rise (mean
 of the last `--window` steps minus the mean of the first ones); the spread across seeds is what a
-rise test's margin must exceed. `--evaluate N` (multi-hop workflows) also prints the team reward on
-N fresh problems of the training world before and after RL (`warm_started_run`'s `evaluate`).
+rise test's margin must exceed. `--evaluate N` also prints the team reward on N problems played
+before and after RL (`warm_started_run`'s `evaluate`): fresh ones of the training world, or with
+`--evaluate-on train` the training split in turn (the grid team's 8 grids).
 `--set key=value` changes the run config (dotted key, YAML value);
 the other settings are `marljax.demo.tools.warm_started_run`'s defaults.
 """
@@ -38,8 +39,9 @@ def main() -> None:
         "--evaluate",
         type=int,
         default=0,
-        help="fresh problems of the training world played before and after RL",
+        help="problems played before and after RL",
     )
+    ap.add_argument("--evaluate-on", choices=["fresh", "train"], default="fresh")
     args = ap.parse_args()
     changes = {k: yaml.safe_load(v) for k, v in (s.split("=", 1) for s in args.set)}
     rises, gains = [], []
@@ -55,6 +57,7 @@ def main() -> None:
                 kl_coef=args.kl_coef,
                 changes=changes,
                 evaluate=args.evaluate,
+                evaluate_on=args.evaluate_on,
             )
             path = Path(out, "evaluation.json")
             evaluation = json.loads(path.read_text()) if args.evaluate else None

@@ -232,6 +232,7 @@ def warm_started_run(
     kl_coef: float = 0.1,
     changes: dict | None = None,
     evaluate: int = 0,
+    evaluate_on: str = "fresh",
 ) -> list[dict]:
     """SFT a tiny model on tool setup `kind`'s sloppy teacher (shipped tiny config, one shared policy),
     then `rl_steps` of RL; the run's metrics records (one per RL step). `changes` updates the config
@@ -244,9 +245,10 @@ def warm_started_run(
     RL keeps a KL penalty of `kl_coef` to the warm start: without one a team's calls can decay to
     invalid ones and then to none, for good (benchmarks/RESULTS.md).
 
-    `evaluate` > 0 (multi-hop or grid tasks): the team also plays that many `fresh_problems` once each at
-    RL's sampling, before RL and after it, with the same seeds both times; `out/evaluation.json`
-    holds both team rewards (`evaluate_team`)."""
+    `evaluate` > 0: the team also plays that many problems once each at RL's sampling, before RL and
+    after it, with the same seeds both times (`evaluation_problems`: fresh ones, or with `evaluate_on`
+    "train" its training split over and over); `out/evaluation.json` holds both team rewards
+    (`evaluate_team`)."""
     import yaml
 
     from marljax.train.config import config_from_dict
@@ -310,11 +312,12 @@ def warm_started_run(
     raw["policies"][policy] = dict(base, optimizer={"lr": rl_lr})
     trainer = Trainer(config_from_dict(raw, source=f"<{kind} rl>"))
     try:
-        problems = fresh_problems(trainer.cfg.data.source, evaluate) if evaluate else []
+        problems = evaluation_problems(trainer.cfg.data.source, evaluate, evaluate_on) if evaluate else []
         before = evaluate_team(trainer, problems) if evaluate else None
         trainer.run()
         if evaluate:
-            evaluation = {"before": before, "after": evaluate_team(trainer, problems), "problems": evaluate}
+            after = evaluate_team(trainer, problems)
+            evaluation = {"before": before, "after": after, "problems": evaluate, "on": evaluate_on}
             (out / "evaluation.json").write_text(json.dumps(evaluation))
     finally:
         trainer.close()
@@ -336,6 +339,18 @@ def fresh_problems(tasks: Any, n: int) -> list:
     else:
         raise ValueError(f"fresh_problems: grid or multi-hop tool tasks only, not {tasks.kind}")
     return drawn[tasks.n_train :]
+
+
+def evaluation_problems(tasks: Any, n: int, on: str) -> list:
+    """`n` problems to play before and after RL: `fresh_problems` ("fresh"), or the training split
+    repeated in order ("train": a team trained on a few fixed problems, such as the grid team's 8, is
+    measured on them, each played n / len(split) times with its own random draws)."""
+    if on == "fresh":
+        return fresh_problems(tasks, n)
+    if on != "train":
+        raise ValueError(f"evaluate_on: 'fresh' or 'train', not {on!r}")
+    train = tasks.split("train")
+    return [train[i % len(train)] for i in range(n)]
 
 
 def evaluate_team(trainer: Any, problems: Sequence, chunk: int = 32) -> float:

@@ -111,3 +111,18 @@ def test_fresh_problems_are_the_generators_next_draws_not_the_training_ones():
     assert {a for p in fresh for a in p.fields["answers"]} <= answers
     with pytest.raises(ValueError, match="grid or multi-hop"):
         fresh_problems(ToolTasks(task="arithmetic", n_train=8), 4)
+
+
+def test_evaluation_problems_are_fresh_ones_or_the_training_split_in_turn():
+    from marljax.demo.tools import evaluation_problems, fresh_problems
+    from marljax.tasks import GridSource
+
+    grids = GridSource(size=4, n_train=8, seed=2)
+    train = grids.split("train")
+    again = evaluation_problems(grids, 20, "train")
+    assert [p.prompt for p in again] == [p.prompt for p in train + train + train[:4]]
+    assert [p.prompt for p in evaluation_problems(grids, 4, "fresh")] == [
+        p.prompt for p in fresh_problems(grids, 4)
+    ]
+    with pytest.raises(ValueError, match="'fresh' or 'train'"):
+        evaluation_problems(grids, 4, "eval")

@@ -1,9 +1,10 @@
 """The warm-started rise checks the `test_tool_rise_*` files share: after SFT on a sloppy teacher
 (`marljax.demo.tools.warm_started_run`) a short RL run raises the team's reward by more than the
 run-to-run spread measured across seeds and machines (benchmarks/RESULTS.md), and the logged
-rollouts show the tool calls and what the tools answered. The rise is measured either on the
-training rewards (`check_rise`: last steps against first steps) or, less noisily, on a fixed set
-of fresh problems the team plays before and after RL with the same seeds (`check_gain`). xdist hands whole files to a
+rollouts show the tool calls and what the tools answered. The rise is measured on a fixed set of
+problems the team plays before and after RL with the same seeds (`check_gain`): fresh problems of its
+world, or for the grid team its 8 training grids; the training rewards of single steps swing too
+much between steps for a criterion that holds over seeds. xdist hands whole files to a
 worker: the two search workflows share one file and one process (the second reuses most of the
 first's compiled sampler programs), the grid workflow runs in another file, on the other worker."""
 
@@ -14,8 +15,6 @@ import os
 import subprocess
 import sys
 
-import numpy as np
-
 from marljax.train import rollout_log
 
 # what a tool result looks like in each workflow's logged rollouts
@@ -23,20 +22,27 @@ RESULT = {"dr_mas_search": "[search] [1]", "sharp_tools": "[search] [1]", "at_gr
 
 
 def warm_started_records(
-    kinds: list[str], out, seed: int, rl_steps: int, evaluate: dict[str, int] | None = None
+    kinds: list[str],
+    out,
+    seed: int,
+    rl_steps: int,
+    evaluate: dict[str, int] | None = None,
+    evaluate_on: str = "fresh",
 ) -> dict[str, list[dict]]:
     """`warm_started_run` of each workflow in `kinds`, one after the other into `out/<kind>`, in one
     child process compiled at LLVM optimisation level 1: these runs are execution-bound, the test
     suite's level-0 compiles (tests/conftest.py) double them, and level 1 runs as fast as XLA's
     default (2) and compiles quicker. The runs share no state but JAX's compiled programs, so each
-    one's rewards are those of a run alone. `evaluate`: kind -> fresh problems its team plays before
-    and after RL (`out/<kind>/evaluation.json`)."""
+    one's rewards are those of a run alone. `evaluate`: kind -> problems its team plays before and
+    after RL (`out/<kind>/evaluation.json`), `evaluate_on` which (`warm_started_run`'s)."""
     env = {**os.environ, "XLA_FLAGS": "--xla_backend_optimization_level=1"}
     code = (
         "import json, sys; from pathlib import Path; from marljax.demo.tools import warm_started_run\n"
         "for kind in sys.argv[1].split(','):\n"
         "    out, n = Path(sys.argv[2], kind), json.loads(sys.argv[5]).get(kind, 0)\n"
-        "    r = warm_started_run(kind, out, seed=int(sys.argv[3]), rl_steps=int(sys.argv[4]), evaluate=n)\n"
+        "    r = warm_started_run(\n"
+        "        kind, out, seed=int(sys.argv[3]), rl_steps=int(sys.argv[4]), evaluate=n, evaluate_on=sys.argv[6]\n"
+        "    )\n"
         "    (out / 'records.json').write_text(json.dumps(r))"
     )
     subprocess.run(
@@ -49,24 +55,13 @@ def warm_started_records(
             str(seed),
             str(rl_steps),
             json.dumps(evaluate or {}),
+            evaluate_on,
         ],
         env=env,
         check=True,
         timeout=1500,
     )
     return {kind: json.loads((out / kind / "records.json").read_text()) for kind in kinds}
-
-
-def check_rise(kind: str, records: list[dict], out, *, steps: int, window: int, margin: float) -> None:
-    """The team reward's mean over the last `window` RL steps of `kind`'s run (its `records`, its
-    directory `out`) exceeds the first `window` steps' by `margin`, and the rollouts logged every
-    5 steps hold tool calls and tool results."""
-    reward = np.array([r["team/reward"] for r in records])
-    assert len(reward) == steps
-    first, last = reward[:window].mean(), reward[-window:].mean()
-    assert first < 1.0 - margin, reward  # the warm start leaves room to rise
-    assert last - first > margin, reward
-    check_tool_calls(kind, out, steps)
 
 
 def check_gain(kind: str, records: list[dict], out, *, steps: int, margin: float) -> None:
