@@ -313,10 +313,13 @@ def warm_started_run(
     trainer = Trainer(config_from_dict(raw, source=f"<{kind} rl>"))
     try:
         problems = evaluation_problems(trainer.cfg.data.source, evaluate, evaluate_on) if evaluate else []
-        before = evaluate_team(trainer, problems) if evaluate else None
+        # every chunk samples with the same seeds, row by row: a training problem met again in a later
+        # chunk would replay its earlier episode, so repeated problems go in one call
+        chunk = len(problems) if evaluate_on == "train" else 32
+        before = evaluate_team(trainer, problems, chunk) if evaluate else None
         trainer.run()
         if evaluate:
-            after = evaluate_team(trainer, problems)
+            after = evaluate_team(trainer, problems, chunk)
             evaluation = {"before": before, "after": after, "problems": evaluate, "on": evaluate_on}
             (out / "evaluation.json").write_text(json.dumps(evaluation))
     finally:
@@ -344,7 +347,7 @@ def fresh_problems(tasks: Any, n: int) -> list:
 def evaluation_problems(tasks: Any, n: int, on: str) -> list:
     """`n` problems to play before and after RL: `fresh_problems` ("fresh"), or the training split
     repeated in order ("train": a team trained on a few fixed problems, such as the grid team's 8, is
-    measured on them, each played n / len(split) times with its own random draws)."""
+    measured on them, each played n / len(split) times)."""
     if on == "fresh":
         return fresh_problems(tasks, n)
     if on != "train":
