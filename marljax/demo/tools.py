@@ -313,13 +313,10 @@ def warm_started_run(
     trainer = Trainer(config_from_dict(raw, source=f"<{kind} rl>"))
     try:
         problems = evaluation_problems(trainer.cfg.data.source, evaluate, evaluate_on) if evaluate else []
-        # every chunk samples with the same seeds, row by row: a training problem met again in a later
-        # chunk would replay its earlier episode, so repeated problems go in one call
-        chunk = len(problems) if evaluate_on == "train" else 32
-        before = evaluate_team(trainer, problems, chunk) if evaluate else None
+        before = evaluate_team(trainer, problems) if evaluate else None
         trainer.run()
         if evaluate:
-            after = evaluate_team(trainer, problems, chunk)
+            after = evaluate_team(trainer, problems)
             evaluation = {"before": before, "after": after, "problems": evaluate, "on": evaluate_on}
             (out / "evaluation.json").write_text(json.dumps(evaluation))
     finally:
@@ -361,7 +358,12 @@ def evaluate_team(trainer: Any, problems: Sequence, chunk: int = 32) -> float:
     generator; the workflow's evaluation seeds are fixed, so the same problems get the same random
     draws before and after RL). Chunks of 32 problems sample batches of a training step's size and
     reuse its compiled programs. A step's training reward is 8 problems of 32 x 4 episodes and
-    swings by ~0.15 between steps with the problems drawn; a fixed set does not."""
+    swings by ~0.15 between steps with the problems drawn; a fixed set does not.
+
+    Every call samples with the same seeds, row by row: a problem (by id) met again in a later chunk
+    would replay its earlier episode, so a list that repeats problems is played in one call."""
+    if len({p.id for p in problems}) < len(problems):
+        chunk = len(problems)
     trainer.sync_samplers()
     total = 0.0
     for c in range(0, len(problems), chunk):
