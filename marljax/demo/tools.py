@@ -14,7 +14,9 @@ in ways only the team's reward tells apart (each setup is named as its shipped c
   first move of a checked plan.
 
 The teacher is a `ScriptedGenerator` script, so its demonstrations are recorded by running the
-workflow itself (`demonstrations`): every prompt is exactly one the workflow builds. The tiny
+workflow itself (`marljax.train.sft.demonstrations`): every prompt is exactly one the workflow
+builds; a run config names it as `train.sft_teacher: {script: "marljax.demo.tools:teacher",
+options: {kind: ..., slips: ...}}`. The tiny
 models share one BPE tokenizer learnt from those texts (short prompts, as in the code demo).
 """
 
@@ -29,7 +31,7 @@ from typing import Any
 
 from marljax.envs.grid import shortest_plan
 from marljax.envs.tool_calls import format_tool_call
-from marljax.workflows.base import Agent, ScriptedGenerator
+from marljax.workflows.base import Agent
 
 _BORN = re.compile(r"([A-Z][a-z]+ [A-Z][a-z]+) was born in ([A-Z][a-z]+)")
 _CITY = re.compile(r"([A-Z][a-z]+) is a city in ([A-Z][a-z]+)")
@@ -108,63 +110,6 @@ def shortest_plan_in(prompt: str) -> str:
     goal = next(x for x, ch in cells.items() if ch == "G")
     fields = {"size": size, "walls": [list(x) for x, ch in cells.items() if ch == "#"], "goal": list(goal)}
     return shortest_plan(fields, at) or ""
-
-
-def demonstrations(
-    cfg: Any, script, rounds: int, seed: int = 0, policies: Mapping[str, Any] | None = None
-) -> dict[str, list[tuple[str, str]]]:
-    """(prompt, reply) pairs per agent from `rounds` rollouts of the run config's workflow with the
-    teacher playing every agent, over its train problems batch by batch. Without `policies` (name ->
-    its `TurnFormat`, `Policy.turns`) no model is needed, but a prompt continuing an earlier turn of an agent holds that
-    turn's bytes, not tokens: only its text is of use (a tokenizer's corpus). With them, every
-    prompt encodes as the policy will see it when it samples the same turns (the earlier turns'
-    tokens, each ending with an end-of-turn token), which SFT needs."""
-    from marljax.workflows.base import build_workflow
-
-    agents = {n: Agent(n, a.policy, a.role, a.template) for n, a in sorted(cfg.agents.items())}
-    pairs: dict[str, list[tuple[str, str]]] = {a: [] for a in agents}
-
-    def record(agent: Agent, prompt: str, k: int, s: int) -> str:
-        reply = script(agent, prompt, k, s)
-        pairs[agent.name].append((prompt, reply))
-        return reply
-
-    workflow, gen = build_workflow(cfg.workflow), ScriptedGenerator(record, policies=policies)
-    problems, batch = cfg.data.source.split("train"), cfg.data.batch_size
-    for r in range(rounds):
-        chosen = [problems[(r * batch + j) % len(problems)] for j in range(batch)]
-        workflow.rollout(chosen, agents, gen, None, seed + r)
-    return pairs
-
-
-def sft_on_pairs(
-    trainer: Any, pairs: dict[str, Sequence[tuple[str, str]]], steps: int, batch: int
-) -> list[float]:
-    """`steps` SFT steps per policy on its agents' (prompt, reply) pairs (cycling, agents mixed),
-    then a fresh optimiser and KL reference for RL (as `marljax.train.sft.run_sft`). Each batch holds
-    pairs of similar length: a batch is padded to its longest, and the few long multi-turn prompts
-    would otherwise put most batches in twice the length bucket."""
-    from marljax.train.sft import pair_samples
-    from marljax.workflows.types import Rows
-
-    losses: list[float] = []
-    for name, policy in trainer.policies.items():
-        mine = [(a, p) for a in trainer.agents.values() if a.policy == name for p in pairs.get(a.name, ())]
-        rng = random.Random(f"marljax-tool-sft:{name}")
-        batches: list[list] = []
-        while len(batches) < steps:
-            rng.shuffle(mine)
-            for w in range(0, len(mine), 8 * batch):  # sort windows of 8 batches by length
-                window = sorted(mine[w : w + 8 * batch], key=lambda ap: len(ap[1][0]) + len(ap[1][1]))
-                chunk = [window[j : j + batch] for j in range(0, len(window), batch)]
-                rng.shuffle(chunk)
-                batches += [c for c in chunk if len(c) == batch]
-        for chosen in batches[:steps]:
-            rows = Rows.concatenate([pair_samples([p], a, policy) for a, p in chosen])
-            losses.append(policy.sft_update(rows)["loss"])
-        policy.reset_optimizer()
-        policy.reset_reference()
-    return losses
 
 
 # a small Qwen3 (the code demo's family, plain rope): the tool prompts are longer than the code ones
@@ -254,6 +199,7 @@ def warm_started_run(
     from marljax.train.config import config_from_dict
     from marljax.train.loop import Trainer
     from marljax.train.metrics import read_metrics
+    from marljax.train.sft import demonstrations, run_sft
 
     sft_steps = SFT_STEPS.get(kind, 300) if sft_steps is None else sft_steps
     raw = yaml.safe_load((CONFIGS / f"{kind}_tiny.yaml").read_text())
@@ -291,20 +237,26 @@ def warm_started_run(
     ]
     model = write_model(out / "model", texts, seed=seed)
     base = dict(raw["policies"][policy], model={"path": str(model)}, chat="off")
-    sft_opt = {"lr": sft_lr, "warmup_steps": 10, "schedule": "cosine", "decay_steps": sft_steps}
-    raw["policies"][policy] = dict(base, optimizer=dict(sft_opt, min_lr_ratio=0.1))
-    trainer = Trainer(config_from_dict(raw, source=f"<{kind} sft>"))
+    raw["policies"][policy] = dict(base, optimizer={"lr": rl_lr})
+    # the same demonstrations again (the teacher draws the same slips), now tokenised, in run_sft
+    sft = dict(
+        sft_steps=sft_steps,
+        sft_lr=sft_lr,
+        sft_warmup_steps=10,
+        sft_schedule="cosine",
+        sft_min_lr_ratio=0.1,
+        sft_batch_size=sft_batch,
+        sft_teacher={
+            "script": f"{__name__}:teacher",
+            "options": {"kind": kind, "slips": slips},
+            "rounds": demo_rounds,
+        },
+    )
+    trainer = Trainer(config_from_dict({**raw, "train": {**raw["train"], **sft}}, source=f"<{kind} sft>"))
     try:
-        # the same demonstrations again (a fresh teacher draws the same slips), now tokenised
-        pairs = demonstrations(
-            cfg,
-            teacher(kind, slips, seed),
-            demo_rounds,
-            seed,
-            {n: p.turns for n, p in trainer.policies.items()},
-        )
-        losses = sft_on_pairs(trainer, pairs, sft_steps, sft_batch)
-        (out / "sft_losses.json").write_text(json.dumps(losses))
+        losses = LossLog()
+        run_sft(trainer, sft_steps, losses)
+        (out / "sft_losses.json").write_text(json.dumps(losses.losses))
         trainer.policies[policy].export(out / "model-sft")
     finally:
         trainer.close()
@@ -324,21 +276,30 @@ def warm_started_run(
     return read_metrics(out / "run")
 
 
+class LossLog:
+    """A metrics writer for `run_sft` that keeps only the SFT losses, in order."""
+
+    def __init__(self):
+        self.losses: list[float] = []
+
+    def write(self, step: int, metrics: Mapping[str, float]) -> None:
+        self.losses += [v for k, v in metrics.items() if k.endswith("/loss")]
+
+
 def fresh_problems(tasks: Any, n: int) -> list:
     """`n` problems of the training distribution that the training split does not hold: the
     generator's next draws. Multi-hop questions: the same world (people, cities, countries), other
-    questions' mixes, other distractor passages and orders; not the eval split, which is another
-    world, where the warm-started tiny team scores 0 before and after RL (it learns its world's
-    names, not to copy any name; benchmarks/RESULTS.md). Grids: other layouts of the same size."""
-    from marljax.tasks import make_grid_problems, make_multihop
+    questions' mixes, other distractor passages and orders (the source's `eval_world: same`); not
+    the default eval split, which is another world, where the warm-started tiny team scores 0 before
+    and after RL (it learns its world's names, not to copy any name; benchmarks/RESULTS.md). Grids:
+    other layouts of the same size."""
+    from marljax.tasks import make_grid_problems
 
     if tasks.kind == "grid":
-        drawn = make_grid_problems(tasks.n_train + n, seed=tasks.seed, size=tasks.size)
-    elif tasks.kind == "tools" and tasks.task == "multihop":
-        drawn = make_multihop(tasks.n_train + n, seed=tasks.seed, hops=tasks.hops, n_people=tasks.people)[0]
-    else:
-        raise ValueError(f"fresh_problems: grid or multi-hop tool tasks only, not {tasks.kind}")
-    return drawn[tasks.n_train :]
+        return make_grid_problems(tasks.n_train + n, seed=tasks.seed, size=tasks.size)[tasks.n_train :]
+    if tasks.kind == "tools" and tasks.task == "multihop":
+        return tasks.model_copy(update={"n_eval": n, "eval_world": "same"}).split("eval")
+    raise ValueError(f"fresh_problems: grid or multi-hop tool tasks only, not {tasks.kind}")
 
 
 def evaluation_problems(tasks: Any, n: int, on: str) -> list:
@@ -371,3 +332,33 @@ def evaluate_team(trainer: Any, problems: Sequence, chunk: int = 32) -> float:
         scores = trainer.workflow.evaluate(part, trainer.agents, trainer.generator, trainer.verifier)
         total += scores["eval/team/reward"] * len(part)
     return total / len(problems)
+
+
+def write_teacher_model(cfg: Any) -> Path:
+    """Write the random tiny model that run config `cfg` loads (its one policy's `model.path`), with
+    a tokenizer learnt from the texts of its `train.sft_teacher`'s demonstrations (the rounds SFT
+    will record): what `python -m marljax.demo.tools CONFIG [key=value ...]` does."""
+    from marljax.train.sft import demonstrations
+
+    teacher_cfg, (policy,) = cfg.train.sft_teacher, cfg.policies.values()
+    if teacher_cfg is None or policy.model.path is None:
+        raise ValueError("write_teacher_model: needs train.sft_teacher and one policy with a model.path")
+    pairs = demonstrations(cfg, teacher_cfg.make_script(cfg.seed), teacher_cfg.rounds, cfg.seed)
+    texts = [t for ps in pairs.values() for p in ps for t in p]
+    return write_model(Path(policy.model.path), texts, seed=cfg.seed)
+
+
+if __name__ == "__main__":
+    import argparse
+
+    from marljax.train.config import load_config
+
+    parser = argparse.ArgumentParser(
+        prog="python -m marljax.demo.tools",
+        description="Write the random tiny model a run config with train.sft_teacher loads (its "
+        "model.path), with a tokenizer learnt from the teacher's demonstrations.",
+    )
+    parser.add_argument("config", help="e.g. configs/dr_mas_search_sft_tiny.yaml")
+    parser.add_argument("overrides", nargs="*", help="dotted key=value, as `marljax train` takes them")
+    args = parser.parse_args()
+    print(write_teacher_model(load_config(args.config, args.overrides)))

@@ -157,6 +157,13 @@ class ToolTasks(GeneratedSource):
         "as many people as questions, a model cannot answer from a memorised world",
     )
 
+    eval_world: Literal["other", "same"] = Field(
+        "other",
+        description="multihop: the eval split asks about another made-up world (what is measured is "
+        "reading the passages, not the names learnt), or about the training one (`same`: the "
+        "generator's draws after the training split, other questions, passage mixes and orders)",
+    )
+
     @field_validator("hops")
     @classmethod
     def _hops(cls, v):
@@ -167,4 +174,7 @@ class ToolTasks(GeneratedSource):
     def make(self, n: int, seed: int, split: str) -> list[Problem]:
         if self.task == "arithmetic":
             return make_arithmetic(n, seed=seed)
+        if split == "eval" and self.eval_world == "same":
+            drawn = make_multihop(self.n_train + n, seed=self.seed, hops=self.hops, n_people=self.people)[0]
+            return drawn[self.n_train :]
         return make_multihop(n, seed=seed, hops=self.hops, n_people=self.people)[0]

@@ -277,18 +277,18 @@ class Learner:
         return state, finish_update(pending)
 
     def sft_update(
-        self, state: PolicyState, rows: Rows, lr: float | None = None
+        self, state: PolicyState, rows: Rows, optimizer: OptimizerConfig | None = None
     ) -> tuple[PolicyState, dict[str, float]]:
-        """One supervised step: maximise the likelihood of the completions. `lr`: this step's peak
-        learning rate instead of the policy's (the optimiser's state has the same structure)."""
+        """One supervised step: maximise the likelihood of the completions. `optimizer`: this
+        step's optimiser settings instead of the policy's (another peak rate or schedule, as
+        `marljax.train.sft` sets them; the optimiser's state has the same structure)."""
         batch = self.collate(rows)
         self._add_dropout_seeds(state, batch, 0)
         step = self._sft_update
-        if lr is not None and lr != self.optimizer_cfg.lr:
-            other = self.optimizer_cfg.model_copy(update={"lr": lr})
-            step = step_functions(self.config, other, self.loss, self.mini_batches > 1, self.lora, self.mesh)[
-                2
-            ]
+        if optimizer is not None and optimizer != self.optimizer_cfg:
+            step = step_functions(
+                self.config, optimizer, self.loss, self.mini_batches > 1, self.lora, self.mesh
+            )[2]
         params, opt_state, metrics = step(state.params, state.opt_state, batch, self.frozen)
         return state.replace(params=params, opt_state=opt_state), _to_float(metrics)
 

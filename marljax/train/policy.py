@@ -39,7 +39,7 @@ from marljax.models.hf_io import (
 )
 from marljax.models.lora import init_adapter, merge
 from marljax.models.sharding import make_mesh
-from marljax.train.config import MeshConfig, PolicyConfig, PolicyModelConfig, RunConfig
+from marljax.train.config import MeshConfig, OptimizerConfig, PolicyConfig, PolicyModelConfig, RunConfig
 from marljax.train.learner import Learner, finish_update
 from marljax.train.sampling import SamplerView
 from marljax.train.state import PolicyState
@@ -241,10 +241,11 @@ class Policy:
 
     finish_update = staticmethod(finish_update)
 
-    def sft_update(self, rows: Rows, lr: float | None = None) -> dict[str, float]:
-        """One supervised step on `rows` (`Learner.sft_update`; `lr`: another peak learning rate)."""
+    def sft_update(self, rows: Rows, optimizer: OptimizerConfig | None = None) -> dict[str, float]:
+        """One supervised step on `rows` (`Learner.sft_update`; `optimizer`: other optimiser
+        settings for this step, such as SFT's rate and schedule)."""
         self.sampler.forget()
-        self.state, metrics = self.learner.sft_update(self.state, rows, lr)
+        self.state, metrics = self.learner.sft_update(self.state, rows, optimizer)
         return metrics
 
     def reset_optimizer(self) -> None:

@@ -60,6 +60,25 @@ def test_a_larger_world_has_more_people_cities_and_countries():
         make_multihop(4, n_people=65)
 
 
+def test_the_eval_split_asks_about_another_world_or_the_training_one():
+    """`eval_world`: by default the eval questions are about another world (other names); `same`
+    asks new questions of the training world: its passages, none of the training problems."""
+    from marljax.tasks import ToolTasks
+
+    def world(problems):
+        return {text for p in problems for _, text in p.fields["passages"]}
+
+    source = ToolTasks(task="multihop", n_train=16, n_eval=24, hops=[2], seed=5)
+    train = source.split("train")
+    same = source.model_copy(update={"eval_world": "same"}).split("eval")
+    _, passages = make_multihop(1, seed=5, hops=[2])
+    assert len(same) == 24 and world(train) | world(same) <= {p.text for p in passages}
+    assert not {p.id for p in train} & {p.id for p in same}
+    assert not world(source.split("eval")) & {p.text for p in passages}  # another world
+    # the generator's draws after the training split: the first 16 of 40 draws are the training ones
+    assert [p.prompt for p in make_multihop(40, seed=5, hops=[2])[0][16:]] == [p.prompt for p in same]
+
+
 def test_each_hop_is_found_by_search():
     problems, passages = make_multihop(4, seed=0)
     index = BM25Index(passages)

@@ -110,7 +110,8 @@ def test_sft_takes_its_own_learning_rate():
     for lr in (None, 1e-5):
         policy = Policy("p", config(seed=1, lr=1e-3))
         before = jax.tree.map(np.array, policy.params)
-        policy.sft_update(samples(), lr=lr)
+        own = policy.learner.optimizer_cfg
+        policy.sft_update(samples(), None if lr is None else own.model_copy(update={"lr": lr}))
         expected = 1e-3 if lr is None else lr
         assert moved(policy, before) == pytest.approx(expected, rel=1e-2), lr
         assert policy.learner.optimizer_cfg.lr == 1e-3  # the policy's own rate is unchanged

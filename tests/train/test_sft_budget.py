@@ -31,14 +31,16 @@ def trainer_with_budget(max_new_tokens: int):
 
 
 def test_targets_over_the_budget_are_counted_and_named(caplog):
-    problems = ["x" * 10, "x" * 20, "x" * 30]  # targets of 10, 20 and 30 tokens
+    problems = ["x" * 10, "x" * 20, "x" * 30]  # every agent's targets: 10, 20 and 30 tokens
     trainer = trainer_with_budget(20)
     agents = len(trainer.agents)
     with caplog.at_level(logging.WARNING, logger="marljax.train.sft"):
-        assert warn_cut_targets(trainer, problems, target=lambda p: p) == agents  # the 30-token one
+        assert (
+            warn_cut_targets(trainer, dict.fromkeys(trainer.agents, problems)) == agents
+        )  # the 30-token one
     assert "1 of 3 reference targets" in caplog.text and "max_new_tokens=20" in caplog.text
     assert "the longest 30 tokens" in caplog.text
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="marljax.train.sft"):
-        assert warn_cut_targets(trainer_with_budget(30), problems, target=lambda p: p) == 0
+        assert warn_cut_targets(trainer_with_budget(30), dict.fromkeys(trainer.agents, problems)) == 0
     assert not caplog.text

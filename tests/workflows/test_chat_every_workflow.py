@@ -14,7 +14,13 @@ from marljax.train.config import load_config
 from marljax.workflows import REGISTRY
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
-TINY = sorted(CONFIGS.glob("*_tiny.yaml"))
+# the tiny configs on random presets (with the chat template of their built-in tokenizer); not one
+# whose model a command writes first (dr_mas_search_sft_tiny: a raw-text model, `chat: off`)
+TINY = [
+    p
+    for p in sorted(CONFIGS.glob("*_tiny.yaml"))
+    if all(policy.model.preset for policy in load_config(p, [f"run_dir={p}"]).policies.values())
+]
 QUICK = [
     "train.steps=1",
     "train.log_rollouts=1",

@@ -49,9 +49,10 @@ def test_demonstrations_encode_later_turns_as_the_policy_will_sample_them(tmp_pa
     the end-of-turn token, as the policy's own sampled turn will end (not the script's bytes)."""
     import yaml
 
-    from marljax.demo.tools import CONFIGS, demonstrations, write_model
+    from marljax.demo.tools import CONFIGS, write_model
     from marljax.train.config import config_from_dict
     from marljax.train.loop import Trainer
+    from marljax.train.sft import demonstrations
 
     raw = yaml.safe_load((CONFIGS / "sharp_tools_tiny.yaml").read_text())
     raw.update(run_dir=str(tmp_path / "run"))

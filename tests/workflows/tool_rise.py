@@ -5,8 +5,9 @@ rollouts show the tool calls and what the tools answered. The rise is measured o
 problems the team plays before and after RL with the same seeds (`check_gain`): fresh problems of its
 world, or for the grid team its 8 training grids; the training rewards of single steps swing too
 much between steps for a criterion that holds over seeds. xdist hands whole files to a
-worker: the two search workflows share one file and one process (the second reuses most of the
-first's compiled sampler programs), the grid workflow runs in another file, on the other worker."""
+worker: SHARP's and the grid workflow's files run on different workers. Dr. MAS's search team,
+the same recipe as a shipped config (`configs/dr_mas_search_sft_tiny.yaml`), is checked on the
+README's CLI run of it (tests/train/test_tiny_configs_learn.py)."""
 
 from __future__ import annotations
 

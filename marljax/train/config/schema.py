@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import inspect
 import re
 import string
 from collections.abc import Sequence
@@ -538,6 +539,52 @@ class DynamicSamplingConfig(FrozenModel):
     )
 
 
+class SftTeacherConfig(FrozenModel):
+    """A scripted teacher whose turns SFT imitates: it plays every agent of the run's workflow on the
+    train problems, and each agent's (prompt, reply) pairs become its policy's SFT examples, the
+    prompts encoded as the policy will see them when it samples the same turns (multi-turn and tool
+    workflows, whose later prompts hold earlier turns, included)."""
+
+    script: str = Field(
+        description="`module:function` (an installed module, or one on PYTHONPATH), called with "
+        "`options` and `seed` (the run's); it returns a `ScriptedGenerator` script "
+        "`(agent, prompt, k, seed) -> reply` (e.g. `marljax.demo.tools:teacher`)"
+    )
+    options: dict[str, Any] = Field(default_factory=dict, description="keyword arguments of `script`")
+    rounds: int = Field(
+        16, ge=1, description="rollouts of the workflow recorded, each over data.batch_size problems"
+    )
+
+    @field_validator("script")
+    @classmethod
+    def _importable(cls, v):
+        module, _, name = v.partition(":")
+        if not (module and name):
+            raise ValueError(f"expected `module:function`, got {v!r}")
+        try:
+            found = getattr(importlib.import_module(module), name, None)
+        except ImportError as e:
+            raise ValueError(f"module {module!r} cannot be imported: {e}") from e
+        if not callable(found):
+            raise ValueError(f"{module} has no function {name!r}")
+        return v
+
+    @model_validator(mode="after")
+    def _takes_its_options(self):
+        try:
+            inspect.signature(self._function()).bind(**self.options, seed=0)
+        except TypeError as e:
+            _problems([(("options",), f"{self.script} does not take these (and seed): {e}", self.options)])
+        return self
+
+    def _function(self):
+        module, _, name = self.script.partition(":")
+        return getattr(importlib.import_module(module), name)
+
+    def make_script(self, seed: int):
+        return self._function()(**self.options, seed=seed)
+
+
 # keys of `train` that were renamed, and what to write instead (a run record of an older version
 # holding them is read through `load.upgrade_record`)
 RENAMED_TRAIN_KEYS = {
@@ -580,6 +627,28 @@ class TrainConfig(FrozenModel):
         gt=0,
         description="SFT's peak learning rate (a warm start usually wants a larger one than RL); "
         "None: each policy's optimizer.lr",
+    )
+    # SFT's optimiser: the policy's, with what these set changed
+    sft_warmup_steps: int | None = Field(
+        None,
+        ge=0,
+        description="SFT's linear warm-up to its peak rate; None: the policy's optimizer.warmup_steps",
+    )
+    sft_schedule: Literal["constant", "cosine"] | None = Field(
+        None,
+        description="SFT's rate after the warm-up: constant, or cosine decay over sft_steps to "
+        "sft_min_lr_ratio of the peak (the warm start is not caught mid-oscillation); None: the policy's",
+    )
+    sft_min_lr_ratio: float | None = Field(
+        None, ge=0, le=1, description="cosine: SFT's final rate as a fraction of its peak; None: the policy's"
+    )
+    sft_batch_size: int | None = Field(
+        None, ge=1, description="SFT examples per policy and step; None: data.batch_size"
+    )
+    sft_teacher: SftTeacherConfig | None = Field(
+        None,
+        description="imitate a scripted teacher's turns instead of the problems' reference solutions "
+        "(marljax.train.sft)",
     )
     log_rollouts: int = Field(
         0,
