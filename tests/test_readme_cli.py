@@ -26,8 +26,15 @@ def readme_cli_block() -> list[list[str]]:
 
 def test_the_block_is_the_commands_ci_runs():
     commands = readme_cli_block()
-    assert {c[0] for c in commands} == {"marljax"}
-    assert [c[1] for c in commands if c[1] != "train"] == ["eval", "export", "plot", "rollouts"]
+    # `marljax` commands, and the demo's helper that writes a model a config loads
+    assert {c[0] for c in commands} == {"marljax", "python"}
+    assert {tuple(c[:3]) for c in commands if c[0] == "python"} == {("python", "-m", "marljax.demo.tools")}
+    assert [c[1] for c in commands if c[0] == "marljax" and c[1] != "train"] == [
+        "eval",
+        "export",
+        "plot",
+        "rollouts",
+    ]
     ci = (ROOT / ".ci" / "run").read_text()
     assert HEADING in ci and "bash -ex readme_cli.sh" in ci
 
@@ -36,11 +43,20 @@ def test_each_command_finds_what_the_runs_before_it_leave(tmp_path):
     """Train lines on one run directory must resume it (a refused change would stop CI); the
     commands after them must name a run, a policy and a logged rollout step those runs make."""
     runs: dict[str, object] = {}  # run_dir -> its newest config
+    written: set[str] = set()  # model directories the block writes
     for command in readme_cli_block():
+        if command[0] == "python":  # python -m marljax.demo.tools CONFIG: writes the model CONFIG loads
+            (policy,) = load_config(ROOT / command[3]).policies.values()
+            written.add(policy.model.path)
+            continue
         verb, args = command[1], command[2:]
         if verb in ("train", "eval"):
             config, overrides = args[0], [a for a in args[1:] if "=" in a]
             cfg = load_config(ROOT / config, overrides)
+            missing = [
+                p.model.path for p in cfg.policies.values() if p.model.path and p.model.path not in written
+            ]
+            assert not missing, f"{shlex.join(command)}: loads {missing}, which no line before it writes"
             run_dir = str(cfg.resolved_run_dir())
             if verb == "eval":
                 assert run_dir in runs, f"{command}: evaluates {run_dir}, which no train line made"

@@ -65,14 +65,20 @@ def pair_samples(pairs: Sequence[tuple[str, str]], agent: Agent, policy: Any) ->
 
 
 def demonstrations(
-    cfg: Any, script, rounds: int, seed: int = 0, policies: Mapping[str, Any] | None = None
+    cfg: Any,
+    script,
+    rounds: int,
+    seed: int = 0,
+    policies: Mapping[str, Any] | None = None,
+    verifier: Any = None,
 ) -> dict[str, list[tuple[str, str]]]:
     """(prompt, reply) pairs per agent from `rounds` rollouts of the run config's workflow with the
     teacher `script` playing every agent, over its train problems batch by batch. Without `policies`
     (name -> its `TurnFormat`, `Policy.turns`) no model is needed, but a prompt continuing an earlier
     turn of an agent holds that turn's bytes, not tokens: only its text is of use (a tokenizer's
     corpus). With them, every prompt encodes as the policy will see it when it samples the same
-    turns (the earlier turns' tokens, each ending with an end-of-turn token), which SFT needs."""
+    turns (the earlier turns' tokens, each ending with an end-of-turn token), which SFT needs.
+    `verifier`: for workflows whose prompts carry test feedback (code teams: the trainer's)."""
     from marljax.workflows.base import build_workflow
 
     agents = {n: Agent(n, a.policy, a.role, a.template) for n, a in sorted(cfg.agents.items())}
@@ -87,7 +93,7 @@ def demonstrations(
     problems, batch = cfg.data.source.split("train"), cfg.data.batch_size
     for r in range(rounds):
         chosen = [problems[(r * batch + j) % len(problems)] for j in range(batch)]
-        workflow.rollout(chosen, agents, gen, None, seed + r)
+        workflow.rollout(chosen, agents, gen, verifier, seed + r)
     return pairs
 
 
@@ -246,15 +252,15 @@ def teacher_examples(trainer: Any, steps: int, batch: int) -> Callable[[int, str
     the policy will see them), in `pair_batches`' order."""
     cfg, teacher = trainer.cfg, trainer.cfg.train.sft_teacher
     script = teacher.make_script(cfg.seed)
-    pairs = demonstrations(
-        cfg, script, teacher.rounds, cfg.seed, {n: p.turns for n, p in trainer.policies.items()}
-    )
+    turns = {n: p.turns for n, p in trainer.policies.items()}
+    pairs = demonstrations(cfg, script, teacher.rounds, cfg.seed, turns, trainer.verifier)
     warn_cut_targets(trainer, {a: [reply for _, reply in ps] for a, ps in pairs.items()}, "teacher replies")
     batches = {}
     for name in trainer.policies:
         mine = [(a, p) for a in trainer.agents.values() if a.policy == name for p in pairs.get(a.name, ())]
         if not mine:
             raise ValueError(f"train.sft_teacher: {teacher.script} played no turn of policy {name}'s agents")
+        # the seed string of the tool warm starts measured in benchmarks/RESULTS.md, kept so they reproduce
         batches[name] = pair_batches(mine, steps, batch, f"marljax-tool-sft:{name}")
 
     def examples(k: int, name: str) -> Rows:

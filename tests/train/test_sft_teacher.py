@@ -83,3 +83,19 @@ def test_teacher_options_the_function_does_not_take_are_a_config_error():
         ConfigError, match=r"train\.sft_teacher\.options: marljax\.demo\.tools:teacher does not take"
     ):
         load_config(CONFIGS / "dr_mas_search_sft_tiny.yaml", ["train.sft_teacher.options.slipz=0.5"])
+
+
+def test_a_code_teams_teacher_meets_the_sandboxs_feedback_in_its_refinement_prompts():
+    """MARS2 refines earlier programs with their test feedback: recording a teacher's turns runs the
+    workflow with the trainer's verifier, so the refinement prompts SFT trains on hold real feedback
+    on the teacher's own (here always wrong) program."""
+    from marljax.rewards import SandboxPool, SandboxVerifier
+
+    cfg = load_config(CONFIGS / "mars2_tiny.yaml")
+    wrong = "```python\ndef f(x):\n    return None\n```"
+    with SandboxPool(max_workers=2) as pool:
+        pairs = demonstrations(cfg, lambda agent, prompt, k, s: wrong, 1, 0, verifier=SandboxVerifier(pool))
+    prompts = [prompt for ps in pairs.values() for prompt, _ in ps]
+    refinements = [p for p in prompts if "Previous attempt:" in p]
+    assert refinements and len(refinements) < len(prompts)  # first attempts and refinements
+    assert all("return None" in p and "Feedback on the public tests:" in p for p in refinements)
