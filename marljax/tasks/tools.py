@@ -161,7 +161,8 @@ class ToolTasks(GeneratedSource):
         "other",
         description="multihop: the eval split asks about another made-up world (what is measured is "
         "reading the passages, not the names learnt), or about the training one (`same`: the "
-        "generator's draws after the training split, other questions, passage mixes and orders)",
+        "generator's draws after the training split: its people asked about again, with other distractor "
+        "passages in other orders)",
     )
 
     @field_validator("hops")

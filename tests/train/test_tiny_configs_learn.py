@@ -83,12 +83,13 @@ def test_warm_started_grpo_tiny_config_learns(tmp_path):
 @pytest.mark.slow(seconds=150)
 def test_warm_started_tool_team_config_learns(tmp_path):
     # configs/dr_mas_search_sft_tiny.yaml at seeds 0, 1, 2 (model, teacher and run; AMD EPYC 2-core
-    # VM, 2026-11-29, `marljax train` at LLVM level 1): the team's reward on 128 new questions of
-    # its world, at RL's sampling with the same seeds before and after, step 0 -> step 12: 0.023 ->
-    # 0.398 (+0.375), 0.125 -> 0.391 (+0.266), 0.086 -> 0.414 (+0.328); mean +0.32, std 0.05. A
-    # team that does not learn gains 0 (same weights, same seeds) or, if its weights drift, about one
-    # standard deviation of two 128-episode means drawn apart (~0.06): the margin is twice that,
-    # below every gain by more than twice their spread.
+    # VM, 2026-11-29, `marljax train` at LLVM level 1): the team's reward on 128 new draws of its
+    # world (its 12 people's questions with other distractor passages and orders), at RL's sampling
+    # with the same seeds before and after, step 0 -> step 12: 0.023 -> 0.398 (+0.375), 0.125 ->
+    # 0.391 (+0.266), 0.086 -> 0.414 (+0.328); mean +0.32, std 0.05. A team that does not learn
+    # gains 0 (same weights, same seeds) or, if its weights drift, about one standard deviation of
+    # two 128-episode means drawn apart (~0.06): the margin is twice that, below every gain by more
+    # than twice their spread.
     from marljax.train import rollout_log
 
     run_dir, cfg = finished_run("dr_mas_search_sft_tiny", tmp_path)
