@@ -338,12 +338,16 @@ def write_teacher_model(cfg: Any) -> Path:
     """Write the random tiny model that run config `cfg` loads (its one policy's `model.path`), with
     a tokenizer learnt from the texts of its `train.sft_teacher`'s demonstrations (the rounds SFT
     will record): what `python -m marljax.demo.tools CONFIG [key=value ...]` does."""
+    from marljax.rewards import SandboxVerifier
+    from marljax.train.loop import sandbox_pool
     from marljax.train.sft import demonstrations
 
     teacher_cfg, (policy,) = cfg.train.sft_teacher, cfg.policies.values()
     if teacher_cfg is None or policy.model.path is None:
         raise ValueError("write_teacher_model: needs train.sft_teacher and one policy with a model.path")
-    pairs = demonstrations(cfg, teacher_cfg.make_script(cfg.seed), teacher_cfg.rounds, cfg.seed)
+    script = teacher_cfg.make_script(cfg.seed)
+    with sandbox_pool(cfg.sandbox) as pool:  # code teams' prompts carry the tests' feedback
+        pairs = demonstrations(cfg, script, teacher_cfg.rounds, cfg.seed, verifier=SandboxVerifier(pool))
     texts = [t for ps in pairs.values() for p in ps for t in p]
     return write_model(Path(policy.model.path), texts, seed=cfg.seed)
 

@@ -35,7 +35,7 @@ from marljax.seeds import derive_seed
 from marljax.train import distributed, dynamic_sampling, memory, rollout_log
 from marljax.train.buffer import ExperienceBuffer
 from marljax.train.checkpoint import RunCheckpointer
-from marljax.train.config import ConfigError, RunConfig, config_to_record, dump_config
+from marljax.train.config import ConfigError, RunConfig, SandboxPoolConfig, config_to_record, dump_config
 from marljax.train.data import ProblemStream
 from marljax.train.generation import PolicyGenerator
 from marljax.train.metrics import MetricsWriter, Progress
@@ -87,6 +87,15 @@ def recipe(cfg: RunConfig) -> list[str]:
     credit = ", ".join(f"{k}={w[k]}" for k in CREDIT_KEYS if k in w)
     lines.append(f"workflow {w['kind']}: {credit or 'its own credit'}")
     return lines
+
+
+def sandbox_pool(s: SandboxPoolConfig) -> SandboxPool:
+    """The sandbox pool of a run's `sandbox:` settings (a program's whole run within timeout_s, each
+    of its tests within 4 s at most)."""
+    limits = Limits(
+        test_timeout_s=min(4.0, s.timeout_s), program_timeout_s=s.timeout_s, memory_mb=s.memory_mb
+    )
+    return SandboxPool(max_workers=s.workers, limits=limits)
 
 
 class Trainer:
@@ -142,11 +151,7 @@ class Trainer:
     @property
     def pool(self) -> SandboxPool:
         if self._pool is None:
-            s = self.cfg.sandbox
-            limits = Limits(
-                test_timeout_s=min(4.0, s.timeout_s), program_timeout_s=s.timeout_s, memory_mb=s.memory_mb
-            )
-            self._pool = SandboxPool(max_workers=s.workers, limits=limits)
+            self._pool = sandbox_pool(self.cfg.sandbox)
         return self._pool
 
     @property

@@ -99,3 +99,30 @@ def test_a_code_teams_teacher_meets_the_sandboxs_feedback_in_its_refinement_prom
     refinements = [p for p in prompts if "Previous attempt:" in p]
     assert refinements and len(refinements) < len(prompts)  # first attempts and refinements
     assert all("return None" in p and "Feedback on the public tests:" in p for p in refinements)
+
+
+def test_the_model_for_a_code_teams_teacher_config_is_written(tmp_path, monkeypatch):
+    """`python -m marljax.demo.tools CONFIG` on a code team: recording the teacher's turns runs
+    its programs in the sandbox (MAGRPO's second turn carries their feedback); the teacher is a
+    user's module on the path."""
+    from transformers import AutoTokenizer
+
+    from marljax.demo.tools import write_teacher_model
+
+    (tmp_path / "my_teacher.py").write_text(
+        "def wrong(seed):\n"
+        "    return lambda agent, prompt, k, s: '```python\\ndef f(x):\\n    return None\\n```'\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    cfg = load_config(
+        CONFIGS / "magrpo_tiny.yaml",
+        [
+            "policies.shared.model.preset=null",
+            f"policies.shared.model.path={tmp_path / 'model'}",
+            "train.sft_teacher.script=my_teacher:wrong",
+            "train.sft_teacher.rounds=1",
+        ],
+    )
+    path = write_teacher_model(cfg)
+    assert path == tmp_path / "model" and (path / "config.json").is_file()
+    assert len(AutoTokenizer.from_pretrained(path)) > 256  # merges learnt from the recorded texts
