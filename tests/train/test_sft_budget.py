@@ -35,9 +35,8 @@ def test_targets_over_the_budget_are_counted_and_named(caplog):
     trainer = trainer_with_budget(20)
     agents = len(trainer.agents)
     with caplog.at_level(logging.WARNING, logger="marljax.train.sft"):
-        assert (
-            warn_cut_targets(trainer, dict.fromkeys(trainer.agents, problems)) == agents
-        )  # the 30-token one
+        # the 30-token target, once per agent
+        assert warn_cut_targets(trainer, dict.fromkeys(trainer.agents, problems)) == agents
     assert "1 of 3 reference targets" in caplog.text and "max_new_tokens=20" in caplog.text
     assert "the longest 30 tokens" in caplog.text
     caplog.clear()
