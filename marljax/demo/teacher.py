@@ -12,6 +12,8 @@ fails its tests; tests/demo checks that on real tasks).
 the lines of its own operation kinds (`HABITS`: each demo model's teacher has
 habits disjoint from the other's), so two models taught by the two habit
 teachers make different errors, the heterogeneity MARS2 argues a team needs.
+`code_teacher` is the same sloppy teacher as a script for `train.sft_teacher`:
+it plays every agent of a code team on "steps" tasks, refinements included.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import random
 import re
 from typing import Any
 
-from marljax.tasks.code import SLIP_KINDS, SLIPS, slip
+from marljax.tasks.code import SLIP_KINDS, SLIPS, slip, step_reference
 from marljax.train.sft import reference_completion
 
 KINDS = SLIP_KINDS  # the operation kind of each of `SLIPS`
@@ -51,3 +53,20 @@ def habit_completion(problem: Any, kinds: tuple[str, ...], rate: float, seed: in
     # the seed string of the MARS2 ladder, where this teacher was first used: its warm starts stay the same
     rng = random.Random(f"ladder-teacher:{seed}:{'+'.join(kinds)}:{problem.id}")
     return "\n".join(slip(s, rng, rate) if line_kind(s) in kinds else s for s in answer.split("\n"))
+
+
+def code_teacher(slips: float, seed: int = 0):
+    """A sloppy teacher for code teams on "steps" tasks, as a `ScriptedGenerator` script: every turn,
+    a first attempt or a refinement of an earlier one (the task is read from the prompt), is the
+    task's program with each line that admits a classic slip slipped at rate `slips`, drawn anew for
+    every call, so a team learns both habits and a refinement is as likely to fix a slip as to keep
+    one; only the tests tell which is right."""
+    rng = random.Random(f"marljax-code-teacher:{seed}")
+
+    def script(agent: Any, prompt: str, k: int, s: int) -> str:
+        program = step_reference(prompt)
+        if program is None:
+            raise ValueError(f"code_teacher: no steps task in the prompt {prompt[:80]!r}")
+        return f"```python\n{slip(program.rstrip(), rng, slips)}\n```"
+
+    return script

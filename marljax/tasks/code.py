@@ -221,6 +221,21 @@ def make_step_task(seed: int, steps: int = 2, n_public: int = 3, n_private: int 
     )
 
 
+# a steps task's statement (make_step_task's prompt) and the program line of each of its steps
+_STEP_STATEMENT = re.compile(r"Write f\(x\): (.+?); return x\.")
+_STEP_LINES = {words: line for make in _STEPS.values() for c in range(2, 10) for words, line, _ in [make(c)]}
+
+
+def step_reference(text: str) -> str | None:
+    """The reference program of the "steps" task whose statement `text` holds (`make_step_task`'s
+    `reference`, read back from its prompt), or None when it holds none."""
+    found = _STEP_STATEMENT.search(text)
+    if found is None or not all(words in _STEP_LINES for words in found[1].split(", then ")):
+        return None
+    body = "".join(f"    {_STEP_LINES[words]}\n" for words in found[1].split(", then "))
+    return f"def f(x):\n{body}    return x\n"
+
+
 # Classic slips in a steps task's program lines: (line pattern, slipped replacement), at most one
 # per line. A sloppy teacher makes them (`slip`); the tests catch every one.
 SLIPS = (

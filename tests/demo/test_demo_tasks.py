@@ -90,3 +90,29 @@ def test_teacher_slips_at_its_rate_and_every_slipped_program_fails():
     with SandboxPool(max_workers=2) as pool:
         scores = score_texts(problems, always, pool)
     assert [not s.passed for s in scores] == slippable  # every slip is caught by the task's tests
+
+
+def test_the_code_teacher_reads_the_task_from_any_prompt_that_states_it():
+    """`code_teacher` (a `train.sft_teacher` script) writes the reference program of the steps task
+    a prompt states, wherever it stands (a first attempt's prompt or a refinement's), slipped at its
+    rate and drawn anew for every call."""
+    from marljax.demo.teacher import code_teacher
+    from marljax.tasks.code import step_reference
+    from marljax.train.sft import reference_completion
+
+    tasks = [make_step_task(seed, steps=4) for seed in range(200)]
+    assert all(step_reference(t.prompt) == t.reference for t in tasks)  # read back exactly
+    assert step_reference("Write f(x): fly to the moon; return x.") is None
+    assert step_reference("no task here") is None
+    problems = steps_problems(200, seed=3, steps=1)
+    exact = code_teacher(0.0)
+    refine = "{}\n\nPrevious attempt:\n```python\ndef f(x):\n    return x\n```\n\nFix it."
+    assert all(exact(None, refine.format(p.prompt), 0, 0) == reference_completion(p) for p in problems)
+    sloppy = code_teacher(0.5, seed=1)
+    slippable = [p for p in problems if "x = x + " not in p.fields["solution"]]
+    twice = [(sloppy(None, p.prompt, 0, 0), sloppy(None, p.prompt, 0, 0)) for p in slippable]
+    slipped = [a != reference_completion(p) for (a, _), p in zip(twice, slippable)]
+    assert abs(np.mean(slipped) - 0.5) < 4 * 0.5 / np.sqrt(len(slipped))  # 4 sigma
+    assert any(a != b for a, b in twice)  # each call draws its own slips
+    with pytest.raises(ValueError, match="no steps task"):
+        exact(None, "Write a haiku.", 0, 0)
