@@ -199,7 +199,7 @@ def warm_started_run(
     from marljax.train.config import config_from_dict
     from marljax.train.loop import Trainer
     from marljax.train.metrics import read_metrics
-    from marljax.train.sft import demonstrations, run_sft
+    from marljax.train.sft import run_sft
 
     sft_steps = SFT_STEPS.get(kind, 300) if sft_steps is None else sft_steps
     raw = yaml.safe_load((CONFIGS / f"{kind}_tiny.yaml").read_text())
@@ -228,17 +228,8 @@ def warm_started_run(
     if kl_coef:
         loss = dict(raw["policies"][policy].get("loss", {}), kl_coef=kl_coef)
         raw["policies"][policy] = dict(raw["policies"][policy], reference=True, loss=loss)
-    cfg = config_from_dict(raw, source=f"<{kind} rise>")
-    texts = [
-        t
-        for ps in demonstrations(cfg, teacher(kind, slips, seed), demo_rounds, seed).values()
-        for p in ps
-        for t in p
-    ]
-    model = write_model(out / "model", texts, seed=seed)
-    base = dict(raw["policies"][policy], model={"path": str(model)}, chat="off")
+    base = dict(raw["policies"][policy], model={"path": str(out / "model")}, chat="off")
     raw["policies"][policy] = dict(base, optimizer={"lr": rl_lr})
-    # the same demonstrations again (the teacher draws the same slips), now tokenised, in run_sft
     sft = dict(
         sft_steps=sft_steps,
         sft_lr=sft_lr,
@@ -252,7 +243,11 @@ def warm_started_run(
             "rounds": demo_rounds,
         },
     )
-    trainer = Trainer(config_from_dict({**raw, "train": {**raw["train"], **sft}}, source=f"<{kind} sft>"))
+    sft_cfg = config_from_dict({**raw, "train": {**raw["train"], **sft}}, source=f"<{kind} sft>")
+    # the model's tokenizer learns the demonstrations' texts; run_sft records them again (the
+    # teacher draws the same slips), now tokenised
+    write_teacher_model(sft_cfg)
+    trainer = Trainer(sft_cfg)
     try:
         losses = LossLog()
         run_sft(trainer, sft_steps, losses)
