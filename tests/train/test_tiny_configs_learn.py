@@ -34,8 +34,10 @@ def finished_run(name: str, tmp_path: Path) -> tuple[Path, object]:
     if cfg.train.sft_teacher is not None:  # its model, written as the README does
         (policy,) = cfg.policies
         overrides.append(f"policies.{policy}.model.path={tmp_path / 'model'}")
-        write_teacher_model(load_config(CONFIGS / f"{name}.yaml", overrides))
-    Trainer(load_config(CONFIGS / f"{name}.yaml", overrides)).run()
+    run_cfg = load_config(CONFIGS / f"{name}.yaml", overrides)
+    if run_cfg.train.sft_teacher is not None:
+        write_teacher_model(run_cfg)
+    Trainer(run_cfg).run()
     return tmp_path / "run", cfg
 
 

@@ -14,8 +14,8 @@ from marljax.train.config import load_config
 from marljax.workflows import REGISTRY
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
-# the tiny configs on random presets (with the chat template of their built-in tokenizer); not one
-# whose model a command writes first (dr_mas_search_sft_tiny: a raw-text model, `chat: off`)
+# the tiny configs on random presets (with the chat template of their built-in tokenizer); not those
+# whose model a command writes first (the `*_sft_tiny` teams: raw-text models, `chat: off`)
 TINY = [
     p
     for p in sorted(CONFIGS.glob("*_tiny.yaml"))
