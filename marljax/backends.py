@@ -7,17 +7,25 @@ silences and that say nothing about a CPU or GPU run. `start` initialises the ba
 redirected to a temporary file (`quiet_libtpu`) and writes back every captured line but those,
 which are dropped only on a machine without TPU chips (on a TPU machine they would be news). The
 `marljax` commands and the demo call it first thing, so the backends start nowhere else.
+
+`start` also turns on XLA's persistent compilation cache (`compilation_cache_dir`): a resumed run,
+`marljax eval` after `train`, or a rerun loads the programs an earlier command compiled for the
+same shapes instead of compiling them again (on a CPU most of a tiny run's time; on a TPU pod,
+minutes at every restart).
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import re
 import sys
 import tempfile
 
 from marljax.train import distributed
+
+logger = logging.getLogger(__name__)
 
 # libtpu's lines when it finds no TPU; the trace header is generic (absl), so it is dropped only
 # when libtpu's own source file follows it
@@ -70,10 +78,50 @@ def quiet_libtpu():
                 rest = rest[os.write(2, rest) :]
 
 
-def start() -> None:
-    """Initialise JAX's backends now, quietly (`quiet_libtpu`). A multi-process run joins its
-    runtime first (`distributed.initialize`): JAX refuses to once a backend has started."""
+# names a directory for the cache, or "off"
+CACHE_ENV = "MARLJAX_XLA_CACHE"
+
+
+def compilation_cache_dir(environ=os.environ) -> str | None:
+    """Where `start` keeps XLA's compilation cache: MARLJAX_XLA_CACHE's directory, none if it is
+    "off", else $XDG_CACHE_HOME/marljax/xla (~/.cache/marljax/xla). None as well when JAX's own
+    JAX_COMPILATION_CACHE_DIR is set: JAX has read it and uses that directory."""
+    if environ.get("JAX_COMPILATION_CACHE_DIR"):
+        return None
+    chosen = environ.get(CACHE_ENV, "")
+    if chosen.lower() == "off":
+        return None
+    if chosen:
+        return chosen
+    cache_home = environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(cache_home, "marljax", "xla")
+
+
+def use_compilation_cache() -> None:
+    """Turn on XLA's persistent compilation cache (before anything compiles). Every program is
+    kept, however quickly it compiled (JAX's default keeps those over 1 s; a tiny run's are
+    mostly under), unless JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS says otherwise. A directory
+    that cannot be made leaves the cache off: it saves time, the run does not need it."""
     import jax
 
+    path = compilation_cache_dir()
+    if path is not None:
+        try:
+            os.makedirs(path, exist_ok=True)
+        except OSError as e:
+            logger.warning("XLA compilation cache off: cannot make %s (%s)", path, e)
+            return
+        jax.config.update("jax_compilation_cache_dir", path)
+    if "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS" not in os.environ:
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+
+
+def start() -> None:
+    """Initialise JAX's backends now, quietly (`quiet_libtpu`), with the compilation cache on
+    (`use_compilation_cache`). A multi-process run joins its runtime first
+    (`distributed.initialize`): JAX refuses to once a backend has started."""
+    import jax
+
+    use_compilation_cache()
     with quiet_libtpu():
         jax.devices()

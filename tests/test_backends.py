@@ -1,5 +1,5 @@
 """Commands start JAX's backends without libtpu's start-up lines on a machine without a TPU
-(marljax/backends.py), and keep every other line."""
+(marljax/backends.py), and keep every other line; with XLA's persistent compilation cache on."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 import yaml
 from tpu_target import needs_libtpu
 
-from marljax.backends import without_libtpu_noise
+from marljax.backends import compilation_cache_dir, without_libtpu_noise
 from marljax.train.distributed import _on_tpu_vm
 
 REPO = Path(__file__).resolve().parents[1]
@@ -108,3 +108,46 @@ def test_a_failed_start_writes_back_everything_and_raises():
     assert "RuntimeError: Unable to initialize backend 'tpu'" in got.stderr
     for marker in MARKERS:  # kept: they may explain the error
         assert marker in got.stderr, got.stderr
+
+
+def test_the_compilation_cache_directory_follows_the_environment():
+    assert compilation_cache_dir({}) == os.path.join(os.path.expanduser("~"), ".cache", "marljax", "xla")
+    assert compilation_cache_dir({"XDG_CACHE_HOME": "/c"}) == "/c/marljax/xla"
+    assert compilation_cache_dir({"MARLJAX_XLA_CACHE": "/mine", "XDG_CACHE_HOME": "/c"}) == "/mine"
+    assert compilation_cache_dir({"MARLJAX_XLA_CACHE": "OFF"}) is None
+    # JAX's own setting wins: JAX reads it itself
+    assert compilation_cache_dir({"JAX_COMPILATION_CACHE_DIR": "/j", "MARLJAX_XLA_CACHE": "/mine"}) is None
+
+
+def test_a_second_process_loads_what_the_first_compiled(tmp_path):
+    cache = tmp_path / "xla"
+    script = (
+        "from marljax import backends; backends.start()\n"
+        "import jax, jax.numpy as jnp\n"
+        "print(jax.jit(lambda x: jnp.cumsum(x * 3 + 1))(jnp.arange(5.0)).tolist())"
+    )
+    env = {
+        k: v
+        for k, v in _env().items()
+        if not k.startswith("JAX_PERSISTENT_CACHE") and k != "JAX_COMPILATION_CACHE_DIR"
+    }
+
+    def run():
+        got = subprocess.run(
+            [sys.executable, "-c", script],
+            cwd=REPO,
+            env={**env, "MARLJAX_XLA_CACHE": str(cache), "JAX_PLATFORMS": "cpu", "JAX_LOG_COMPILES": "1"},
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert got.returncode == 0, got.stderr
+        return got, sorted(p.name for p in cache.iterdir())
+
+    first, kept = run()
+    # every program, however quick to compile (JAX's default threshold would keep none of these)
+    assert any("jit_" in name for name in kept), kept
+    second, kept_again = run()
+    assert second.stdout == first.stdout == "[1.0, 5.0, 12.0, 22.0, 35.0]\n"
+    assert "Persistent compilation cache hit for 'jit_" in second.stderr, second.stderr
+    assert kept_again == kept  # nothing compiled anew
