@@ -1,4 +1,5 @@
-"""Typed run configuration: the schema (`schema.py`) and loading it from YAML with overrides (`load.py`)."""
+"""Typed run configuration: the schema (`schema.py`, built from `policy.py`, `train.py` and `fields.py`) and
+loading it from YAML with overrides (`load.py`)."""
 
 from marljax.train.config.load import (
     ConfigError,
