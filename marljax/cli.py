@@ -295,6 +295,10 @@ def main(argv: list[str] | None = None) -> int:
 
         restart_with_kept_memory(["-m", "marljax.cli", *sys.argv[1:]])
         argv = sys.argv[1:]
+        # modules a config names (`workflow.module`, `train.sft_teacher.script`) are found in the
+        # current directory, as under `python -m marljax.cli` (the restart), with the restart off too
+        if os.getcwd() not in sys.path:
+            sys.path.insert(0, os.getcwd())
     parser = argparse.ArgumentParser(prog="marljax", description="JAX-native multi-agent RL for LLM teams")
     parser.add_argument(
         "-v", "--verbose", action="store_true", help="debug-level logs (e.g. the memory estimate's breakdown)"

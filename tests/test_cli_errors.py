@@ -125,3 +125,28 @@ def test_a_new_policy_and_agent_from_overrides_still_load(tmp_path):
         ["policies.second.model.preset=tiny-llama", "agents.helper.policy=second", "workflow.agent=solver"],
     )
     assert sorted(cfg.policies) == ["main", "second"] and cfg.agents["helper"].policy == "second"
+
+
+def test_a_module_the_config_names_is_found_in_the_current_directory(tmp_path):
+    """`train.sft_teacher.script` (and `workflow.module`) in the directory `marljax` runs in, with
+    the host-memory restart (a `python -m marljax.cli` child, which has the directory on its path)
+    off, in a Python that puts nothing of its own there (`-I`, as the `marljax` console script)."""
+    import os
+    import subprocess
+    import sys
+
+    (tmp_path / "my_teacher.py").write_text("def teach(seed):\n    return lambda agent, prompt, k, s: 'x'\n")
+    config = yaml.safe_load(open(_config(tmp_path, {"preset": "tiny-qwen3"})))
+    config["train"]["sft_teacher"] = {"script": "my_teacher:teach"}
+    (tmp_path / "run.yaml").write_text(yaml.safe_dump(config))
+    got = subprocess.run(
+        [sys.executable, "-I", "-c", "import sys; from marljax.cli import main; sys.exit(main())"]
+        + ["train", "run.yaml", "train.steps=0"],  # an error of its own: the command stops at the config
+        cwd=tmp_path,
+        env={**os.environ, "MARLJAX_KEEP_HOST_MEMORY": "0"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert got.returncode == 2, got.stderr
+    assert "train.steps" in got.stderr and "my_teacher" not in got.stderr, got.stderr

@@ -41,7 +41,7 @@ class SftTeacherConfig(FrozenModel):
     workflows, whose later prompts hold earlier turns, included)."""
 
     script: str = Field(
-        description="`module:function` (an installed module, or one on PYTHONPATH), called with "
+        description="`module:function` (a module in the current directory, on PYTHONPATH or installed), called with "
         "`options` and `seed` (the run's); it returns a `ScriptedGenerator` script "
         "`(agent, prompt, k, seed) -> reply` (e.g. `marljax.demo.tools:teacher`)"
     )
