@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import yaml
 
@@ -136,7 +138,7 @@ def test_a_module_the_config_names_is_found_in_the_current_directory(tmp_path):
     import sys
 
     (tmp_path / "my_teacher.py").write_text("def teach(seed):\n    return lambda agent, prompt, k, s: 'x'\n")
-    config = yaml.safe_load(open(_config(tmp_path, {"preset": "tiny-qwen3"})))
+    config = yaml.safe_load(Path(_config(tmp_path, {"preset": "tiny-qwen3"})).read_text())
     config["train"]["sft_teacher"] = {"script": "my_teacher:teach"}
     (tmp_path / "run.yaml").write_text(yaml.safe_dump(config))
     got = subprocess.run(
