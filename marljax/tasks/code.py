@@ -230,9 +230,10 @@ def step_reference(text: str) -> str | None:
     """The reference program of the "steps" task whose statement `text` holds (`make_step_task`'s
     `reference`, read back from its prompt), or None when it holds none."""
     found = _STEP_STATEMENT.search(text)
-    if found is None or not all(words in _STEP_LINES for words in found[1].split(", then ")):
+    steps = found[1].split(", then ") if found else []
+    if not steps or not all(words in _STEP_LINES for words in steps):
         return None
-    body = "".join(f"    {_STEP_LINES[words]}\n" for words in found[1].split(", then "))
+    body = "".join(f"    {_STEP_LINES[words]}\n" for words in steps)
     return f"def f(x):\n{body}    return x\n"
 
 
