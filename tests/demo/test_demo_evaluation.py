@@ -3,6 +3,7 @@ errors, and the progress each evaluation reports (to its total, on a terminal an
 
 import fcntl
 import os
+import select
 import struct
 import termios
 
@@ -92,8 +93,22 @@ def test_progress_on_a_terminal_is_a_bar_that_reaches_its_total():
         with task_progress("after RL: team search", 5, file=tty) as advance:
             for n in (2, 0, 3):
                 advance(n)
-    os.set_blocking(leader, False)
-    shown = os.read(leader, 1 << 16).decode()
+    shown = read_until_closed(leader)
     os.close(leader)
     assert "after RL: team search" in shown and "5/5" in shown and "\r" in shown  # redrawn in place
     assert "tasks done in" not in shown  # the log's lines are not written on a terminal
+
+
+def read_until_closed(leader: int) -> str:
+    """All a pty's follower wrote: Linux hands a pty's writes to the leader asynchronously, so one read
+    may see only the first; read until the closed follower's EIO (or 10 s of silence)."""
+    chunks = []
+    while select.select([leader], [], [], 10)[0]:
+        try:
+            chunk = os.read(leader, 1 << 16)
+        except OSError:  # EIO: the follower is closed and everything it wrote has been read
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    return b"".join(chunks).decode()
