@@ -2,7 +2,7 @@
 
 marljax train CONFIG [key=value ...]         train (resumes RUN_DIR's newest checkpoint)
 marljax eval CONFIG [--search] [key=value ...]  held-out evaluation of the newest checkpoint
-marljax export RUN_DIR --policy NAME OUT_DIR a policy's trained weights as an HF directory (adapters: PEFT)
+marljax export RUN_DIR --policy NAME [--step N] OUT_DIR  a policy's weights as an HF directory (adapters: PEFT)
 marljax plot RUN_DIR                         metric curves to RUN_DIR/plots/*.png
 marljax rollouts RUN_DIR [--step N] [--agent A] [--limit K]  a logged step's samples (train.log_rollouts)
 marljax compile CONFIG --topology v5p:4x4x4 [key=value ...]  compile each policy's programs ahead of time
@@ -130,7 +130,11 @@ def cmd_export(args) -> int:
         raise SystemExit(f"{config}: no policy {args.policy!r}; policies: {sorted(cfg.policies)}")
     trainer = _start_trainer(cfg)
     try:
-        if not trainer.restore():
+        try:
+            restored = trainer.restore(args.step)
+        except (FileNotFoundError, RuntimeError) as e:
+            raise SystemExit(f"{run_dir}: step {args.step}: {e}") from None
+        if not restored:
             raise SystemExit(f"{run_dir}: no complete checkpoint to export")
         out = trainer.policies[args.policy].export(args.out_dir, merged=args.merged)
     finally:
@@ -323,6 +327,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("run_dir")
     p.add_argument("--policy", required=True)
     p.add_argument("out_dir")
+    p.add_argument(
+        "--step",
+        type=int,
+        help="the checkpoint to export (default: the newest); step 0 of a run with an SFT warm start "
+        "is that warm start",
+    )
     p.add_argument(
         "--merged",
         action="store_true",

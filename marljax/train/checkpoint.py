@@ -40,7 +40,9 @@ writer's first save). Ours, on top:
   keep=1 a crash then leaves no complete step), and it counts steps that the
   manifest rejects. Once a step's manifest is written, process 0 keeps the
   newest `keep` complete steps and deletes every older step directory
-  (manifest first, so a half-deleted directory never looks complete).
+  (manifest first, so a half-deleted directory never looks complete), but
+  step 0 with `keep_step_zero` (a run's warm start, which later runs start
+  from).
 * Leftovers. A step at or after the first step a process saves is a leftover
   of a crashed or abandoned timeline: if incomplete or corrupted it is
   deleted (with the tmp directories) before that save; if it is a complete,
@@ -178,6 +180,7 @@ class RunCheckpointer:
         policy_names: Sequence[str],
         *,
         keep: int = 3,
+        keep_step_zero: bool = False,
         async_save: bool = True,
     ):
         names = list(policy_names)
@@ -189,7 +192,7 @@ class RunCheckpointer:
         if keep < 1:
             raise ValueError(f"keep must be >= 1, got {keep}")
         self.policy_names = tuple(names)
-        self.keep = keep
+        self.keep, self.keep_step_zero = keep, keep_step_zero
         self.async_save = async_save
         self.directory = os.path.abspath(os.path.join(os.fspath(run_dir), "checkpoints"))
         # (a step directory is all digits: a policy named so cannot tell the layouts apart)
@@ -276,7 +279,7 @@ class RunCheckpointer:
                 complete = [s for s in self._steps() if self._problem(s, hashes=False) is None]
                 if len(complete) > self.keep:
                     for s in self._steps():
-                        if s < complete[self.keep - 1]:
+                        if s < complete[self.keep - 1] and not (s == 0 and self.keep_step_zero):
                             self._remove_step(s)
         except BaseException as e:  # re-raised by wait() on the caller's thread
             self._error = e
@@ -343,9 +346,10 @@ class RunCheckpointer:
         return next((s for s in self._steps() if self._problem(s, hashes=False) is None), None)
 
     def restore(
-        self, abstract_policy_states: Mapping[str, Any]
+        self, abstract_policy_states: Mapping[str, Any], step: int | None = None
     ) -> tuple[int, dict[str, Any], dict[str, Any]] | None:
-        """(step, policy_states, loop_state) of the newest restorable step, or None for a fresh run.
+        """(step, policy_states, loop_state) of the newest restorable step, or None for a fresh run;
+        with `step`, that step only (an error if it is not there or does not restore).
 
         `abstract_policy_states[name]` is a pytree of jax.ShapeDtypeStruct (with `.sharding` where
         the arrays must land), arrays (their own shape/dtype/sharding), numpy arrays or Python
@@ -361,6 +365,8 @@ class RunCheckpointer:
             for n in self.policy_names
         }
         items[LOOP] = ocp.args.JsonRestore()
+        if step is not None:
+            return self._restore_step(step, items)
         unreadable = []  # (step, error) of complete, verified steps that still do not restore
         for step in self._steps():
             where, complete = self.step_dir(step), False
@@ -392,6 +398,17 @@ class RunCheckpointer:
                 f"directory or the configuration that wrote them. Newest: step {step}: {error[:2000]}"
             )
         return None
+
+    def _restore_step(self, step: int, items: dict) -> tuple[int, dict[str, Any], dict[str, Any]]:
+        if step not in self._steps():
+            kept = ", ".join(map(str, sorted(self._steps()))) or "none"
+            raise FileNotFoundError(f"{self.step_dir(step)}: no such checkpoint (steps kept: {kept})")
+        problem = self._problem(step, hashes=True)
+        if problem:
+            where, reason = problem
+            raise RuntimeError(f"checkpoint step {step} at {where} is not complete: {reason}")
+        got = self._manager.restore(step, args=ocp.args.Composite(**items))
+        return step, {n: got[n] for n in self.policy_names}, got[LOOP]
 
     def _set_aside(self, unreadable: list[tuple[int, str]]) -> None:
         """Move complete steps that failed to restore (newer than the one that did) out of the way."""

@@ -142,7 +142,11 @@ class Trainer:
         )
         t = cfg.train
         self.checkpointer = RunCheckpointer(
-            self.run_dir, list(self.policies), keep=t.keep_checkpoints, async_save=t.async_checkpoint
+            self.run_dir,
+            list(self.policies),
+            keep=t.keep_checkpoints,
+            keep_step_zero=t.sft_steps > 0,  # the warm start: other RL runs can start from it
+            async_save=t.async_checkpoint,
         )
         self.step = 0
         self._pool: SandboxPool | None = None
@@ -208,8 +212,8 @@ class Trainer:
             self.step, {n: p.state.checkpoint() for n, p in self.policies.items()}, self.loop_state()
         )
 
-    def restore(self) -> bool:
-        """Load the newest complete checkpoint; False for a fresh run."""
+    def restore(self, step: int | None = None) -> bool:
+        """Load the newest complete checkpoint (or `step`'s); False for a fresh run."""
         targets = {n: p.state.restore_target() for n, p in self.policies.items()}
         # the restored states replace the loaded ones: free those first, else a resume needs the
         # memory of two full states at once
@@ -217,7 +221,7 @@ class Trainer:
         if released:
             for policy in self.policies.values():
                 policy.release_state()
-        got = self.checkpointer.restore(targets)
+        got = self.checkpointer.restore(targets, step)
         if got is None:
             if released:  # no step verified after all: start afresh from the initial weights
                 # in place: the generators hold this dict and would sample with the released policies
@@ -378,6 +382,9 @@ class Trainer:
                 if not resumed and t.eval_every and self.eval_problems:
                     bar.note(f"evaluating {len(self.eval_problems)} problems before RL")
                     writer.write(0, self.evaluate())
+                if not resumed and t.sft_steps:  # the warm start, kept as step 0
+                    writer.sync()
+                    self.save()
                 while self.step < t.steps:
                     metrics = self.train_step()
                     if t.eval_every and self.step % t.eval_every == 0:

@@ -71,8 +71,8 @@ def loop_state(step: int) -> dict:
     }
 
 
-def save_steps(run_dir, steps, *, keep=3):
-    with RunCheckpointer(run_dir, POLICIES, keep=keep) as ckpt:
+def save_steps(run_dir, steps, *, keep=3, keep_step_zero=False):
+    with RunCheckpointer(run_dir, POLICIES, keep=keep, keep_step_zero=keep_step_zero) as ckpt:
         for s in steps:
             ckpt.save(s, {p: policy_state(10 * s + i) for i, p in enumerate(POLICIES)}, loop_state(s))
 
@@ -130,6 +130,27 @@ def test_keep_last_n_in_every_manager(tmp_path):
     for name in (*POLICIES, "loop"):
         assert all(step_dir(tmp_path, name, s).is_dir() for s in (4, 5))
     assert restore(tmp_path)[0] == 5
+
+
+def test_a_warm_start_at_step_zero_outlives_retention_and_restores_by_its_step(tmp_path):
+    save_steps(tmp_path / "warm", range(0, 5), keep=2, keep_step_zero=True)
+    assert sorted(os.listdir(tmp_path / "warm" / "checkpoints")) == ["0", "3", "4"]
+    save_steps(tmp_path / "plain", range(0, 5), keep=2)
+    assert sorted(os.listdir(tmp_path / "plain" / "checkpoints")) == ["3", "4"]
+    with RunCheckpointer(tmp_path / "warm", POLICIES) as ckpt:
+        target = {p: abstract(policy_state(0)) for p in POLICIES}
+        assert ckpt.restore(target)[0] == 4
+        step, got, loop = ckpt.restore(target, step=0)
+        assert step == 0 and loop == loop_state(0)
+        assert_same_tree(got["reviser"], policy_state(1))
+        with pytest.raises(FileNotFoundError, match="steps kept: 0, 3, 4"):
+            ckpt.restore(target, step=2)
+    _corrupt_flip(biggest_data_file(tmp_path / "warm", "proposer", 0))
+    with (
+        RunCheckpointer(tmp_path / "warm", POLICIES) as ckpt,
+        pytest.raises(RuntimeError, match="not complete"),
+    ):
+        ckpt.restore({p: abstract(policy_state(0)) for p in POLICIES}, step=0)
 
 
 def _corrupt_truncate(path: Path):

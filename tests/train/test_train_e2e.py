@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -124,6 +125,11 @@ def test_export_loads_in_transformers_with_the_trained_logits(grpo_run, tmp_path
     from transformers import AutoTokenizer
 
     assert AutoTokenizer.from_pretrained(str(tmp_path / "hf"))("answer 7")["input_ids"]
+    # a step the run does not keep (no SFT here, so no step 0): one line naming the steps it keeps
+    res = run_cli("export", str(run_dir), "--policy", "main", "--step", "0", str(tmp_path / "hf0"))
+    assert res.returncode == 1 and "Traceback" not in res.stderr, res.stderr
+    assert "step 0" in res.stderr and "steps kept: 10, 20, 30" in res.stderr, res.stderr
+    assert not (tmp_path / "hf0").exists()
 
 
 def _kill_when(proc: subprocess.Popen, ready, timeout=300) -> None:
@@ -323,3 +329,16 @@ def test_sft_warm_start_lowers_the_nll_of_reference_solutions(tmp_path):
     policy = trainer.policies["main"]
     # RL restarts the optimiser's step count after SFT: 16 samples / threshold 8 = 2 updates
     assert policy.state.step == policy.version == 2
+    # the warm start is kept as step 0 beside the run's last step: the weights RL's KL held to
+    assert sorted(os.listdir(tmp_path / "run" / "checkpoints")) == ["0", "1"]
+    warm = Trainer(cfg)
+    assert warm.restore(step=0) and warm.step == 0 and warm.policies["main"].version == 0
+    for got, want in zip(leaves(warm.policies["main"].state.params), leaves(policy.state.ref_params)):
+        np.testing.assert_array_equal(got, want)
+    assert any(np.any(a != b) for a, b in zip(leaves(policy.state.params), leaves(policy.state.ref_params)))
+    warm.close()
+    trainer.close()
+
+
+def leaves(tree) -> list[np.ndarray]:
+    return [np.asarray(x) for x in jax.tree.leaves(tree)]

@@ -105,7 +105,11 @@ class WandbConfig(FrozenModel):
 class TrainConfig(FrozenModel):
     steps: int = Field(100, ge=1)
     save_every: int = Field(10, ge=1)
-    keep_checkpoints: int = Field(3, ge=1)
+    keep_checkpoints: int = Field(
+        3,
+        ge=1,
+        description="the newest N checkpoints are kept, and step 0 (the policy after SFT) when SFT ran",
+    )
     async_checkpoint: bool = True
     log_every: int = Field(1, ge=1)
     eval_every: int | None = Field(
