@@ -53,33 +53,35 @@ class SftTeacherConfig(FrozenModel):
     @field_validator("script")
     @classmethod
     def _importable(cls, v):
-        module, _, name = v.partition(":")
-        if not (module and name):
-            raise ValueError(f"expected `module:function`, got {v!r}")
-        try:
-            found = getattr(importlib.import_module(module), name, None)
-        except ImportError as e:
-            raise ValueError(f"module {module!r} cannot be imported: {e}") from e
-        if not callable(found):
-            raise ValueError(f"{module} has no function {name!r}")
+        _function(v)
         return v
 
     @model_validator(mode="after")
     def _takes_its_options(self):
         try:
-            inspect.signature(self._function()).bind(**self.options, seed=0)
+            inspect.signature(_function(self.script)).bind(**self.options, seed=0)
         except TypeError as e:
             raise_problems(
                 [(("options",), f"{self.script} does not take these (and seed): {e}", self.options)]
             )
         return self
 
-    def _function(self):
-        module, _, name = self.script.partition(":")
-        return getattr(importlib.import_module(module), name)
-
     def make_script(self, seed: int):
-        return self._function()(**self.options, seed=seed)
+        return _function(self.script)(**self.options, seed=seed)
+
+
+def _function(script: str):
+    """The function `module:function` names; ValueError saying what is wrong otherwise."""
+    module, _, name = script.partition(":")
+    if not (module and name):
+        raise ValueError(f"expected `module:function`, got {script!r}")
+    try:
+        found = getattr(importlib.import_module(module), name, None)
+    except ImportError as e:
+        raise ValueError(f"module {module!r} cannot be imported: {e}") from e
+    if not callable(found):
+        raise ValueError(f"{module} has no function {name!r}")
+    return found
 
 
 # keys of `train` that were renamed, and what to write instead (a run record of an older version
