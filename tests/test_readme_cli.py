@@ -30,6 +30,7 @@ def test_the_block_is_the_commands_ci_runs():
     assert {c[0] for c in commands} == {"marljax", "python"}
     assert {tuple(c[:3]) for c in commands if c[0] == "python"} == {("python", "-m", "marljax.demo.tools")}
     assert [c[1] for c in commands if c[0] == "marljax" and c[1] != "train"] == [
+        "export",
         "eval",
         "export",
         "plot",
@@ -43,7 +44,7 @@ def test_each_command_finds_what_the_runs_before_it_leave(tmp_path):
     """Train lines on one run directory must resume it (a refused change would stop CI); the
     commands after them must name a run, a policy and a logged rollout step those runs make."""
     runs: dict[str, object] = {}  # run_dir -> its newest config
-    written: set[str] = set()  # model directories the block writes
+    written: set[str] = set()  # model directories the block writes (a random model, an export)
     for command in readme_cli_block():
         if command[0] == "python":  # python -m marljax.demo.tools CONFIG: writes the model CONFIG loads
             (policy,) = load_config(ROOT / command[3]).policies.values()
@@ -76,6 +77,12 @@ def test_each_command_finds_what_the_runs_before_it_leave(tmp_path):
         cfg = runs[run_dir]
         if verb == "export":
             assert args[args.index("--policy") + 1] in cfg.policies
+            if "--step" in args:  # a step the run keeps: its warm start (step 0) or a newest save
+                step, t = int(args[args.index("--step") + 1]), cfg.train
+                saved = [s for s in range(1, t.steps + 1) if s % t.save_every == 0 or s == t.steps]
+                kept = saved[-t.keep_checkpoints :] + ([0] if t.sft_steps else [])
+                assert step in kept, f"{shlex.join(command)}: {run_dir} keeps steps {sorted(kept)}"
+            written.add(args[-1].rstrip("/"))
         if verb == "rollouts":
             every, step = cfg.train.log_rollouts, int(args[args.index("--step") + 1])
             assert every and step % every == 0 and step <= cfg.train.steps, (
