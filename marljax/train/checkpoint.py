@@ -376,7 +376,7 @@ class RunCheckpointer:
                     where, reason = problem
                     raise RuntimeError(reason)
                 complete = True
-                got = self._manager.restore(step, args=ocp.args.Composite(**items))
+                got = self._read(step, items)
             except Exception as e:  # any failure of this step: report it and fall back
                 msg = (
                     f"cannot restore checkpoint step {step} from {where}: {type(e).__name__}: {e}; "
@@ -388,7 +388,7 @@ class RunCheckpointer:
                     unreadable.append((step, f"{type(e).__name__}: {e}"))
                 continue
             self._set_aside(unreadable)
-            return step, {n: got[n] for n in self.policy_names}, got[LOOP]
+            return got
         if unreadable:
             # Starting afresh would only fail at the first save (a complete step is never overwritten).
             step, error = unreadable[0]
@@ -400,13 +400,18 @@ class RunCheckpointer:
         return None
 
     def _restore_step(self, step: int, items: dict) -> tuple[int, dict[str, Any], dict[str, Any]]:
-        if step not in self._steps():
-            kept = ", ".join(map(str, sorted(self._steps()))) or "none"
+        steps = self._steps()
+        if step not in steps:
+            kept = ", ".join(map(str, sorted(steps))) or "none"
             raise FileNotFoundError(f"{self.step_dir(step)}: no such checkpoint (steps kept: {kept})")
         problem = self._problem(step, hashes=True)
         if problem:
             where, reason = problem
             raise RuntimeError(f"checkpoint step {step} at {where} is not complete: {reason}")
+        return self._read(step, items)
+
+    def _read(self, step: int, items: dict) -> tuple[int, dict[str, Any], dict[str, Any]]:
+        """(step, policy_states, loop_state) as orbax reads them, unchecked."""
         got = self._manager.restore(step, args=ocp.args.Composite(**items))
         return step, {n: got[n] for n in self.policy_names}, got[LOOP]
 
