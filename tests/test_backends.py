@@ -151,3 +151,52 @@ def test_a_second_process_loads_what_the_first_compiled(tmp_path):
     assert second.stdout == first.stdout == "[1.0, 5.0, 12.0, 22.0, 35.0]\n"
     assert "Persistent compilation cache hit for 'jit_" in second.stderr, second.stderr
     assert kept_again == kept  # nothing compiled anew
+
+
+def test_the_cache_deletes_the_least_recently_used_programs_past_its_bound(tmp_path):
+    """`start` bounds the cache (`CACHE_MAX_BYTES`) unless JAX_COMPILATION_CACHE_MAX_SIZE says
+    otherwise; past the bound the programs used longest ago go."""
+    from marljax.backends import CACHE_MAX_BYTES
+
+    # six programs (one per length); after each, the name of the file it added to the cache
+    script = (
+        "import sys; from pathlib import Path\n"
+        "from marljax import backends; backends.start()\n"
+        "import jax, jax.numpy as jnp\n"
+        "print(jax.config.jax_compilation_cache_max_size)\n"
+        "cache, seen = Path(sys.argv[1]), set()\n"
+        "for n in range(1, 7):\n"
+        "    jax.jit(lambda x: jnp.cumsum(x * 3 + 1))(jnp.arange(float(n))).block_until_ready()\n"
+        "    new = {p.name for p in cache.glob('jit__lambda-*-cache')} - seen\n"
+        "    print(*new); seen |= new"
+    )
+    env = {
+        k: v
+        for k, v in _env().items()
+        if not k.startswith(("JAX_PERSISTENT_CACHE", "JAX_COMPILATION_CACHE")) and k != "XLA_FLAGS"
+    }
+
+    def run(cache, **extra):
+        got = subprocess.run(
+            [sys.executable, "-c", script, str(cache)],
+            cwd=REPO,
+            env={**env, "MARLJAX_XLA_CACHE": str(cache), "JAX_PLATFORMS": "cpu", **extra},
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert got.returncode == 0, got.stderr
+        bound, *written = got.stdout.splitlines()
+        return int(bound), written, {p.name: p.stat().st_size for p in cache.glob("jit__lambda-*-cache")}
+
+    bound, written, kept = run(tmp_path / "default")
+    assert bound == CACHE_MAX_BYTES
+    # every program kept, with its access time: the bound is in force
+    assert len(written) == 6 and set(written) == set(kept)
+    assert len(list((tmp_path / "default").glob("jit__lambda-*-atime"))) == 6
+    small = sum(kept[name] for name in written[-3:])  # room for about the last three
+    bound, written, kept = run(tmp_path / "small", JAX_COMPILATION_CACHE_MAX_SIZE=str(small))
+    assert bound == small and len(written) == 6
+    assert 1 <= len(kept) < 6 and sum(kept.values()) <= small
+    # what is left are the newest programs: the oldest went first
+    assert set(kept) == set(written[-len(kept) :])
