@@ -399,15 +399,20 @@ class RunCheckpointer:
             )
         return None
 
-    def _restore_step(self, step: int, items: dict) -> tuple[int, dict[str, Any], dict[str, Any]]:
+    def check_step(self, step: int, hashes: bool = True) -> None:
+        """Raise unless `step` is kept and complete (its files' sizes, and with `hashes` their
+        contents, as its manifest records them): the error names the steps kept."""
         steps = self._steps()
         if step not in steps:
             kept = ", ".join(map(str, sorted(steps))) or "none"
             raise FileNotFoundError(f"{self.step_dir(step)}: no such checkpoint (steps kept: {kept})")
-        problem = self._problem(step, hashes=True)
+        problem = self._problem(step, hashes=hashes)
         if problem:
             where, reason = problem
             raise RuntimeError(f"checkpoint step {step} at {where} is not complete: {reason}")
+
+    def _restore_step(self, step: int, items: dict) -> tuple[int, dict[str, Any], dict[str, Any]]:
+        self.check_step(step)
         return self._read(step, items)
 
     def _read(self, step: int, items: dict) -> tuple[int, dict[str, Any], dict[str, Any]]:

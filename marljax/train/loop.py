@@ -215,6 +215,8 @@ class Trainer:
     def restore(self, step: int | None = None) -> bool:
         """Load the newest complete checkpoint (or `step`'s); False for a fresh run."""
         targets = {n: p.state.restore_target() for n, p in self.policies.items()}
+        if step is not None:  # a step the run does not keep fails before the states are freed
+            self.checkpointer.check_step(step, hashes=False)
         # the restored states replace the loaded ones: free those first, else a resume needs the
         # memory of two full states at once
         released = self.checkpointer.latest_step() is not None

@@ -332,6 +332,12 @@ def test_sft_warm_start_lowers_the_nll_of_reference_solutions(tmp_path):
     # the warm start is kept as step 0 beside the run's last step: the weights RL's KL held to
     assert sorted(os.listdir(tmp_path / "run" / "checkpoints")) == ["0", "1"]
     warm = Trainer(cfg)
+    # a step the run does not keep is an error that leaves the trainer's states as they were
+    initial = leaves(warm.policies["main"].state.params)
+    with pytest.raises(FileNotFoundError, match=r"steps kept: 0, 1\)"):
+        warm.restore(step=5)
+    for got, want in zip(leaves(warm.policies["main"].state.params), initial):
+        np.testing.assert_array_equal(got, want)
     assert warm.restore(step=0) and warm.step == 0 and warm.policies["main"].version == 0
     for got, want in zip(leaves(warm.policies["main"].state.params), leaves(policy.state.ref_params)):
         np.testing.assert_array_equal(got, want)
