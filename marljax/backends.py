@@ -80,9 +80,6 @@ def quiet_libtpu():
 
 # names a directory for the cache, or "off"
 CACHE_ENV = "MARLJAX_XLA_CACHE"
-# the cache's size bound: past it JAX deletes the least recently used programs (a tiny run's
-# programs take tens of KB each, a real model's TPU programs tens of MB)
-CACHE_MAX_BYTES = 4 * 2**30
 
 
 def compilation_cache_dir(environ=os.environ) -> str | None:
@@ -103,10 +100,8 @@ def compilation_cache_dir(environ=os.environ) -> str | None:
 def use_compilation_cache() -> None:
     """Turn on XLA's persistent compilation cache (before anything compiles). Every program is
     kept, however quickly it compiled (JAX's default keeps those over 1 s; a tiny run's are
-    mostly under), unless JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS says otherwise; the cache
-    stays under `CACHE_MAX_BYTES` (JAX's default is no bound) unless
-    JAX_COMPILATION_CACHE_MAX_SIZE says otherwise. A directory that cannot be made leaves the
-    cache off: it saves time, the run does not need it."""
+    mostly under), unless JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS says otherwise. A directory
+    that cannot be made leaves the cache off: it saves time, the run does not need it."""
     import jax
 
     path = compilation_cache_dir()
@@ -119,8 +114,6 @@ def use_compilation_cache() -> None:
         jax.config.update("jax_compilation_cache_dir", path)
     if "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS" not in os.environ:
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
-    if "JAX_COMPILATION_CACHE_MAX_SIZE" not in os.environ:
-        jax.config.update("jax_compilation_cache_max_size", CACHE_MAX_BYTES)
 
 
 def start() -> None:
