@@ -76,10 +76,12 @@ class Schedule:
       refill, so fewer, longer calls (the call's cache window covers them).
     refill_fraction: with requests waiting, a call returns once this fraction of the slots is
       free (at least one slot), so finished rows are replaced without waiting for the others.
-    shrink: with no request waiting, once at most half the slots are busy, move the busy rows
-      to a smaller slot batch (a power of two, at least `min_slots`): on a CPU a step costs
-      about in proportion to its rows; on an accelerator small batches cost about the same,
-      and each new slot count compiles its own steps.
+    shrink: fit the slot batch to the work: a call of fewer requests than `slots` gets as many
+      slots as it has requests (bucketed), and once no request waits and at most half the slots
+      are busy, the busy rows move to a smaller slot batch (a power of two, at least
+      `min_slots`). On a CPU a step costs about in proportion to its rows; on an accelerator
+      small batches cost about the same, and each slot count compiles its own programs. Off,
+      every call decodes `slots` rows.
     share_prefixes: a new request copies the longest prefix of its prompt that some slot's
       cache holds and prefills only the rest.
     min_shared_prefix: a request waits for a second insert call (after the first call of the
@@ -181,7 +183,7 @@ class HostLoop:
         self.capacity = e.prompt_bucket(max(len(r.prompt) for r in self.requests)) + e.new_tokens_bucket(
             max(s.max_new_tokens for s in settings)
         )
-        self.slots = e.batch_bucket(min(N, schedule.slots))
+        self.slots = e.batch_bucket(min(N, schedule.slots) if schedule.shrink else schedule.slots)
         self.paged = e.paged
         if self.paged:  # whole pages of positions; the pool and its tables (marljax.sampler.pages)
             ps = e.page_size

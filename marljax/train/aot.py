@@ -432,7 +432,7 @@ def compile_policy(
             )
             weights = {**weights, "lora": _replicated(adapter, sampler_mesh)}
         buckets = Buckets(min_prompt=s.min_prompt_bucket, min_batch=s.min_batch_bucket)
-        schedule = Schedule(slots=s.slots, share_prefixes=s.share_prefixes)
+        schedule = Schedule(slots=s.slots, share_prefixes=s.share_prefixes, shrink=s.shrink)
         single = sampler_mesh.size == 1  # the trainer samples such a policy without a mesh
         nbytes = config.num_params() * np.dtype(config.param_dtype).itemsize
         engine = Engine(

@@ -212,6 +212,8 @@ class SamplerView:
             pad_id=self.turns.pad_id,
             mesh=self.mesh,
             buckets=Buckets(min_prompt=sampler.min_prompt_bucket, min_batch=sampler.min_batch_bucket),
-            schedule=Schedule(slots=sampler.slots, share_prefixes=sampler.share_prefixes),
+            schedule=Schedule(
+                slots=sampler.slots, share_prefixes=sampler.share_prefixes, shrink=sampler.shrink
+            ),
             adapter=adapter,
         )

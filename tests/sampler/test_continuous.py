@@ -76,6 +76,25 @@ def test_a_free_slot_takes_the_next_request_without_waiting(qwen3):
         np.testing.assert_array_equal(c.tokens, batch.tokens[c.index, : len(c.tokens)])
 
 
+def test_without_shrinking_every_step_decodes_all_the_slots(qwen3):
+    """shrink=False (the trainer's default): 5 requests on 16 slots keep all 16 rows for each of
+    the long request's 39 decode steps (one slot count, so one compiled shape, whatever a call's
+    size), with the completions of the shrinking schedule (8 slots for 5 requests, then fewer)."""
+    model, config, _ = qwen3
+    engine = get_engine(config)
+    prompts = _prompts(1, (6, 3, 8, 5, 2))
+    sampling = [SamplingParams(b) for b in (40, 4, 4, 4, 4)]
+    fitted = generate(model, prompts, sampling, seed=3, eos_ids=(), schedule=Schedule(slots=16))
+    assert engine.stats.cache_bytes == engine.cache_bytes(8, 16 + 64)  # 5 requests -> 8 slots
+    before = (engine.stats.decode_steps, engine.stats.slot_steps)
+    fixed = generate(model, prompts, sampling, seed=3, eos_ids=(), schedule=Schedule(slots=16, shrink=False))
+    assert engine.stats.decode_steps - before[0] == 39
+    assert engine.stats.slot_steps - before[1] == 16 * 39
+    assert engine.stats.cache_bytes == engine.cache_bytes(16, 16 + 64)
+    np.testing.assert_array_equal(fixed.tokens, fitted.tokens)
+    np.testing.assert_array_equal(fixed.lengths, fitted.lengths)
+
+
 @pytest.mark.parametrize("slots", [1, 8])
 def test_shared_prefixes_are_prefilled_once_and_change_nothing(qwen3, slots):
     """Three prompts on one 40-token problem: the first prefills it, the others copy it from

@@ -176,6 +176,12 @@ class SamplerConfig(FrozenModel):
     share_prefixes: bool = Field(
         True, description="requests sharing a prompt prefix (samples, tree nodes) prefill it once"
     )
+    shrink: bool = Field(
+        False,
+        description="fit each call's decode batch to its rows (fewer slots for fewer requests, and "
+        "fewer as rows finish): less work per step on a CPU, one compiled program per slot count; "
+        "off, every call decodes `slots` rows",
+    )
     stop: tuple[str, ...] = Field((), description="stop strings (the completion keeps them)")
 
     def sampling(self) -> SamplingParams:
