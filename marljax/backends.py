@@ -80,6 +80,9 @@ def quiet_libtpu():
 
 # names a directory for the cache, or "off"
 CACHE_ENV = "MARLJAX_XLA_CACHE"
+# the size (GiB) the cache is pruned to at start
+CACHE_MAX_ENV = "MARLJAX_XLA_CACHE_MAX_GB"
+DEFAULT_CACHE_MAX_GB = 10.0
 
 
 def compilation_cache_dir(environ=os.environ) -> str | None:
@@ -97,11 +100,58 @@ def compilation_cache_dir(environ=os.environ) -> str | None:
     return os.path.join(cache_home, "marljax", "xla")
 
 
+def prune_compilation_cache(path: str, max_bytes: int) -> int:
+    """Delete the least recently used files of the cache directory `path` until the rest hold at
+    most `max_bytes`; the number deleted. Last use is a file's access or modification time,
+    whichever is later (JAX writes an entry once and reads it on every hit; Linux's default
+    `relatime` records a read at least once a day). JAX's own size bound
+    cannot be used: its eviction needs an access-time file beside every entry, and a directory
+    holding one entry without (written by another process or an earlier version) makes every
+    cache write fail."""
+    entries = []
+    with os.scandir(path) as it:
+        for entry in it:
+            try:
+                st = entry.stat(follow_symlinks=False)
+            except OSError:
+                continue
+            if entry.is_file(follow_symlinks=False):
+                entries.append((max(st.st_atime, st.st_mtime), st.st_size, entry.path))
+    total = sum(size for _, size, _ in entries)
+    deleted = 0
+    for _, size, file in sorted(entries):
+        if total <= max_bytes:
+            break
+        try:
+            os.remove(file)
+        except FileNotFoundError:  # another process pruned it first
+            total -= size
+            continue
+        except OSError:  # not ours to delete: it stays, and counts
+            continue
+        total -= size
+        deleted += 1
+    return deleted
+
+
+def cache_max_bytes(environ=os.environ) -> int:
+    """MARLJAX_XLA_CACHE_MAX_GB's bound on the compilation cache in bytes (default 10 GiB)."""
+    raw = environ.get(CACHE_MAX_ENV, "")
+    try:
+        gib = float(raw) if raw else DEFAULT_CACHE_MAX_GB
+    except ValueError:
+        raise ValueError(f"{CACHE_MAX_ENV}={raw!r}: expected a size in GiB, e.g. 10") from None
+    if not 0 <= gib < float("inf"):
+        raise ValueError(f"{CACHE_MAX_ENV}={raw!r}: expected a finite size in GiB >= 0")
+    return int(gib * 2**30)
+
+
 def use_compilation_cache() -> None:
     """Turn on XLA's persistent compilation cache (before anything compiles). Every program is
     kept, however quickly it compiled (JAX's default keeps those over 1 s; a tiny run's are
-    mostly under), unless JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS says otherwise. A directory
-    that cannot be made leaves the cache off: it saves time, the run does not need it."""
+    mostly under), unless JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS says otherwise; the directory
+    is first pruned to MARLJAX_XLA_CACHE_MAX_GB (`prune_compilation_cache`). A directory that
+    cannot be made leaves the cache off: it saves time, the run does not need it."""
     import jax
 
     path = compilation_cache_dir()
@@ -111,6 +161,9 @@ def use_compilation_cache() -> None:
         except OSError as e:
             logger.warning("XLA compilation cache off: cannot make %s (%s)", path, e)
             return
+        deleted = prune_compilation_cache(path, cache_max_bytes())
+        if deleted:
+            logger.info("XLA compilation cache %s: %d least recently used entries deleted", path, deleted)
         jax.config.update("jax_compilation_cache_dir", path)
     if "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS" not in os.environ:
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)

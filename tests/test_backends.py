@@ -12,7 +12,12 @@ import pytest
 import yaml
 from tpu_target import needs_libtpu
 
-from marljax.backends import compilation_cache_dir, without_libtpu_noise
+from marljax.backends import (
+    cache_max_bytes,
+    compilation_cache_dir,
+    prune_compilation_cache,
+    without_libtpu_noise,
+)
 from marljax.train.distributed import _on_tpu_vm
 
 REPO = Path(__file__).resolve().parents[1]
@@ -119,6 +124,28 @@ def test_the_compilation_cache_directory_follows_the_environment():
     assert compilation_cache_dir({"JAX_COMPILATION_CACHE_DIR": "/j", "MARLJAX_XLA_CACHE": "/mine"}) is None
 
 
+def test_pruning_deletes_the_least_recently_used_entries_down_to_the_bound(tmp_path):
+    # five entries of 1,000 bytes last used at t = 10, 20, ..., 50 s; the first written last but read
+    # most recently (its access time is the later one)
+    for i, name in enumerate("abcde"):
+        path = tmp_path / f"jit_{name}-cache"
+        path.write_bytes(b"x" * 1000)
+        os.utime(path, (10 * (i + 1), 10 * (i + 1)))
+    os.utime(tmp_path / "jit_a-cache", (60, 5))
+    assert prune_compilation_cache(str(tmp_path), 2500) == 3  # 5,000 bytes -> 2,000
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["jit_a-cache", "jit_e-cache"]
+    assert prune_compilation_cache(str(tmp_path), 2000) == 0  # at the bound: nothing to do
+    assert prune_compilation_cache(str(tmp_path), 0) == 2
+
+
+def test_the_cache_bound_comes_from_the_environment():
+    assert cache_max_bytes({}) == 10 * 2**30
+    assert cache_max_bytes({"MARLJAX_XLA_CACHE_MAX_GB": "0.5"}) == 2**29
+    for bad in ("ten", "-1", "nan", "inf"):
+        with pytest.raises(ValueError, match=f"MARLJAX_XLA_CACHE_MAX_GB='{bad}'"):
+            cache_max_bytes({"MARLJAX_XLA_CACHE_MAX_GB": bad})
+
+
 def test_a_second_process_loads_what_the_first_compiled(tmp_path):
     cache = tmp_path / "xla"
     script = (
@@ -136,7 +163,13 @@ def test_a_second_process_loads_what_the_first_compiled(tmp_path):
         got = subprocess.run(
             [sys.executable, "-c", script],
             cwd=REPO,
-            env={**env, "MARLJAX_XLA_CACHE": str(cache), "JAX_PLATFORMS": "cpu", "JAX_LOG_COMPILES": "1"},
+            env={
+                **env,
+                "MARLJAX_XLA_CACHE": str(cache),
+                "MARLJAX_XLA_CACHE_MAX_GB": str(2**19 / 2**30),  # 512 KiB
+                "JAX_PLATFORMS": "cpu",
+                "JAX_LOG_COMPILES": "1",
+            },
             capture_output=True,
             text=True,
             timeout=300,
@@ -144,7 +177,12 @@ def test_a_second_process_loads_what_the_first_compiled(tmp_path):
         assert got.returncode == 0, got.stderr
         return got, sorted(p.name for p in cache.iterdir())
 
+    # an entry of an earlier run, unused for long, that takes the cache past its bound: pruned
+    cache.mkdir()
+    (cache / "jit_old-cache").write_bytes(b"x" * 2**20)
+    os.utime(cache / "jit_old-cache", (0, 0))
     first, kept = run()
+    assert "jit_old-cache" not in kept
     # every program, however quick to compile (JAX's default threshold would keep none of these)
     assert any("jit_" in name for name in kept), kept
     second, kept_again = run()
