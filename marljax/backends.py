@@ -104,10 +104,9 @@ def prune_compilation_cache(path: str, max_bytes: int) -> int:
     """Delete the least recently used files of the cache directory `path` until the rest hold at
     most `max_bytes`; the number deleted. Last use is a file's access or modification time,
     whichever is later (JAX writes an entry once and reads it on every hit; Linux's default
-    `relatime` records a read at least once a day). JAX's own size bound
-    cannot be used: its eviction needs an access-time file beside every entry, and a directory
-    holding one entry without (written by another process or an earlier version) makes every
-    cache write fail."""
+    `relatime` records a read at least once a day). JAX's own size bound cannot be used: its
+    eviction needs an access-time file beside every entry, and a directory holding one entry
+    without (written by another process or an earlier version) makes every cache write fail."""
     entries = []
     with os.scandir(path) as it:
         for entry in it:
