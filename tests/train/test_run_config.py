@@ -690,3 +690,14 @@ def test_a_record_of_the_old_dynamic_sampling_refuses_todays_defaults(tmp_path):
         f"{run}: train.dynamic_sampling.max_rounds: 5 in the run's config.yaml, 3 now",
         f"{run}: train.dynamic_sampling.when_none: 'train' in the run's config.yaml, 'skip' now",
     ]
+
+
+def test_the_sampler_fits_its_decode_batch_to_the_rows_on_a_cpu_only_unless_told():
+    from marljax.train.config import SamplerConfig
+
+    default = SamplerConfig(slots=16, share_prefixes=False)
+    assert default.schedule("cpu").shrink
+    assert not default.schedule("gpu").shrink and not default.schedule("tpu").shrink
+    assert (default.schedule("tpu").slots, default.schedule("tpu").share_prefixes) == (16, False)
+    assert not SamplerConfig(shrink=False).schedule("cpu").shrink
+    assert SamplerConfig(shrink=True).schedule("tpu").shrink

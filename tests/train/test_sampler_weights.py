@@ -42,7 +42,8 @@ def test_a_full_weight_policy_samples_from_one_bfloat16_copy_per_update():
     assert view.params() is copy  # the calls between two updates share it
 
     ours = view.generate(PROMPTS, n=2, seed=7, sampler=SAMPLED)
-    # sampling from the float32 masters, which the model maths casts where it uses them
+    # sampling from the float32 masters, which the model maths casts where it uses them, in the
+    # view's slot batch (another batch size can move a log-prob by its last bit)
     masters = generate(
         policy.config,
         PROMPTS,
@@ -52,6 +53,7 @@ def test_a_full_weight_policy_samples_from_one_bfloat16_copy_per_update():
         seed=7,
         eos_ids=policy.turns.eos_ids,
         pad_id=policy.turns.pad_id,
+        schedule=SAMPLED.schedule(jax.devices()[0].platform),
     )
     np.testing.assert_array_equal(ours.tokens, masters.tokens)
     np.testing.assert_array_equal(ours.logprobs, masters.logprobs)

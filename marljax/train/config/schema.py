@@ -27,7 +27,7 @@ from pydantic import (
     model_validator,
 )
 
-from marljax.sampler.schedule import SamplingParams
+from marljax.sampler.schedule import SamplingParams, Schedule
 from marljax.tasks import SOURCES, Source
 from marljax.train.config.fields import (
     TEMPLATE_FIELDS,
@@ -176,13 +176,20 @@ class SamplerConfig(FrozenModel):
     share_prefixes: bool = Field(
         True, description="requests sharing a prompt prefix (samples, tree nodes) prefill it once"
     )
-    shrink: bool = Field(
-        False,
+    shrink: bool | None = Field(
+        None,
         description="fit each call's decode batch to its rows (fewer slots for fewer requests, and "
-        "fewer as rows finish): less work per step on a CPU, one compiled program per slot count; "
-        "off, every call decodes `slots` rows",
+        "fewer as rows finish): less work per step where a step costs about in proportion to its "
+        "rows (a CPU), one compiled program per slot count; off, every call decodes `slots` rows "
+        "(an accelerator's step of few rows costs about what a full one does). Default: on for a "
+        "CPU, off for GPU and TPU",
     )
     stop: tuple[str, ...] = Field((), description="stop strings (the completion keeps them)")
+
+    def schedule(self, platform: str) -> Schedule:
+        """How a call's requests share the decode slots on a backend `platform` (cpu, gpu, tpu)."""
+        shrink = platform == "cpu" if self.shrink is None else self.shrink
+        return Schedule(slots=self.slots, share_prefixes=self.share_prefixes, shrink=shrink)
 
     def sampling(self) -> SamplingParams:
         """The settings of each sampled prompt, as the sampler takes them."""
