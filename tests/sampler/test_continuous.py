@@ -77,9 +77,10 @@ def test_a_free_slot_takes_the_next_request_without_waiting(qwen3):
 
 
 def test_without_shrinking_every_step_decodes_all_the_slots(qwen3):
-    """shrink=False (the trainer's default): 5 requests on 16 slots keep all 16 rows for each of
-    the long request's 39 decode steps (one slot count, so one compiled shape, whatever a call's
-    size), with the completions of the shrinking schedule (8 slots for 5 requests, then fewer)."""
+    """shrink=False (the trainer's default on GPU and TPU): 5 requests on 16 slots keep all 16
+    rows for each of the long request's 39 decode steps (one slot count, so one compiled shape,
+    whatever a call's size), with the completions of the shrinking schedule (8 slots for 5
+    requests, then fewer)."""
     model, config, _ = qwen3
     engine = get_engine(config)
     prompts = _prompts(1, (6, 3, 8, 5, 2))
