@@ -310,7 +310,7 @@ def splash_attention(
     if interpret is None:
         interpret = _SPLASH_INTERPRET.get()
     if interpret is None:
-        platform = mesh.devices.flat[0].platform if mesh is not None else jax.default_backend()
+        platform = _sharding.mesh_platform(mesh)
         if platform not in ("tpu", "cpu"):
             raise ValueError(
                 f"splash attention is a TPU kernel; on {platform} use attention_impl 'cudnn' or 'xla'"

@@ -259,6 +259,11 @@ def reshard(tree: Any, shardings: Any) -> Any:
     return jax.tree.unflatten(treedef, out)
 
 
+def mesh_platform(mesh: Mesh | None) -> str:
+    """The backend `mesh`'s devices are (cpu, gpu, tpu); without a mesh, JAX's default backend."""
+    return jax.default_backend() if mesh is None else mesh.devices.flat[0].platform
+
+
 def process_local_mesh(mesh: Mesh) -> tuple[Mesh, Mesh]:
     """(staging, local) meshes for per-process copies of arrays laid out on `mesh`.
 

@@ -313,6 +313,7 @@ def compile_policy(
     T = seq_len or s.max_prompt_len + s.max_new_tokens
     T = -(-T // 32) * 32  # collate's lengths are multiples of 32
     mesh, sampler_mesh, own_sampler = policy_meshes(cfg, devices)
+    platform = "tpu" if tpu else devices[0].platform
     rows = mesh.shape["data"] * mesh.shape["fsdp"]  # (ICI x DCN)
     if cfg.micro_batch_size % rows:
         raise CompileError(
@@ -330,7 +331,7 @@ def compile_policy(
         optimizer=cfg.optimizer.name,
         reference=cfg.reference,
         sampler_mesh_shape=_mesh_shape(sampler_mesh) if own_sampler else None,
-        platform="tpu" if tpu else devices[0].platform,
+        platform=platform,
         sampler_slots=s.slots,
         lora=lora,
         prompt_len=next_bucket(s.max_prompt_len, s.min_prompt_bucket),
@@ -432,7 +433,7 @@ def compile_policy(
             )
             weights = {**weights, "lora": _replicated(adapter, sampler_mesh)}
         buckets = Buckets(min_prompt=s.min_prompt_bucket, min_batch=s.min_batch_bucket)
-        schedule = s.schedule("tpu" if tpu else devices[0].platform)
+        schedule = s.schedule(platform)
         single = sampler_mesh.size == 1  # the trainer samples such a policy without a mesh
         nbytes = config.num_params() * np.dtype(config.param_dtype).itemsize
         engine = Engine(

@@ -31,7 +31,7 @@ from marljax.models.chat import TurnFormat
 from marljax.models.config import ModelConfig
 from marljax.models.decoder import param_dict_shardings
 from marljax.models.lora import LoraSpec, stack_adapters
-from marljax.models.sharding import process_local_mesh, reshard, to_local
+from marljax.models.sharding import mesh_platform, process_local_mesh, reshard, to_local
 from marljax.sampler import generate
 from marljax.sampler.schedule import Buckets, SamplingParams
 from marljax.train.config import SamplerConfig
@@ -130,10 +130,6 @@ class SamplerView:
             self._cache = (params, copy)
         return self._cache[1]
 
-    def platform(self) -> str:
-        """The backend the view samples on: cpu, gpu or tpu."""
-        return (jax.devices()[0] if self.mesh is None else self.mesh.devices.flat[0]).platform
-
     def base(self) -> dict | None:
         """An adapter policy's frozen base in the sampler's layout and compute dtype: one copy per
         base and sampler mesh, shared by the adapters on it."""
@@ -216,6 +212,6 @@ class SamplerView:
             pad_id=self.turns.pad_id,
             mesh=self.mesh,
             buckets=Buckets(min_prompt=sampler.min_prompt_bucket, min_batch=sampler.min_batch_bucket),
-            schedule=sampler.schedule(self.platform()),
+            schedule=sampler.schedule(mesh_platform(self.mesh)),
             adapter=adapter,
         )
