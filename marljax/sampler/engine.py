@@ -254,7 +254,11 @@ class Engine:
     def window(self, needed: int, capacity: int) -> int:
         """The decode window for `needed` positions: the smallest of `min_window` times 1, 1.5,
         2, 3, 4, 6, ... that holds them, or the whole cache (a step reads the whole window, so
-        half-steps between powers of two cut the waste to a third for one compile more)."""
+        half-steps between powers of two cut the waste to a third for one compile more). Without
+        `min_window`, the whole cache: one window, so one program where a ladder of windows
+        compiles one per set of windows a call grows through."""
+        if self.buckets.min_window is None:
+            return capacity
         w = next_bucket(needed, self.buckets.min_window)
         if w * 3 // 4 >= max(needed, self.buckets.min_window):
             w = w * 3 // 4

@@ -49,7 +49,8 @@ class Buckets:
     prompt: prompt lengths (the cache holds the longest prompt's bucket plus the new-token
     bucket); batch: slot counts (rounded up to a multiple of the mesh's data-parallel size);
     new_tokens: the per-request token budget; stop: (number of stop sequences, their length);
-    min_window: the smallest decode window (cache positions a decode step reads).
+    min_window: the smallest decode window (cache positions a decode step reads); None: every
+    step reads the whole cache, one window (`Engine.window`).
     """
 
     prompt: tuple[int, ...] | None = None
@@ -61,7 +62,7 @@ class Buckets:
     min_eos: int = 4
     min_stop: int = 1
     min_stop_len: int = 4
-    min_window: int = 64
+    min_window: int | None = 64
 
 
 @dataclasses.dataclass(frozen=True)

@@ -301,7 +301,7 @@ def compile_policy(
     report: where the temporaries go).
     """
     from marljax.sampler.engine import Engine
-    from marljax.sampler.schedule import Buckets, next_bucket
+    from marljax.sampler.schedule import next_bucket
     from marljax.train.batch import geometric_bucket
     from marljax.train.learner import step_functions
 
@@ -432,7 +432,7 @@ def compile_policy(
                 lambda: stack_adapters([(lora, init_adapter(config, lora, jax.random.key(0)))])
             )
             weights = {**weights, "lora": _replicated(adapter, sampler_mesh)}
-        buckets = Buckets(min_prompt=s.min_prompt_bucket, min_batch=s.min_batch_bucket)
+        buckets = s.buckets()
         schedule = s.schedule(platform)
         single = sampler_mesh.size == 1  # the trainer samples such a policy without a mesh
         nbytes = config.num_params() * np.dtype(config.param_dtype).itemsize

@@ -33,7 +33,7 @@ from marljax.models.decoder import param_dict_shardings
 from marljax.models.lora import LoraSpec, stack_adapters
 from marljax.models.sharding import mesh_platform, process_local_mesh, reshard, to_local
 from marljax.sampler import generate
-from marljax.sampler.schedule import Buckets, SamplingParams
+from marljax.sampler.schedule import SamplingParams
 from marljax.train.config import SamplerConfig
 from marljax.train.learner import combine
 
@@ -211,7 +211,7 @@ class SamplerView:
             eos_ids=self.turns.eos_ids,
             pad_id=self.turns.pad_id,
             mesh=self.mesh,
-            buckets=Buckets(min_prompt=sampler.min_prompt_bucket, min_batch=sampler.min_batch_bucket),
+            buckets=sampler.buckets(),
             schedule=sampler.schedule(mesh_platform(self.mesh)),
             adapter=adapter,
         )

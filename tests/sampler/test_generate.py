@@ -140,11 +140,14 @@ def test_decode_over_growing_cache_windows_equals_the_whole_cache(qwen3):
     model, config, _ = qwen3
     params = get_params(model)
     prompts = _prompts(seed=8)
-    kw = dict(n=2, seed=4, schedule=Schedule(chunk=4, idle_chunk=4))
-    whole = Buckets(min_window=4096)  # every window is the whole cache
+    kw = dict(n=2, seed=4, schedule=Schedule(chunk=4, idle_chunk=4, shrink=False))  # one slot count
+    whole = Buckets(min_window=None)  # every window is the whole cache
+    one_window = get_engine(config, buckets=whole)
+    before = one_window.stats.decode_compiles
     ref = generate(model, prompts, SamplingParams(40), eos_ids=(), buckets=whole, **kw)
     eos = int(ref.tokens[1, 4])  # ends row 1 (at least) in the first window
     one = generate(model, prompts, SamplingParams(40), eos_ids=[eos], buckets=whole, **kw)
+    assert one_window.stats.decode_compiles - before <= 1  # one slot count, one window: one program
     assert len(set(one.lengths.tolist())) >= 2 and one.lengths.max() > 20
     lp, _ = _teacher_forced(params, config, prompts, one)
     small = get_engine(config, buckets=Buckets(min_window=16))

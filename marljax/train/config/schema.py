@@ -27,7 +27,7 @@ from pydantic import (
     model_validator,
 )
 
-from marljax.sampler.schedule import SamplingParams, Schedule
+from marljax.sampler.schedule import Buckets, SamplingParams, Schedule
 from marljax.tasks import SOURCES, Source
 from marljax.train.config.fields import (
     TEMPLATE_FIELDS,
@@ -184,12 +184,27 @@ class SamplerConfig(FrozenModel):
         "(an accelerator's step of few rows costs about what a full one does). Default: on for a "
         "CPU, off for GPU and TPU",
     )
+    windows: bool = Field(
+        True,
+        description="a decode step reads only the cache positions its rows have reached, in windows "
+        "of 64, 96, 128, 192, ... positions (one compiled program per set of windows a call grows "
+        "through); off, every step reads the call's whole cache (one program per slot count): "
+        "fewer compiles where a run's calls start at many different lengths (multi-turn, tools)",
+    )
     stop: tuple[str, ...] = Field((), description="stop strings (the completion keeps them)")
 
     def schedule(self, platform: str) -> Schedule:
         """How a call's requests share the decode slots on a backend `platform` (cpu, gpu, tpu)."""
         shrink = platform == "cpu" if self.shrink is None else self.shrink
         return Schedule(slots=self.slots, share_prefixes=self.share_prefixes, shrink=shrink)
+
+    def buckets(self) -> Buckets:
+        """The sampler's shape buckets."""
+        return Buckets(
+            min_prompt=self.min_prompt_bucket,
+            min_batch=self.min_batch_bucket,
+            min_window=Buckets.min_window if self.windows else None,
+        )
 
     def sampling(self) -> SamplingParams:
         """The settings of each sampled prompt, as the sampler takes them."""
