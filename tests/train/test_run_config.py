@@ -703,11 +703,12 @@ def test_the_sampler_fits_its_decode_batch_to_the_rows_on_a_cpu_only_unless_told
     assert SamplerConfig(shrink=True).schedule("tpu").shrink
 
 
-
 def test_the_sampler_reads_cache_windows_unless_told_not_to():
     from marljax.sampler import Buckets
     from marljax.train.config import SamplerConfig
 
-    assert SamplerConfig(min_prompt_bucket=32, min_batch_bucket=8).buckets() == Buckets(min_prompt=32, min_batch=8)
+    assert SamplerConfig(min_prompt_bucket=32, min_batch_bucket=8).buckets() == Buckets(
+        min_prompt=32, min_batch=8
+    )
     assert SamplerConfig().buckets().min_window == Buckets().min_window == 64
     assert SamplerConfig(windows=False).buckets() == Buckets(min_window=None)
