@@ -11,7 +11,7 @@ policy's mesh over the target devices, lowers and compiles
 
 and reports, per device, what XLA's `memory_analysis()` says each program needs (arguments,
 outputs, temporaries), its FLOPs, the collectives in the compiled HLO, and the policy's
-estimate from `marljax.train.memory` beside them.
+estimate from `marljax.train.memory` beside them (`marljax.train.program_report`).
 
 Targets: a TPU topology (`jax.experimental.topologies`, e.g. "v5p:4x4x4"; needs libtpu, not the
 chips), or the devices JAX has (e.g. fake CPU devices). A TPU topology compiles for the TPU
@@ -31,30 +31,30 @@ import os
 import re
 import time
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
-from flax import nnx
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from marljax.models.config import ModelConfig
-from marljax.models.decoder import abstract_model, param_dict_shardings
 from marljax.models.sharding import MESH_AXES, batch_sharding, make_mesh
 from marljax.train import memory
+from marljax.train.abstract_inputs import (
+    abstract_batch,
+    abstract_opt_state,
+    abstract_params,
+    abstract_tables,
+    model_config,
+    replicated,
+)
+from marljax.train.program_report import NO_FIGURES, ProgramReport, analyse, format_report
 
 GiB = 2**30
 # memory per device by `device_kind` (TPU v5p, v5e, v4, v6e)
 HBM = {"TPU v5": 95 * GiB, "TPU v5 lite": 16 * GiB, "TPU v4": 32 * GiB, "TPU v6 lite": 32 * GiB}
-COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
-_COLLECTIVE_LINE = re.compile(
-    r"=\s*(?P<type>.+?)\s+(?P<op>" + "|".join(COLLECTIVES) + r")(?P<start>-start)?\("
-)
-_SHAPE = re.compile(r"\b([a-z]+\d*)\[([\d,]*)\]")
 
 
 class CompileError(ValueError):
@@ -88,166 +88,6 @@ def device_memory(device) -> int | None:
         return None
 
 
-# ------------------------------------------------------------------ results
-@dataclasses.dataclass
-class Collective:
-    op: str  # e.g. "all-reduce"
-    shape: str  # e.g. "bf16[16,1024,896]"
-    count: int
-
-    def dims(self) -> tuple[int, ...]:
-        inside = self.shape[self.shape.index("[") + 1 : -1]
-        return tuple(int(d) for d in inside.split(",") if d)
-
-
-@dataclasses.dataclass
-class ProgramReport:
-    """One compiled program's per-device figures."""
-
-    policy: str
-    program: str
-    arguments: int
-    outputs: int
-    aliased: int  # output bytes that reuse donated argument buffers
-    temporaries: int
-    flops: float
-    collectives: list[Collective]
-    resident_elsewhere: int  # the policy's state the program does not take, resident meanwhile
-    estimate: int  # memory.py's figure for what the temporaries hold
-    estimate_what: str
-    limit: int | None  # the device's memory, where known
-    seconds: float = 0.0  # lowering and compiling
-    error: str | None = None  # the compiler's own out-of-memory message (then no figures)
-
-    @property
-    def peak(self) -> int:
-        return self.arguments + self.outputs - self.aliased + self.temporaries + self.resident_elsewhere
-
-    @property
-    def fits(self) -> bool:
-        return self.error is None and (self.limit is None or self.peak <= self.limit)
-
-
-def collectives(hlo: str) -> list[Collective]:
-    """The collective ops of compiled HLO text, by op and result shape, with their counts (ops in
-    a loop body count once)."""
-    counts: dict[tuple[str, str], int] = {}
-    for line in hlo.splitlines():
-        m = _COLLECTIVE_LINE.search(line)
-        if m is None:
-            continue
-        shapes = [f"{t}[{d}]" for t, d in _SHAPE.findall(m["type"])]
-        if m["start"] and len(shapes) > 1:  # async start: (operands..., results...): the results
-            shapes = shapes[len(shapes) // 2 :]
-        for s in shapes:
-            counts[(m["op"], s)] = counts.get((m["op"], s), 0) + 1
-    return [Collective(op, s, n) for (op, s), n in sorted(counts.items())]
-
-
-def activation_shaped(c: Collective, rows: int, seq: int) -> bool:
-    """Whether `c` carries a whole micro-batch's activations: a floating-point all-reduce whose
-    shape has the micro-batch's `rows` followed by a sequence dimension (`seq` or a logit chunk).
-    (Integer arrays such as token ids are not activations.)"""
-    dims = c.dims()
-    lengths = {seq, min(seq, memory.LOGIT_CHUNK)}
-    return (
-        c.op == "all-reduce"
-        and c.shape.startswith(("bf16", "f16", "f32"))
-        and any(a == rows and b in lengths for a, b in zip(dims, dims[1:], strict=False))
-    )
-
-
-def _analyse(compiled) -> tuple[int, int, int, int, float, list[Collective]]:
-    mem = compiled.memory_analysis()
-    cost = compiled.cost_analysis()
-    if isinstance(cost, (list, tuple)):
-        cost = cost[0] if cost else {}
-    return (
-        int(mem.argument_size_in_bytes),
-        int(mem.output_size_in_bytes),
-        int(mem.alias_size_in_bytes),
-        int(mem.temp_size_in_bytes),
-        float((cost or {}).get("flops", float("nan"))),
-        collectives(compiled.as_text()),
-    )
-
-
-# ------------------------------------------------------------------- inputs
-def model_config(spec: Any) -> ModelConfig:
-    """The `ModelConfig` of a policy's model spec: a preset, or a checkpoint's `config.json` only."""
-    runtime = dict(
-        dtype=spec.dtype,
-        param_dtype=spec.param_dtype,
-        remat=spec.remat,
-        attention_impl=spec.attention_impl,
-        scan_layers=spec.scan_layers,
-    )
-    if spec.path is None:
-        return ModelConfig.preset(spec.preset, **runtime)
-    from marljax.models.hf_io import _read_config
-
-    return _read_config(Path(spec.path), **runtime)
-
-
-def _abstract(tree: Any, shardings: Any) -> Any:
-    return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree, shardings)
-
-
-def abstract_params(config: ModelConfig, mesh: Mesh) -> dict:
-    """The parameter dict (`get_params` layout) as abstract arrays laid out by the rule table."""
-    shapes = nnx.to_pure_dict(nnx.state(abstract_model(config), nnx.Param))
-    return _abstract(shapes, param_dict_shardings(config, mesh))
-
-
-def _replicated(tree: Any, mesh: Mesh) -> Any:
-    return jax.tree.map(
-        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=NamedSharding(mesh, P())), tree
-    )
-
-
-def abstract_opt_state(optimizer: optax.GradientTransformation, params: dict, mesh: Mesh) -> Any:
-    """`optimizer.init(params)` as abstract arrays: each moment laid out like its parameter (the
-    state leaf whose key path ends with the parameter's), counters replicated (as `Policy` commits
-    them)."""
-    state = jax.eval_shape(optimizer.init, params)
-    by_path = {tuple(path): x for path, x in jax.tree_util.tree_flatten_with_path(params)[0]}
-    replicated = NamedSharding(mesh, P())
-
-    def place(path, s):
-        for n in range(len(path)):
-            p = by_path.get(tuple(path[n:]))
-            if p is not None and p.shape == s.shape:
-                return jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=p.sharding)
-        return jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=replicated)
-
-    return jax.tree_util.tree_map_with_path(place, state)
-
-
-def abstract_batch(
-    micro_batches: int, micro_batch_size: int, seq_len: int, mesh: Mesh, extra: Sequence[str] = ()
-) -> dict:
-    """`collate`'s batch `[M, mb, T]` (and `[M, mb]` per-row values) as abstract arrays, rows over
-    `("data", "fsdp")` as `Policy._collate` places them; `extra`: `old_logp`, `ref_logp`,
-    `lora_seed` where the policy's update adds them."""
-    rows = NamedSharding(mesh, P(None, ("data", "fsdp")))
-    M, mb, T = micro_batches, micro_batch_size, seq_len
-    kinds = {
-        "tokens": ((M, mb, T), jnp.int32),
-        "labels": ((M, mb, T), jnp.int32),
-        "positions": ((M, mb, T), jnp.int32),
-        "attention_mask": ((M, mb, T), jnp.bool_),
-        "loss_mask": ((M, mb, T), jnp.bool_),
-        "sampling_logp": ((M, mb, T), jnp.float32),
-        "advantages": ((M, mb), jnp.float32),
-        "temperature": ((M, mb), jnp.float32),
-        **{k: ((M, mb, T), jnp.float32) for k in ("old_logp", "ref_logp") if k in extra},
-    }
-    out = {k: jax.ShapeDtypeStruct(s, d, sharding=rows) for k, (s, d) in kinds.items()}
-    if "lora_seed" in extra:
-        out["lora_seed"] = jax.ShapeDtypeStruct((M,), jnp.uint32, sharding=NamedSharding(mesh, P()))
-    return out
-
-
 def policy_meshes(cfg: Any, devices: Sequence) -> tuple[Mesh, Mesh, bool]:
     """(trainer mesh, sampler mesh, sampler has a layout of its own) of a policy on `devices`."""
 
@@ -276,9 +116,193 @@ def policy_meshes(cfg: Any, devices: Sequence) -> tuple[Mesh, Mesh, bool]:
     return mesh, (mesh if own is None else one(own, "sampler_mesh")), own is not None
 
 
-# ----------------------------------------------------------------- programs
 def _mesh_shape(mesh: Mesh) -> dict:
     return {a: int(mesh.shape.get(a, 1)) for a in MESH_AXES}
+
+
+# ----------------------------------------------------------------- programs
+@dataclasses.dataclass
+class _Policy:
+    """What every program of one policy is built from."""
+
+    name: str
+    cfg: Any  # the run's PolicyConfig
+    sampler: Any  # the run's SamplerConfig
+    config: ModelConfig
+    lora: Any  # LoraSpec or None
+    mesh: Mesh
+    sampler_mesh: Mesh
+    own_sampler: bool
+    model: dict  # abstract parameters on `mesh`
+    est: Any  # memory.MemoryEstimate
+    T: int  # the update's length
+
+
+@dataclasses.dataclass
+class _Program:
+    """A program to compile: `lower()` builds it; the rest is what its report says beside it."""
+
+    name: str
+    lower: Any
+    elsewhere: int
+    estimate: int
+    what: str
+
+
+def _update_program(p: _Policy, micro_batches: int | None) -> _Program:
+    """The trainer's own RL update (`Learner` builds it the same way) on `collate`'s batch."""
+    from marljax.train.batch import geometric_bucket
+    from marljax.train.learner import step_functions
+
+    cfg, frozen, params = p.cfg, None, p.model
+    if p.lora is not None:
+        from marljax.models.lora import init_adapter
+
+        params = replicated(jax.eval_shape(lambda: init_adapter(p.config, p.lora, jax.random.key(0))), p.mesh)
+        frozen = p.model
+    loss = cfg.loss
+    if loss.norm_constant is None:  # the trainer's default: the generation budget
+        loss = loss.model_copy(update={"norm_constant": float(p.sampler.max_new_tokens)})
+    optimizer, fn, _, _ = step_functions(p.config, cfg.optimizer, loss, cfg.mini_batches > 1, p.lora, p.mesh)
+    M = micro_batches or geometric_bucket(
+        -(-cfg.buffer.threshold // (cfg.mini_batches * cfg.micro_batch_size))
+    )
+    extra = [
+        k
+        for k, on in (
+            ("old_logp", cfg.mini_batches > 1),
+            ("ref_logp", bool(loss.kl_coef)),
+            ("lora_seed", bool(p.lora and p.lora.dropout)),
+        )
+        if on
+    ]
+    batch = abstract_batch(M, cfg.micro_batch_size, p.T, p.mesh, extra)
+    args = (params, abstract_opt_state(optimizer, params, p.mesh), batch, frozen)
+    return _Program(
+        "update",
+        lambda: fn.lower(*args),
+        p.est.reference + p.est.sampler_copy,
+        p.est.update,
+        f"gradients + activations ({p.est.remat} remat) + compute copies",
+    )
+
+
+def _sampler_programs(p: _Policy, which: Sequence[str], tpu: bool, platform: str) -> list[_Program]:
+    """The sampler's insert of a full slot batch of prompts ("prefill") and its decode loop over the
+    whole cache ("decode"), each on the policy's sampler weights in the compute dtype."""
+    from marljax.sampler.engine import Engine
+    from marljax.sampler.schedule import next_bucket
+
+    s, config, mesh, est = p.sampler, p.config, p.sampler_mesh, p.est
+    weights = abstract_params(config, mesh) if p.own_sampler else p.model
+    weights = jax.tree.map(
+        lambda x: jax.ShapeDtypeStruct(
+            x.shape, config.dtype if jnp.issubdtype(x.dtype, jnp.floating) else x.dtype, sharding=x.sharding
+        ),
+        weights,
+    )
+    if p.lora is not None:
+        from marljax.models.lora import init_adapter, stack_adapters
+
+        adapter = jax.eval_shape(
+            lambda: stack_adapters([(p.lora, init_adapter(config, p.lora, jax.random.key(0)))])
+        )
+        weights = {**weights, "lora": replicated(adapter, mesh)}
+    buckets = s.buckets()
+    schedule = s.schedule(platform)
+    single = mesh.size == 1  # the trainer samples such a policy without a mesh
+    nbytes = config.num_params() * np.dtype(config.param_dtype).itemsize
+    engine = Engine(
+        config,
+        mesh=mesh,
+        buckets=buckets,
+        fuse_projections=single and nbytes <= 256 * 2**20,
+        cache_layout="bskh" if tpu else None,
+    )
+    if engine.fuse_projections:
+        weights = replicated(jax.eval_shape(engine._fuse, weights), mesh)
+    slots = engine.batch_bucket(schedule.slots)
+    capacity = engine.prompt_bucket(s.max_prompt_len) + engine.new_tokens_bucket(s.max_new_tokens)
+    stop_len = next_bucket(1, buckets.min_stop_len)
+    state = jax.eval_shape(
+        functools.partial(engine._empty, slots=slots, capacity=capacity, stop_len=stop_len)
+    )
+    state = type(state)(
+        tuple(jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=engine._kv_sharding(x)) for x in state.kv),
+        *(jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=batch_sharding(mesh, x.ndim)) for x in state[1:]),
+    )
+    tables = replicated(abstract_tables(buckets), mesh)
+    truncate, greedy = s.top_k > 0 or s.top_p < 1, s.temperature == 0
+    elsewhere = est.optimizer + est.reference + (est.params if p.own_sampler and p.lora is None else 0)
+    transient = est.sampling - est.kv_cache
+    out = []
+    if "prefill" in which:
+        Bn, Tp = slots, engine.prompt_bucket(s.max_prompt_len)
+
+        def put(shape, dtype):
+            return jax.ShapeDtypeStruct(shape, dtype, sharding=batch_sharding(mesh, len(shape)))
+
+        rows_in = [put((Bn,), jnp.int32)] * 3 + [put((Bn, Tp), jnp.int32), put((Bn,), jnp.int32)]
+        rows_in += [put((Bn,), jnp.uint32), put((Bn,), jnp.int32), put((Bn,), jnp.float32)]
+        rows_in += [put((Bn,), jnp.int32), put((Bn,), jnp.float32), put((Bn,), jnp.int32)]
+        window = engine.window(s.max_prompt_len, capacity)
+        out.append(
+            _Program(
+                "prefill",
+                lambda: engine._insert_jit.lower(
+                    weights, state, tables, *rows_in, window=window, greedy=greedy, truncate=truncate
+                ),
+                elsewhere,
+                transient + est.prefill_activations,
+                "weight copies + logits + one layer's activations for every slot's prompt",
+            )
+        )
+    if "decode" in which:
+        scalar = jax.ShapeDtypeStruct((), jnp.int32, sharding=NamedSharding(mesh, P()))
+        out.append(
+            _Program(
+                "decode",
+                lambda: engine._decode_jit.lower(
+                    weights,
+                    state,
+                    tables,
+                    scalar,
+                    scalar,
+                    windows=(capacity,),
+                    chunk=schedule.chunk,
+                    greedy=greedy,
+                    truncate=truncate,
+                    want_sampling_lp=True,
+                    pad_id=0,
+                ),
+                elsewhere,
+                transient,
+                "weight copies + gathered weights + logits (the KV cache and the sampler's copy are arguments)",
+            )
+        )
+    return out
+
+
+def _compile(policy: str, program: _Program, limit: int | None, options: dict | None) -> ProgramReport:
+    """Lower and compile `program` and report it; a compiler that refuses it for lack of memory
+    (the TPU compiler checks HBM itself) gives a report carrying its message instead of figures."""
+    started = time.perf_counter()
+    common = dict(
+        policy=policy,
+        program=program.name,
+        resident_elsewhere=program.elsewhere,
+        estimate=program.estimate,
+        estimate_what=program.what,
+        limit=limit,
+    )
+    try:
+        figures = analyse(program.lower().compile(options))
+    except Exception as e:  # noqa: BLE001  (JaxRuntimeError)
+        if "RESOURCE_EXHAUSTED" not in str(e):
+            raise
+        error = str(e).strip().splitlines()[0]
+        return ProgramReport(**common, **NO_FIGURES, seconds=time.perf_counter() - started, error=error)
+    return ProgramReport(**common, **figures, seconds=time.perf_counter() - started)
 
 
 def compile_policy(
@@ -300,13 +324,9 @@ def compile_policy(
     `dump_to`: a directory for XLA's dumps of each program (HLO, buffer assignment, memory-usage
     report: where the temporaries go).
     """
-    from marljax.sampler.engine import Engine
     from marljax.sampler.schedule import next_bucket
-    from marljax.train.batch import geometric_bucket
-    from marljax.train.learner import step_functions
 
     options = None if dump_to is None else {"xla_dump_to": str(dump_to), "xla_dump_hlo_as_text": True}
-
     cfg = run.policies[name]
     config = model_config(run.policy_model(name))
     s = run.sampler
@@ -320,7 +340,6 @@ def compile_policy(
             f"policies.{name}.micro_batch_size={cfg.micro_batch_size} must be a multiple of mesh.data x "
             f"mesh.fsdp = {rows}"
         )
-    limit = device_memory(devices[0])
     lora = None if cfg.lora is None else cfg.lora.spec()
     est = memory.estimate(
         config,
@@ -336,220 +355,20 @@ def compile_policy(
         lora=lora,
         prompt_len=next_bucket(s.max_prompt_len, s.min_prompt_bucket),
     )
-    model = abstract_params(config, mesh)
-    reports = []
-
-    started = [time.perf_counter()]
-
-    def compile_or_report(program, lowered, elsewhere, estimate, what):
-        """`lowered.compile()`, or None after reporting the compiler's out-of-memory refusal."""
-        try:
-            return lowered.compile(options)
-        except Exception as e:  # noqa: BLE001  (JaxRuntimeError: the TPU compiler checks HBM itself)
-            if "RESOURCE_EXHAUSTED" not in str(e):
-                raise
-            message = str(e).strip().splitlines()[0]
-            reports.append(
-                ProgramReport(
-                    name,
-                    program,
-                    0,
-                    0,
-                    0,
-                    0,
-                    float("nan"),
-                    [],
-                    elsewhere,
-                    estimate,
-                    what,
-                    limit,
-                    time.perf_counter() - started[0],
-                    message,
-                )
-            )
-            started[0] = time.perf_counter()
-            return None
-
-    def report(program, compiled, elsewhere, estimate, what):
-        args, outs, alias, temp, flops, coll = _analyse(compiled)
-        seconds = time.perf_counter() - started[0]
-        reports.append(
-            ProgramReport(
-                name, program, args, outs, alias, temp, flops, coll, elsewhere, estimate, what, limit, seconds
-            )
-        )
-        started[0] = time.perf_counter()
-
-    if "update" in programs:
-        frozen = None
-        params = model
-        if lora is not None:
-            from marljax.models.lora import init_adapter
-
-            params = _replicated(jax.eval_shape(lambda: init_adapter(config, lora, jax.random.key(0))), mesh)
-            frozen = model
-        loss = cfg.loss
-        if loss.norm_constant is None:  # the trainer's default: the generation budget
-            loss = loss.model_copy(update={"norm_constant": float(s.max_new_tokens)})
-        # the trainer's own update program (`Learner` builds it the same way)
-        optimizer, fn, _, _ = step_functions(config, cfg.optimizer, loss, cfg.mini_batches > 1, lora, mesh)
-        M = micro_batches or geometric_bucket(
-            -(-cfg.buffer.threshold // (cfg.mini_batches * cfg.micro_batch_size))
-        )
-        extra = [
-            k
-            for k, on in (
-                ("old_logp", cfg.mini_batches > 1),
-                ("ref_logp", bool(loss.kl_coef)),
-                ("lora_seed", bool(lora and lora.dropout)),
-            )
-            if on
-        ]
-        batch = abstract_batch(M, cfg.micro_batch_size, T, mesh, extra)
-        args = (params, abstract_opt_state(optimizer, params, mesh), batch, frozen)
-        what = f"gradients + activations ({est.remat} remat) + compute copies"
-        elsewhere = est.reference + est.sampler_copy
-        compiled = compile_or_report("update", fn.lower(*args), elsewhere, est.update, what)
-        if compiled is not None:
-            report("update", compiled, elsewhere, est.update, what)
-
-    sampler_programs = [p for p in ("prefill", "decode") if p in programs]
-    if sampler_programs:
-        weights = abstract_params(config, sampler_mesh) if own_sampler else model
-        # the sampler reads its weights in the compute dtype (`marljax.train.sampling`)
-        weights = jax.tree.map(
-            lambda x: jax.ShapeDtypeStruct(
-                x.shape,
-                config.dtype if jnp.issubdtype(x.dtype, jnp.floating) else x.dtype,
-                sharding=x.sharding,
-            ),
-            weights,
-        )
-        if lora is not None:
-            from marljax.models.lora import init_adapter, stack_adapters
-
-            adapter = jax.eval_shape(
-                lambda: stack_adapters([(lora, init_adapter(config, lora, jax.random.key(0)))])
-            )
-            weights = {**weights, "lora": _replicated(adapter, sampler_mesh)}
-        buckets = s.buckets()
-        schedule = s.schedule(platform)
-        single = sampler_mesh.size == 1  # the trainer samples such a policy without a mesh
-        nbytes = config.num_params() * np.dtype(config.param_dtype).itemsize
-        engine = Engine(
-            config,
-            mesh=sampler_mesh,
-            buckets=buckets,
-            fuse_projections=single and nbytes <= 256 * 2**20,
-            cache_layout="bskh" if tpu else None,
-        )
-        if engine.fuse_projections:
-            weights = _replicated(jax.eval_shape(engine._fuse, weights), sampler_mesh)
-        slots = engine.batch_bucket(schedule.slots)
-        capacity = engine.prompt_bucket(s.max_prompt_len) + engine.new_tokens_bucket(s.max_new_tokens)
-        stop_len = next_bucket(1, buckets.min_stop_len)
-        state = jax.eval_shape(
-            functools.partial(engine._empty, slots=slots, capacity=capacity, stop_len=stop_len)
-        )
-        state = type(state)(
-            tuple(jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=engine._kv_sharding(x)) for x in state.kv),
-            *(
-                jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=batch_sharding(sampler_mesh, x.ndim))
-                for x in state[1:]
-            ),
-        )
-        tables = _replicated(_tables(buckets), sampler_mesh)
-        truncate = s.top_k > 0 or s.top_p < 1
-        elsewhere = est.optimizer + est.reference + (est.params if own_sampler and lora is None else 0)
-        what = "weight copies + gathered weights + logits (the KV cache and the sampler's copy are arguments)"
-        transient = est.sampling - est.kv_cache
-        if "prefill" in sampler_programs:
-            Bn, Tp = slots, engine.prompt_bucket(s.max_prompt_len)
-
-            def put(shape, dtype):
-                return jax.ShapeDtypeStruct(shape, dtype, sharding=batch_sharding(sampler_mesh, len(shape)))
-
-            rows_in = [put((Bn,), jnp.int32)] * 3 + [put((Bn, Tp), jnp.int32), put((Bn,), jnp.int32)]
-            rows_in += [put((Bn,), jnp.uint32), put((Bn,), jnp.int32), put((Bn,), jnp.float32)]
-            rows_in += [put((Bn,), jnp.int32), put((Bn,), jnp.float32), put((Bn,), jnp.int32)]
-            lowered = engine._insert_jit.lower(
-                weights,
-                state,
-                tables,
-                *rows_in,
-                window=engine.window(s.max_prompt_len, capacity),
-                greedy=s.temperature == 0,
-                truncate=truncate,
-            )
-            prefill_what = "weight copies + logits + one layer's activations for every slot's prompt"
-            prefill_est = transient + est.prefill_activations
-            compiled = compile_or_report("prefill", lowered, elsewhere, prefill_est, prefill_what)
-            if compiled is not None:
-                report("prefill", compiled, elsewhere, prefill_est, prefill_what)
-        if "decode" in sampler_programs:
-            scalar = jax.ShapeDtypeStruct((), jnp.int32, sharding=NamedSharding(sampler_mesh, P()))
-            lowered = engine._decode_jit.lower(
-                weights,
-                state,
-                tables,
-                scalar,
-                scalar,
-                windows=(capacity,),
-                chunk=schedule.chunk,
-                greedy=s.temperature == 0,
-                truncate=truncate,
-                want_sampling_lp=True,
-                pad_id=0,
-            )
-            compiled = compile_or_report("decode", lowered, elsewhere, transient, what)
-            if compiled is not None:
-                report("decode", compiled, elsewhere, transient, what)
-    return reports
-
-
-def _tables(buckets) -> Any:
-    from marljax.sampler.schedule import Tables, next_bucket
-
-    E, NS, Ls = buckets.min_eos, next_bucket(1, buckets.min_stop), next_bucket(1, buckets.min_stop_len)
-    return Tables(
-        eos=jax.ShapeDtypeStruct((E,), jnp.int32),
-        stop_seqs=jax.ShapeDtypeStruct((NS, Ls), jnp.int32),
-        stop_valid=jax.ShapeDtypeStruct((NS, Ls), jnp.bool_),
-        stop_active=jax.ShapeDtypeStruct((NS,), jnp.bool_),
-        seed=jax.ShapeDtypeStruct((), jnp.uint32),
+    p = _Policy(
+        name, cfg, s, config, lora, mesh, sampler_mesh, own_sampler, abstract_params(config, mesh), est, T
     )
+    todo = [_update_program(p, micro_batches)] if "update" in programs else []
+    sampling = [x for x in ("prefill", "decode") if x in programs]
+    if sampling:
+        todo += _sampler_programs(p, sampling, tpu, platform)
+    limit = device_memory(devices[0])
+    return [_compile(name, program, limit, options) for program in todo]
 
 
 # ------------------------------------------------------------------ printing
 def _b(n: float) -> str:
     return memory._bytes(n)
-
-
-def format_report(r: ProgramReport, rows: int | None = None, seq: int | None = None) -> str:
-    """A few lines for one program: memory per device beside the estimate, FLOPs, collectives."""
-    if r.error is not None:
-        return (
-            f"policy {r.policy!r} {r.program}: DOES NOT FIT: the compiler refused it: {r.error}\n"
-            f"  estimate {_b(r.estimate)} ({r.estimate_what})"
-        )
-    verdict = "no device memory figure" if r.limit is None else ("fits" if r.fits else "DOES NOT FIT")
-    device = "" if r.limit is None else f" of {_b(r.limit)}"
-    lines = [
-        f"policy {r.policy!r} {r.program}: per device arguments {_b(r.arguments)}, outputs {_b(r.outputs)}"
-        f" ({_b(r.aliased)} donated), temporaries {_b(r.temporaries)}; estimate {_b(r.estimate)} "
-        f"({r.estimate_what})",
-        f"  peak {_b(r.peak)} (with {_b(r.resident_elsewhere)} of resident state it does not take)"
-        f"{device}: {verdict}; {r.flops / 1e12:.3g} TFLOP; compiled in {r.seconds:.0f} s",
-    ]
-    if r.collectives:
-        parts = []
-        for c in r.collectives:
-            flag = " ACTIVATION-SHAPED" if rows and seq and activation_shaped(c, rows, seq) else ""
-            parts.append(f"{c.op} {c.shape} x{c.count}{flag}")
-        lines.append("  collectives: " + ", ".join(parts))
-    else:
-        lines.append("  collectives: none")
-    return "\n".join(lines)
 
 
 def compile_run(
@@ -593,17 +412,11 @@ def describe_target(devices: Sequence) -> str:
 
 
 __all__ = [
-    "COLLECTIVES",
     "HBM",
-    "Collective",
     "CompileError",
-    "ProgramReport",
-    "activation_shaped",
-    "collectives",
     "compile_policy",
     "compile_run",
     "describe_target",
     "device_memory",
-    "format_report",
     "topology_devices",
 ]

@@ -92,7 +92,7 @@ def decode_program(layers: int, adapters: int = 0) -> str:
     rank-8 LoRA adapters on every projection (`params["lora"]`, each row its own)."""
     from jax.experimental import topologies
 
-    from marljax.train.aot import _tables
+    from marljax.train.abstract_inputs import abstract_tables
 
     os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
     device = topologies.get_topology_desc("v5p:2x2x1", "tpu").devices[0]
@@ -120,7 +120,7 @@ def decode_program(layers: int, adapters: int = 0) -> str:
     lowered = engine._decode_jit.lower(
         weights,
         state,
-        abstract(_tables(engine.buckets)),
+        abstract(abstract_tables(engine.buckets)),
         scalar,
         scalar,
         windows=(256,),

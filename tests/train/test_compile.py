@@ -17,8 +17,10 @@ import pytest
 from tpu_target import has_libtpu, needs_libtpu
 
 from marljax.train import aot
+from marljax.train.abstract_inputs import model_config
 from marljax.train.config import load_config
 from marljax.train.memory import estimate
+from marljax.train.program_report import activation_shaped, collectives, format_report
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -101,24 +103,24 @@ def test_update_and_decode_fit_the_estimate_with_rows_split(tmp_path, topology, 
     update, decode = reports["update"], reports["decode"]
     assert update.fits and decode.fits
     # temporaries: what the estimate says the update holds (gradients, activations), within 15%
-    assert update.temporaries <= 1.15 * update.estimate, aot.format_report(update)
-    assert update.temporaries >= 0.5 * update.estimate, aot.format_report(update)
+    assert update.temporaries <= 1.15 * update.estimate, format_report(update)
+    assert update.temporaries >= 0.5 * update.estimate, format_report(update)
     if fsdp == 8:  # the sampler gathers every weight once per call (see the estimate)
-        assert decode.temporaries <= 1.15 * decode.estimate, aot.format_report(decode)
+        assert decode.temporaries <= 1.15 * decode.estimate, format_report(decode)
     # (at fsdp 64 XLA gathers with all-reduces, and this two-layer model's decode holds about 3x its
     # weights; the full-depth model's matches the estimate, benchmarks/RESULTS.md)
     # activations stay split by rows: no all-reduce of a [rows, T, ...] or [rows, 256, V] array
-    shaped = [c for c in update.collectives if aot.activation_shaped(c, micro_batch, seq)]
-    assert not shaped, aot.format_report(update, micro_batch, seq)
+    shaped = [c for c in update.collectives if activation_shaped(c, micro_batch, seq)]
+    assert not shaped, format_report(update, micro_batch, seq)
     # the parameters are split over fsdp: the update gathers them (all-gathers at fsdp 8, all-reduces
     # at 64), the (un)embedding whole for the loss head
     gathered = [c for c in update.collectives if c.dims() in ((151936, 896), (896, 151936))]
-    assert gathered, aot.format_report(update)
+    assert gathered, format_report(update)
     assert update.flops > 0
 
 
 def test_activation_shaped_all_reduces_are_told_apart():
-    c = aot.collectives(
+    c = collectives(
         "  %all-reduce.3 = bf16[16,1024,4864]{2,1,0} all-reduce(bf16[16,1024,4864]{2,1,0} %x), to_apply=%add\n"
         "  %ars = (f32[16,256,151936]{2,1,0}, f32[16,256,151936]{2,1,0}) all-reduce-start(%y), to_apply=%a\n"
         "  %ag = bf16[151936,896]{1,0} all-gather(bf16[18992,896]{1,0} %w), dimensions={0}\n"
@@ -131,7 +133,7 @@ def test_activation_shaped_all_reduces_are_told_apart():
         ("all-reduce", "f32[16,256,151936]", 1),
         ("all-reduce", "s32[16,1024,1]", 1),
     ]
-    assert [aot.activation_shaped(x, 16, 1024) for x in c] == [False, True, True, False]
+    assert [activation_shaped(x, 16, 1024) for x in c] == [False, True, True, False]
 
 
 @needs_libtpu
@@ -166,6 +168,6 @@ def test_a_program_that_does_not_fit_fails_naming_policy_and_program(tmp_path):
         .model
     )
     est = estimate(
-        aot.model_config(spec), mesh_shape={"fsdp": 4}, micro_batch_size=1024, seq_len=1024, platform="tpu"
+        model_config(spec), mesh_shape={"fsdp": 4}, micro_batch_size=1024, seq_len=1024, platform="tpu"
     )
     assert est.update > 16 * 2**30  # the estimate agrees that it does not fit
