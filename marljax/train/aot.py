@@ -367,10 +367,6 @@ def compile_policy(
 
 
 # ------------------------------------------------------------------ printing
-def _b(n: float) -> str:
-    return memory._bytes(n)
-
-
 def compile_run(
     run: Any,
     devices: Sequence,
@@ -407,7 +403,7 @@ def compile_run(
 def describe_target(devices: Sequence) -> str:
     d = devices[0]
     limit = device_memory(d)
-    hbm = f", {_b(limit)} each" if limit else ""
+    hbm = f", {memory._bytes(limit)} each" if limit else ""
     return f"{len(devices)} x {getattr(d, 'device_kind', d.platform)}{hbm}"
 
 
