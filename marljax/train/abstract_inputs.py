@@ -47,6 +47,7 @@ def abstract_params(config: ModelConfig, mesh: Mesh) -> dict:
 
 
 def replicated(tree: Any, mesh: Mesh) -> Any:
+    """`tree`'s arrays as abstract arrays whole on every device of `mesh`."""
     return jax.tree.map(
         lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=NamedSharding(mesh, P())), tree
     )
@@ -58,14 +59,14 @@ def abstract_opt_state(optimizer: optax.GradientTransformation, params: dict, me
     them)."""
     state = jax.eval_shape(optimizer.init, params)
     by_path = {tuple(path): x for path, x in jax.tree_util.tree_flatten_with_path(params)[0]}
-    replicated = NamedSharding(mesh, P())
+    whole = NamedSharding(mesh, P())
 
     def place(path, s):
         for n in range(len(path)):
             p = by_path.get(tuple(path[n:]))
             if p is not None and p.shape == s.shape:
                 return jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=p.sharding)
-        return jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=replicated)
+        return jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=whole)
 
     return jax.tree_util.tree_map_with_path(place, state)
 

@@ -30,7 +30,7 @@ import math
 import os
 import re
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -120,12 +120,18 @@ def _mesh_shape(mesh: Mesh) -> dict:
     return {a: int(mesh.shape.get(a, 1)) for a in MESH_AXES}
 
 
+def _update_length(run: Any, seq_len: int | None = None) -> int:
+    """The update's T: `seq_len`, by default `sampler.max_prompt_len + max_new_tokens` (as the
+    trainer's estimate uses), rounded up as `collate` rounds lengths (to multiples of 32)."""
+    T = seq_len or run.sampler.max_prompt_len + run.sampler.max_new_tokens
+    return -(-T // 32) * 32
+
+
 # ----------------------------------------------------------------- programs
 @dataclasses.dataclass
 class _Policy:
     """What every program of one policy is built from."""
 
-    name: str
     cfg: Any  # the run's PolicyConfig
     sampler: Any  # the run's SamplerConfig
     config: ModelConfig
@@ -143,7 +149,7 @@ class _Program:
     """A program to compile: `lower()` builds it; the rest is what its report says beside it."""
 
     name: str
-    lower: Any
+    lower: Callable[[], Any]  # -> jax.stages.Lowered
     elsewhere: int
     estimate: int
     what: str
@@ -195,6 +201,7 @@ def _sampler_programs(p: _Policy, which: Sequence[str], tpu: bool, platform: str
 
     s, config, mesh, est = p.sampler, p.config, p.sampler_mesh, p.est
     weights = abstract_params(config, mesh) if p.own_sampler else p.model
+    # the sampler reads its weights in the compute dtype (`marljax.train.sampling`)
     weights = jax.tree.map(
         lambda x: jax.ShapeDtypeStruct(
             x.shape, config.dtype if jnp.issubdtype(x.dtype, jnp.floating) else x.dtype, sharding=x.sharding
@@ -330,8 +337,7 @@ def compile_policy(
     cfg = run.policies[name]
     config = model_config(run.policy_model(name))
     s = run.sampler
-    T = seq_len or s.max_prompt_len + s.max_new_tokens
-    T = -(-T // 32) * 32  # collate's lengths are multiples of 32
+    T = _update_length(run, seq_len)
     mesh, sampler_mesh, own_sampler = policy_meshes(cfg, devices)
     platform = "tpu" if tpu else devices[0].platform
     rows = mesh.shape["data"] * mesh.shape["fsdp"]  # (ICI x DCN)
@@ -355,9 +361,7 @@ def compile_policy(
         lora=lora,
         prompt_len=next_bucket(s.max_prompt_len, s.min_prompt_bucket),
     )
-    p = _Policy(
-        name, cfg, s, config, lora, mesh, sampler_mesh, own_sampler, abstract_params(config, mesh), est, T
-    )
+    p = _Policy(cfg, s, config, lora, mesh, sampler_mesh, own_sampler, abstract_params(config, mesh), est, T)
     todo = [_update_program(p, micro_batches)] if "update" in programs else []
     sampling = [x for x in ("prefill", "decode") if x in programs]
     if sampling:
@@ -383,7 +387,6 @@ def compile_run(
     reports = []
     for name in policies or list(run.policies):
         cfg = run.policies[name]
-        T = seq_len or run.sampler.max_prompt_len + run.sampler.max_new_tokens
         for r in compile_policy(
             run,
             name,
@@ -394,7 +397,7 @@ def compile_run(
             tpu=tpu,
             dump_to=dump_to,
         ):
-            seq = -(-T // 32) * 32 if r.program == "update" else None
+            seq = _update_length(run, seq_len) if r.program == "update" else None
             out(format_report(r, cfg.micro_batch_size, seq))
             reports.append(r)
     return reports
