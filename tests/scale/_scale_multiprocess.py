@@ -76,12 +76,15 @@ def worker(pid: int, port: int, out: Path) -> None:
     from marljax.train.policy import Policy
 
     assert (jax.process_index(), jax.process_count(), jax.device_count()) == (pid, 2, 4)
-    # a process that arrives late at `barrier` holds the other there (gloo would not wait 30 s)
-    started = time.monotonic()
+    # a process that arrives late at `barrier` holds the other there (gloo would not wait 30 s):
+    # process 0 leaves it no earlier than process 1 arrived (one machine, one wall clock; the two
+    # processes' start times differ on a busy machine, so the wait itself is no measure)
+    arrival = out / "late_arrival"
     if pid == 1:
         time.sleep(2.0)
+        arrival.write_text(repr(time.time()))
     barrier("late second process")
-    assert pid == 1 or time.monotonic() - started > 1.5
+    assert pid == 1 or time.time() >= float(arrival.read_text())
     assert MetricsWriter(out / "metrics", enabled=None).enabled == (pid == 0)  # only process 0 writes
     toy = [parse_row({"problem": f"q{i}", "answer": "1", "id": f"p{i}"}, "math", "toy") for i in range(8)]
     stream = ProblemStream(toy, batch_size=2, seed=0)  # grain shards problems by process
