@@ -334,14 +334,10 @@ def _confine(cfg, workdir):
     _sibling("jail.py").deny_syscalls()
 
 
-def main(cfg, confine=True):
-    """Run one payload; ``confine=False`` only for ``warm_up``'s trusted dummy runs in a fork server."""
-    t_start = time.perf_counter()
-    rfd = cfg["result_fd"]
-    tag = (cfg["nonce"] + " ").encode()
-    os.set_inheritable(rfd, False)
-    workdir = os.getcwd()
-
+def _recorder(rfd, nonce):
+    """``record(*recs)``: the records, tagged with the nonce and the writing pid, in one write on the
+    record channel (fewer syscalls and parent wake-ups)."""
+    tag = (nonce + " ").encode()
     my_pid = os.getpid()
 
     def record(*recs):
@@ -351,21 +347,215 @@ def main(cfg, confine=True):
         for rec in recs:
             rec["pid"] = pid
             lines.append(tag + json.dumps(rec).encode() + b"\n")
-        _write_all(rfd, b"".join(lines))  # several records, one write: fewer syscalls and parent wake-ups
+        _write_all(rfd, b"".join(lines))
 
+    return record
+
+
+def _on_alarm(signum, frame):
+    raise _TestTimeout()
+
+
+def _timer(seconds):
+    """``run_timed(fn, *args)``: ``fn(*args)`` under the per-test alarm of ``seconds``."""
+
+    def run_timed(fn, *args, **kwargs):
+        signal.setitimer(signal.ITIMER_REAL, seconds)
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+
+    return run_timed
+
+
+def _error_record(exc, n_chars, status=None):
+    """What a step that raised ``exc`` reports: its status (from the exception unless given), type,
+    message and traceback."""
+    if status is None:
+        if isinstance(exc, _TestTimeout):
+            status = "timeout"
+        elif isinstance(exc, MemoryError):
+            status = "memory_exceeded"
+        else:
+            status = "runtime_error"
+    return {
+        "status": status,
+        "exc_type": type(exc).__name__ if not isinstance(exc, _TestTimeout) else "Timeout",
+        "message": _limit(_safe_msg(exc), n_chars),
+        "traceback": _safe_tb(exc, n_chars),
+    }
+
+
+def _syntax_error_record(exc, n_chars):
+    import traceback
+
+    return {
+        "e": "load",
+        "status": "syntax_error",
+        "exc_type": type(exc).__name__,
+        "message": _limit(_safe_msg(exc), n_chars),
+        "traceback": _limit("".join(traceback.format_exception_only(type(exc), exc)), n_chars),
+    }
+
+
+def _load_here(code, setup_code, ns, cap, run_timed, error_record, record):
+    """Call mode: run the program (and the setup) in this process; the load record."""
+    real_stdout, real_stderr = sys.stdout, sys.stderr
+    cap_out = _Capture(cap)
+    sys.stdout = sys.stderr = cap_out
+    sys.stdin = io.StringIO("")
+    try:
+        t0 = time.perf_counter()
+        record({"e": "load_start"})
+        run_timed(exec, code, ns)
+        if setup_code is not None:
+            run_timed(exec, setup_code, ns)
+        rec = {"e": "load", "status": "ok", "time_s": time.perf_counter() - t0}
+    except BaseException as exc:  # noqa: BLE001 - untrusted code may raise anything
+        rec = {"e": "load"}
+        rec.update(error_record(exc))
+        if isinstance(exc, OutputLimitExceeded) or cap_out.overflow:
+            rec["exc_type"] = "OutputLimitExceeded"
+    sys.stdout, sys.stderr = real_stdout, real_stderr
+    return rec
+
+
+def _load_for_asserts(code, setup_code, ns, cap, test_timeout, run_timed, error_record, record, tests, fds):
+    """Assert mode: the program runs in a forked process of its own (judge.py), which closes ``fds``
+    (the record channel, the tests' fd); then the tests are read, unless given (the program's process
+    never holds them), and the trusted setup (MBPP's test imports) runs here too, defining names for
+    the tests. The namespace the tests run in, the load record and the tests."""
+    t0 = time.perf_counter()
+    record({"e": "load_start"})
+    judge = _sibling("judge.py")
+    ns, rec = judge.start_candidate(_PARTS, code, setup_code, ns, cap, test_timeout, error_record, fds)
+    if tests is None:
+        tests = _read_tests(fds[1])
+    if rec["status"] == "ok" and setup_code is not None:
+        try:
+            run_timed(exec, setup_code, ns)
+        except BaseException as exc:  # noqa: BLE001
+            rec = {"e": "load", **error_record(exc)}
+    rec["time_s"] = time.perf_counter() - t0
+    return ns, rec, tests
+
+
+def _call_target(ns, fn_name):
+    """Call mode: the function to call, a top-level one or a method of a ``Solution`` (LeetCode's form)."""
+    target = ns.get(fn_name)
+    if target is None and "Solution" in ns:
+        try:
+            target = getattr(ns["Solution"](), fn_name)
+        except BaseException:  # noqa: BLE001
+            target = None
+    return target
+
+
+def _run_test(cfg, test, code, ns, target, out, run_timed):
+    """One test of ``cfg["mode"]`` with stdout and stderr in ``out``: the fields of its end record."""
+    mode = cfg["mode"]
+    if mode == "stdin":
+        data = test["input"].encode()
+        mfd = os.memfd_create("stdin")
+        _write_all(mfd, data)
+        os.lseek(mfd, 0, os.SEEK_SET)
+        if mfd != 0:  # fd 0 may be free: a previous test's open(0) closed it
+            os.dup2(mfd, 0)
+            os.close(mfd)
+        sys.stdin = io.TextIOWrapper(
+            io.BufferedReader(io.FileIO(0, "r", closefd=False)), encoding="utf-8", errors="replace"
+        )
+        tns = {"__name__": "__main__", "__builtins__": builtins}
+        try:
+            run_timed(exec, code, tns)
+        except SystemExit as exc:
+            if exc.code not in (None, 0):
+                raise
+        return {"status": "ok", "actual": out.getvalue()}
+    sys.stdin = io.StringIO("")
+    if mode == "call":
+        if target is None:
+            raise NameError("function {!r} is not defined".format(cfg["fn_name"]))
+        value = run_timed(target, *test["args"])
+        try:
+            return {"status": "ok", "actual": json.dumps(value), "json": True}
+        except (TypeError, ValueError):
+            return {"status": "ok", "actual": _safe_repr(value, cfg["max_message_chars"]), "json": False}
+    src = test["code"]  # assert
+    _SOURCES[_TEST] = src
+    tcode = compile(src, _TEST, "exec", dont_inherit=True)
+    run_timed(exec, tcode, ns)
+    return {"status": "passed"}
+
+
+def _test_record(cfg, i, test, code, ns, target, run_timed, error_record):
+    """Test ``i``'s end record: how it ended (a wrong answer explained where an assert of the tests
+    failed), what it printed or returned (non-assert modes: the parent compares), its time."""
+    mode, n_chars, cap = cfg["mode"], cfg["max_message_chars"], cfg["max_output_bytes"]
+    real_stdout, real_stderr = sys.stdout, sys.stderr
+    out = _Capture(cap)
+    rec = {"e": "end", "i": i}
+    t0 = time.perf_counter()
+    try:
+        sys.stdout = sys.stderr = out
+        rec.update(_run_test(cfg, test, code, ns, target, out, run_timed))
+        if out.overflow:
+            raise OutputLimitExceeded(f"output exceeded {cap} bytes")
+    except AssertionError as exc:
+        tb = exc.__traceback__
+        last = None
+        while tb is not None:
+            last = tb.tb_frame.f_code.co_filename
+            tb = tb.tb_next
+        if mode == "assert" and last == _TEST:
+            rec.update(
+                status="wrong_answer", exc_type="AssertionError", message=_limit(_safe_msg(exc), n_chars)
+            )
+            try:
+                info = run_timed(_explain_assert, exc, test["code"], n_chars)
+            except BaseException:  # noqa: BLE001
+                info = None
+            if info:
+                rec.update(info)
+        else:
+            rec.update(error_record(exc))
+    except BaseException as exc:  # noqa: BLE001
+        rec.update(error_record(exc))
+        if isinstance(exc, OutputLimitExceeded) or out.overflow:
+            rec["exc_type"] = "OutputLimitExceeded"
+    finally:
+        sys.stdout, sys.stderr = real_stdout, real_stderr
+    rec["time_s"] = time.perf_counter() - t0
+    if "actual" in rec and rec["actual"] is not None and mode != "assert":
+        rec["actual"] = rec["actual"][:cap]
+    return rec
+
+
+def main(cfg, confine=True):
+    """Run one payload; ``confine=False`` only for ``warm_up``'s trusted dummy runs in a fork server."""
+    t_start = time.perf_counter()
+    rfd = cfg["result_fd"]
+    os.set_inheritable(rfd, False)
+    record = _recorder(rfd, cfg["nonce"])
     if confine:
-        _confine(cfg, workdir)
+        _confine(cfg, os.getcwd())
     env_info = {"uid": os.getuid(), "pid": os.getpid()}
 
-    n_chars = cfg["max_message_chars"]
-    cap = cfg["max_output_bytes"]
-    test_timeout = cfg["test_timeout_s"]
-    mode = cfg["mode"]
+    n_chars, cap, test_timeout, mode = (
+        cfg["max_message_chars"],
+        cfg["max_output_bytes"],
+        cfg["test_timeout_s"],
+        cfg["mode"],
+    )
+    signal.signal(signal.SIGALRM, _on_alarm)
+    # Asserts are judged in this process, the program runs in a forked one (judge.py); its own
+    # per-call limit fires first, this process's a little later.
+    slack = _sibling("judge.py").SLACK_S if mode == "assert" else 0.0
+    run_timed = _timer(test_timeout + slack)
 
-    def on_alarm(signum, frame):
-        raise _TestTimeout()
-
-    signal.signal(signal.SIGALRM, on_alarm)
+    def error_record(exc, status=None):
+        return _error_record(exc, n_chars, status)
 
     program = cfg.pop("program")
     setup = cfg.pop("setup") or ""
@@ -375,101 +565,28 @@ def main(cfg, confine=True):
         tests = _read_tests(tests_fd)
     _SOURCES[_SOLUTION], _SOURCES[_SETUP] = program, setup
 
-    def error_record(exc, status=None):
-        if status is None:
-            if isinstance(exc, _TestTimeout):
-                status = "timeout"
-            elif isinstance(exc, MemoryError):
-                status = "memory_exceeded"
-            else:
-                status = "runtime_error"
-        return {
-            "status": status,
-            "exc_type": type(exc).__name__ if not isinstance(exc, _TestTimeout) else "Timeout",
-            "message": _limit(_safe_msg(exc), n_chars),
-            "traceback": _safe_tb(exc, n_chars),
-        }
-
-    def run_timed(fn, *args, **kwargs):
-        signal.setitimer(signal.ITIMER_REAL, test_timeout + slack)
-        try:
-            return fn(*args, **kwargs)
-        finally:
-            signal.setitimer(signal.ITIMER_REAL, 0)
-
-    # Asserts are judged in this process, the program runs in a forked one (judge.py); its own
-    # per-call limit fires first, this process's a little later.
-    slack = _sibling("judge.py").SLACK_S if mode == "assert" else 0.0
-
     # ---- load phase: compile (and for non-stdin modes, execute) the program.
     try:
         code = compile(program, _SOLUTION, "exec", dont_inherit=True)
         setup_code = compile(setup, _SETUP, "exec", dont_inherit=True) if setup else None
     except (SyntaxError, ValueError, OverflowError, RecursionError, MemoryError) as exc:
-        import traceback
-
-        rec = {
-            "e": "load",
-            "status": "syntax_error",
-            "exc_type": type(exc).__name__,
-            "message": _limit(_safe_msg(exc), n_chars),
-            "traceback": _limit("".join(traceback.format_exception_only(type(exc), exc)), n_chars),
-        }
-        record(rec)
+        record(_syntax_error_record(exc, n_chars))
         return
     ns = {"__name__": "__main__" if mode == "stdin" else "solution", "__builtins__": builtins}
-    real_stdout, real_stderr = sys.stdout, sys.stderr
     if mode == "assert":
-        t0 = time.perf_counter()
-        record({"e": "load_start"})
-        judge = _sibling("judge.py")
-        ns, rec = judge.start_candidate(
-            _PARTS, code, setup_code, ns, cap, test_timeout, error_record, [rfd, tests_fd]
+        ns, rec, tests = _load_for_asserts(
+            code, setup_code, ns, cap, test_timeout, run_timed, error_record, record, tests, [rfd, tests_fd]
         )
-        if tests is None:  # read only now, by the judge: the program's process never holds them
-            tests = _read_tests(tests_fd)
-        if rec["status"] == "ok" and setup_code is not None:
-            try:  # the trusted setup (MBPP's test imports) defines names for the tests as well
-                run_timed(exec, setup_code, ns)
-            except BaseException as exc:  # noqa: BLE001
-                rec = {"e": "load", **error_record(exc)}
-        rec["time_s"] = time.perf_counter() - t0
-        if rec["status"] != "ok":
-            record(rec)
-            return
     elif mode != "stdin":
-        cap_out = _Capture(cap)
-        sys.stdout = sys.stderr = cap_out
-        sys.stdin = io.StringIO("")
-        try:
-            t0 = time.perf_counter()
-            record({"e": "load_start"})
-            run_timed(exec, code, ns)
-            if setup_code is not None:
-                run_timed(exec, setup_code, ns)
-            rec = {"e": "load", "status": "ok", "time_s": time.perf_counter() - t0}
-        except BaseException as exc:  # noqa: BLE001 - untrusted code may raise anything
-            rec = {"e": "load"}
-            rec.update(error_record(exc))
-            if isinstance(exc, OutputLimitExceeded) or cap_out.overflow:
-                rec["exc_type"] = "OutputLimitExceeded"
-        sys.stdout, sys.stderr = real_stdout, real_stderr
-        if rec["status"] != "ok":
-            record(rec)
-            return
+        rec = _load_here(code, setup_code, ns, cap, run_timed, error_record, record)
     else:
         rec = {"e": "load", "status": "ok", "time_s": 0.0}
+    if rec["status"] != "ok":
+        record(rec)
+        return
     record(rec, {"e": "ready", "startup_s": time.perf_counter() - t_start, **env_info})
 
-    target = None
-    if mode == "call":
-        fn_name = cfg["fn_name"]
-        target = ns.get(fn_name)
-        if target is None and "Solution" in ns:
-            try:
-                target = getattr(ns["Solution"](), fn_name)
-            except BaseException:  # noqa: BLE001
-                target = None
+    target = _call_target(ns, cfg["fn_name"]) if mode == "call" else None
 
     def record_after_test(*recs):
         try:
@@ -482,76 +599,7 @@ def main(cfg, confine=True):
     ended = []
     for i, test in enumerate(tests):
         record_after_test(*ended, {"e": "start", "i": i})
-        out = _Capture(cap)
-        rec = {"e": "end", "i": i}
-        t0 = time.perf_counter()
-        try:
-            sys.stdout = sys.stderr = out
-            if mode == "stdin":
-                data = test["input"].encode()
-                mfd = os.memfd_create("stdin")
-                _write_all(mfd, data)
-                os.lseek(mfd, 0, os.SEEK_SET)
-                if mfd != 0:  # fd 0 may be free: a previous test's open(0) closed it
-                    os.dup2(mfd, 0)
-                    os.close(mfd)
-                sys.stdin = io.TextIOWrapper(
-                    io.BufferedReader(io.FileIO(0, "r", closefd=False)), encoding="utf-8", errors="replace"
-                )
-                tns = {"__name__": "__main__", "__builtins__": builtins}
-                try:
-                    run_timed(exec, code, tns)
-                except SystemExit as exc:
-                    if exc.code not in (None, 0):
-                        raise
-                rec.update(status="ok", actual=out.getvalue())
-            elif mode == "call":
-                sys.stdin = io.StringIO("")
-                if target is None:
-                    raise NameError("function {!r} is not defined".format(cfg["fn_name"]))
-                args = test["args"]
-                value = run_timed(target, *args)
-                try:
-                    rec.update(status="ok", actual=json.dumps(value), json=True)
-                except (TypeError, ValueError):
-                    rec.update(status="ok", actual=_safe_repr(value, n_chars), json=False)
-            else:  # assert
-                sys.stdin = io.StringIO("")
-                src = test["code"]
-                _SOURCES[_TEST] = src
-                tcode = compile(src, _TEST, "exec", dont_inherit=True)
-                run_timed(exec, tcode, ns)
-                rec.update(status="passed")
-            if out.overflow:
-                raise OutputLimitExceeded(f"output exceeded {cap} bytes")
-        except AssertionError as exc:
-            tb = exc.__traceback__
-            last = None
-            while tb is not None:
-                last = tb.tb_frame.f_code.co_filename
-                tb = tb.tb_next
-            if mode == "assert" and last == _TEST:
-                rec.update(
-                    status="wrong_answer", exc_type="AssertionError", message=_limit(_safe_msg(exc), n_chars)
-                )
-                try:
-                    info = run_timed(_explain_assert, exc, test["code"], n_chars)
-                except BaseException:  # noqa: BLE001
-                    info = None
-                if info:
-                    rec.update(info)
-            else:
-                rec.update(error_record(exc))
-        except BaseException as exc:  # noqa: BLE001
-            rec.update(error_record(exc))
-            if isinstance(exc, OutputLimitExceeded) or out.overflow:
-                rec["exc_type"] = "OutputLimitExceeded"
-        finally:
-            sys.stdout, sys.stderr = real_stdout, real_stderr
-        rec["time_s"] = time.perf_counter() - t0
-        if "actual" in rec and rec["actual"] is not None and mode != "assert":
-            rec["actual"] = rec["actual"][:cap]
-        ended = [rec]
+        ended = [_test_record(cfg, i, test, code, ns, target, run_timed, error_record)]
     record_after_test(*ended, {"e": "done"})
 
 
