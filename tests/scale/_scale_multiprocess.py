@@ -77,14 +77,15 @@ def worker(pid: int, port: int, out: Path) -> None:
 
     assert (jax.process_index(), jax.process_count(), jax.device_count()) == (pid, 2, 4)
     # a process that arrives late at `barrier` holds the other there (gloo would not wait 30 s):
-    # process 0 leaves it no earlier than process 1 arrived (one machine, one wall clock; the two
-    # processes' start times differ on a busy machine, so the wait itself is no measure)
-    arrival = out / "late_arrival"
+    # process 0 leaves it no earlier than process 1 arrived (Linux's monotonic clock is one for the
+    # whole machine; the two processes start at different times on a busy machine, so the length of
+    # process 0's wait is no measure)
+    arrival, clock = out / "late_arrival", lambda: time.clock_gettime(time.CLOCK_MONOTONIC)
     if pid == 1:
         time.sleep(2.0)
-        arrival.write_text(repr(time.time()))
+        arrival.write_text(repr(clock()))
     barrier("late second process")
-    assert pid == 1 or time.time() >= float(arrival.read_text())
+    assert pid == 1 or clock() >= float(arrival.read_text())
     assert MetricsWriter(out / "metrics", enabled=None).enabled == (pid == 0)  # only process 0 writes
     toy = [parse_row({"problem": f"q{i}", "answer": "1", "id": f"p{i}"}, "math", "toy") for i in range(8)]
     stream = ProblemStream(toy, batch_size=2, seed=0)  # grain shards problems by process
