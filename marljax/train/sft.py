@@ -40,17 +40,6 @@ def reference_completion(problem: Any) -> str | None:
     return None if code is None else f"```python\n{code.rstrip()}\n```"
 
 
-def sft_samples(
-    problems: Sequence[Any],
-    agent: Agent,
-    policy: Any,
-    target: Callable[[Any], str | None] = reference_completion,
-) -> Rows:
-    """(prompt, target + eos) pairs of `agent` for the problems that have a target."""
-    pairs = [(agent.render(p.prompt), target(p)) for p in problems]
-    return pair_samples([(q, t) for q, t in pairs if t is not None], agent, policy)
-
-
 def pair_samples(pairs: Sequence[tuple[str, str]], agent: Agent, policy: Any) -> Rows:
     """SFT rows of `agent` from (prompt, target text) pairs, the prompt encoded as the sampler gets
     it (chat template or raw text); the target ends with the first EOS id (a chat turn's end)."""
@@ -221,21 +210,21 @@ def reference_examples(
     """(SFT step, policy) -> its rows: its agents' prompts for the step's batch of train problems
     with their `target`s, or every `extra_every`-th step a batch of `extra` pairs (`run_sft`)."""
     extra = {a: pairs for a, pairs in extra.items() if pairs}
-    problems = [p for p in trainer.train_problems if target(p) is not None]
-    if not problems:
+    # (problem, its target text) for the problems that have one; a target is computed once
+    targeted = [(p, text) for p in trainer.train_problems if (text := target(p)) is not None]
+    if not targeted:
         raise ValueError("train.sft_steps > 0 but no training problem has a reference solution")
-    texts = [target(p) for p in problems]
-    warn_cut_targets(trainer, {a: texts for a in trainer.agents})
+    warn_cut_targets(trainer, {a: [text for _, text in targeted] for a in trainer.agents})
 
     def examples(k: int, name: str) -> Rows | None:
         use_extra, n = extra and k % extra_every == extra_every - 1, k // extra_every
-        chosen = [problems[(k * batch + j) % len(problems)] for j in range(batch)]
+        chosen = [targeted[(k * batch + j) % len(targeted)] for j in range(batch)]
         policy, parts = trainer.policies[name], []
         for a in trainer.agents.values():
             if a.policy != name:
                 continue
             if not use_extra:
-                parts.append(sft_samples(chosen, a, policy, target))
+                parts.append(pair_samples([(a.render(p.prompt), text) for p, text in chosen], a, policy))
             elif a.name in extra:
                 pairs = extra[a.name]
                 parts.append(
