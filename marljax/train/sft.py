@@ -214,7 +214,8 @@ def reference_examples(
     targeted = [(p, text) for p in trainer.train_problems if (text := target(p)) is not None]
     if not targeted:
         raise ValueError("train.sft_steps > 0 but no training problem has a reference solution")
-    warn_cut_targets(trainer, {a: [text for _, text in targeted] for a in trainer.agents})
+    texts = [text for _, text in targeted]
+    warn_cut_targets(trainer, {a: texts for a in trainer.agents})
 
     def examples(k: int, name: str) -> Rows | None:
         use_extra, n = extra and k % extra_every == extra_every - 1, k // extra_every
